@@ -1,0 +1,34 @@
+"""cloud-agent: the administrator's command for the cloud controller."""
+
+import click
+
+from agent import setup_commands, user_commands
+from agent.common import Options
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Config file (default: $CLOUD_CONTROLLER_CONFIG, then /etc/cloud-controller/controller.ini).")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
+@click.pass_context
+def cli(click_ctx, config_path, as_json):
+    """Administer the cloud controller: set up, serve, and maintain users and host state.
+
+    Example: cloud-agent --config ./state/controller.ini user create-superuser --email admin@example.org
+    """
+    click_ctx.obj = Options(config_path, as_json)
+
+
+setup_commands.register(cli)
+user_commands.register(cli)
+
+for _module in ("agent.controller_commands", "agent.ops_commands"):
+    try:
+        __import__(_module, fromlist=["register"]).register(cli)
+    except ModuleNotFoundError as e:  # a command group not built yet
+        if e.name != _module:
+            raise
+
+
+def main() -> None:
+    cli(prog_name="cloud-agent")

@@ -1,0 +1,116 @@
+"""cloud-agent init and serve."""
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import click
+
+from agent.common import Options, command_options, emit
+from controller.config import load_config, sandbox_values, write_config
+from controller.errors import InvalidInput
+from controller.security import generate_key_file
+from controller.store import Store
+
+
+def _prepare(config) -> tuple[str, bool]:
+    """Create or migrate the database and make the secret key file if missing."""
+    key_file = config.get("auth", "secret_key_file")
+    made_key = False
+    if not Path(key_file).exists():
+        generate_key_file(key_file)
+        made_key = True
+    store = Store(config.database_path)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+    os.chmod(config.database_path, 0o600)
+    return config.database_path, made_key
+
+
+@click.command("init")
+@click.option("--sandbox", "sandbox_dir", type=click.Path(file_okay=False), default=None,
+              help="Write a sandbox config with all state under DIR, then create its database.")
+@command_options
+def init(opts: Options, sandbox_dir):
+    """Create or migrate the database of a config; with --sandbox DIR, write a sandbox config first.
+
+    Examples:
+      cloud-agent --config ./state/controller.ini init --sandbox ./state
+      cloud-agent init
+    """
+    if sandbox_dir:
+        state = Path(sandbox_dir).resolve()
+        values = sandbox_values(str(state))
+        for sub in ("home",):
+            (state / sub).mkdir(parents=True, exist_ok=True)
+        from host_adapters.sysroot import make_sysroot
+
+        make_sysroot(str(values["unix"]["root"]))
+        write_config(values, opts.path)
+        _prepare(load_config(opts.path))
+        emit(opts, {"config": str(Path(opts.path).resolve())}, f"wrote sandbox config {opts.path}")
+        return
+    path, _ = _prepare(opts.config())
+    emit(opts, {"database": str(Path(path).resolve())}, f"database ready: {path}")
+
+
+def _sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about readiness; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(addr)
+        sock.sendall(message.encode())
+
+
+@click.command("serve")
+@click.option("--host", default=None, help="Address to listen on (default: [server] host).")
+@click.option("--port", type=int, default=None, help="Port to listen on (default: [server] port).")
+@command_options
+def serve(opts: Options, host, port):
+    """Run the API on waitress until stopped.
+
+    Example: cloud-agent --config ./state/controller.ini serve --host 127.0.0.1 --port 8080
+    """
+    from waitress import create_server
+
+    from api.app import build_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # waitress warns on every queued request; under load that floods the log and costs throughput.
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    config = opts.config()
+    try:
+        app = build_app(config)
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+    server = create_server(
+        app,
+        host=host or config.get("server", "host"),
+        port=port if port is not None else config.get_int("server", "port"),
+        threads=config.get_int("server", "threads"),
+        max_request_body_size=config.get_int("server", "max_body_bytes") + 1,
+        ident="cloud-controller",
+    )
+    logging.getLogger("cloud_controller").info(
+        "serving on http://%s:%s", server.effective_host, server.effective_port
+    )
+    _sd_notify("READY=1")
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _sd_notify("STOPPING=1")
+        server.close()
+
+
+def register(cli) -> None:
+    cli.add_command(init)
+    cli.add_command(serve)

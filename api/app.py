@@ -1,0 +1,56 @@
+"""The Falcon application factory.
+
+`create_app(ctx)` builds the WSGI app from a service context (tests pass one
+built on fakes); `get_app()` builds everything from the config file for
+waitress or any WSGI server.
+"""
+
+import falcon
+
+from api import errors, health, user_resources
+from api.middleware import Authenticate, BodyLimit
+from controller.config import Config, load_config
+from controller.context import Context, build_context
+
+INTERFACES = ("controller", "user")
+
+
+def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> falcon.App:
+    app = falcon.App(
+        middleware=[BodyLimit(ctx.config.get_int("server", "max_body_bytes")), Authenticate(ctx)],
+    )
+    app.req_options.strip_url_path_trailing_slash = True
+    errors.install(app)
+
+    app.add_route("/healthz", health.Health(ctx))
+    app.add_route("/v1/openapi.json", health.OpenApi(ctx))
+    if "user" in interfaces:
+        user_resources.add_routes(app, ctx)
+    if "controller" in interfaces:
+        from api import controller_resources
+
+        controller_resources.add_routes(app, ctx)
+    return app
+
+
+def interfaces_of(config: Config) -> tuple[str, ...]:
+    wanted = tuple(i.strip() for i in config.get("server", "interfaces").split(",") if i.strip())
+    unknown = set(wanted) - set(INTERFACES)
+    if unknown or not wanted:
+        raise ValueError(f"[server] interfaces must name some of {', '.join(INTERFACES)}")
+    return wanted
+
+
+def build_app(config: Config) -> falcon.App:
+    interfaces = interfaces_of(config)
+    adapters = None
+    if "controller" in interfaces:
+        from host_adapters.factory import build_adapters
+
+        adapters = build_adapters(config)
+    return create_app(build_context(config, adapters=adapters), interfaces=interfaces)
+
+
+def get_app() -> falcon.App:
+    """WSGI entry point: reads the config named by CLOUD_CONTROLLER_CONFIG or the default path."""
+    return build_app(load_config())

@@ -1,0 +1,85 @@
+"""Where every error becomes an HTTP status and an envelope: the only such place."""
+
+import logging
+
+import falcon
+
+from api.envelopes import controller_body, is_user_interface, user_body
+from controller import errors
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    errors.InvalidInput: 400,
+    errors.Unauthenticated: 401,
+    errors.Forbidden: 403,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.TooManyRequests: 429,
+    errors.HostError: 503,
+}
+
+
+class PayloadTooLarge(errors.ControllerError):
+    """The request body is over the configured limit (HTTP 413)."""
+
+
+class UnsupportedMediaType(errors.ControllerError):
+    """The request body is not JSON (or, on the user interface, a form) (HTTP 415)."""
+
+
+STATUS[PayloadTooLarge] = 413
+STATUS[UnsupportedMediaType] = 415
+
+
+def status_of(exc: errors.ControllerError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def _render(req: falcon.Request, resp: falcon.Response, status: int, message: str) -> None:
+    resp.status = status
+    if is_user_interface(req.path):
+        resp.media = user_body(message=message, success=False)
+    else:
+        resp.media = controller_body([], msg=message, success=False)
+
+
+def handle_controller_error(req, resp, exc: errors.ControllerError, params) -> None:
+    status = status_of(exc)
+    if status >= 500:
+        log.warning("%s %s: %s", req.method, req.path, exc.message)
+    if isinstance(exc, errors.TooManyRequests):
+        resp.set_header("Retry-After", str(exc.retry_after))
+    if isinstance(exc, errors.Unauthenticated):
+        resp.set_header("WWW-Authenticate", 'Token realm="cloud-controller"')
+    _render(req, resp, status, exc.message)
+
+
+def handle_http_error(req, resp, exc: falcon.HTTPError, params) -> None:
+    # Falcon's own errors (unknown route, wrong method, bad header) in our envelope,
+    # keeping headers such as Allow.
+    for name, value in (exc.headers or {}).items():
+        resp.set_header(name, value)
+    message = exc.title or "error"
+    if exc.description:
+        message = f"{message}: {exc.description}"
+    if exc.status_code == 404:
+        message = f"no such resource: {req.path}"
+    elif exc.status_code == 405:
+        message = f"method {req.method} not allowed on {req.path}"
+    _render(req, resp, exc.status_code, message)
+
+
+def handle_unexpected(req, resp, exc: Exception, params) -> None:
+    log.exception("unhandled error on %s %s", req.method, req.path)
+    _render(req, resp, 500, "internal error; see the service log")
+
+
+def install(app: falcon.App) -> None:
+    # Falcon picks the most specific registered handler for each exception.
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, handle_http_error)
+    app.add_error_handler(errors.ControllerError, handle_controller_error)

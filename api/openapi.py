@@ -1,0 +1,188 @@
+"""The OpenAPI 3 document served at /v1/openapi.json, built from the same schemas the code validates with."""
+
+from api import schemas
+
+_AUTH_HEADERS = [
+    {"name": "X-Auth-Token", "in": "header", "required": True, "schema": {"type": "string"}},
+    {"name": "X-Auth-Cloudauth-Id", "in": "header", "required": True, "schema": {"type": "string", "format": "uuid"}},
+]
+
+
+def _user_envelope(data_schema: dict | None) -> dict:
+    props = {
+        "message": {"type": "string"},
+        "success": {"type": "boolean"},
+        "version": {"type": "string"},
+    }
+    if data_schema is not None:
+        props["data"] = data_schema
+    return {"type": "object", "required": ["message", "success", "version"], "properties": props}
+
+
+def _controller_envelope(item_schema: dict) -> dict:
+    return {
+        "type": "object",
+        "required": ["data", "msg", "success"],
+        "properties": {
+            "data": {"type": "array", "items": item_schema},
+            "msg": {"type": "string"},
+            "success": {"type": "boolean"},
+        },
+    }
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _user_errors(*codes: int) -> dict:
+    error = {"description": "error", "content": _json(_user_envelope(None))}
+    return {str(c): error for c in codes}
+
+
+def _controller_errors(*codes: int) -> dict:
+    error = {"description": "error", "content": _json(_controller_envelope({}))}
+    return {str(c): error for c in codes}
+
+
+def _user_op(summary: str, *, params: dict, data: dict | None, errors=(400, 401, 403, 404)) -> dict:
+    """A user-interface operation; params are sent as query (GET) or as a JSON/form body (POST)."""
+    body_schema = {"type": "object", "properties": params}
+    return {
+        "summary": summary,
+        "parameters": list(_AUTH_HEADERS),
+        "requestBody": {
+            "required": False,
+            "content": {
+                "application/json": {"schema": body_schema},
+                "application/x-www-form-urlencoded": {"schema": body_schema},
+            },
+        },
+        "responses": {"200": {"description": "success", "content": _json(_user_envelope(data))}, **_user_errors(*errors)},
+    }
+
+
+def _query_params(params: dict) -> list[dict]:
+    return [{"name": n, "in": "query", "required": False, "schema": s} for n, s in params.items()]
+
+
+def _path(name: str, schema: dict | None = None) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": schema or {"type": "string"}}
+
+
+def _user_paths() -> dict:
+    users_data = {
+        "type": "object",
+        "required": ["total", "users"],
+        "properties": {"total": {"type": "integer"}, "users": {"type": "array", "items": schemas.USER_OBJECT}},
+    }
+    list_params = {
+        "owner_userid": {"type": "string", "format": "uuid"},
+        "show_inactive": {"type": "string"},
+        "registration_source": {"type": "string"},
+    }
+    search_params = {"email": {"type": "string"}, "username": {"type": "string"}}
+
+    def get_and_post(summary, params, data, path_params=()):
+        post = _user_op(summary, params=params, data=data)
+        post["parameters"] = post["parameters"] + list(path_params)
+        get = {k: v for k, v in post.items() if k != "requestBody"}
+        get["parameters"] = post["parameters"] + _query_params(params)
+        return {"get": get, "post": post}
+
+    def post_only(summary, params, data, path_params=(), errors=(400, 401, 403, 404)):
+        op = _user_op(summary, params=params, data=data, errors=errors)
+        op["parameters"] = op["parameters"] + list(path_params)
+        return {"post": op}
+
+    userid = [_path("userid")]
+    return {
+        "/v1/auth/token": {
+            "post": {
+                "summary": "Issue a token from an API key and secret, or an email and password",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": schemas.TOKEN_REQUEST},
+                        "application/x-www-form-urlencoded": {"schema": schemas.TOKEN_REQUEST},
+                    },
+                },
+                "responses": {
+                    "200": {"description": "a token", "content": _json(_user_envelope(schemas.TOKEN_DATA))},
+                    **_user_errors(400, 401, 429),
+                },
+            }
+        },
+        "/v1/user/list": get_and_post("List users", list_params, users_data),
+        "/v1/user/view/{userid}": get_and_post(
+            "View a user", {}, {"type": "object", "properties": {"user": schemas.USER_OBJECT}}, userid
+        ),
+        "/v1/user/create": post_only(
+            "Create a user",
+            {
+                "email": {"type": "string"},
+                "password": {"type": "string", "minLength": 14, "maxLength": 24},
+                "name": {"type": "string"},
+                "owner_userid": {"type": "string", "format": "uuid"},
+                "active": {"type": "integer", "minimum": 0},
+                "registration_source": {"type": "string"},
+            },
+            {"type": "object", "properties": {"userid": {"type": "string", "format": "uuid"}}},
+            errors=(400, 401, 403, 409),
+        ),
+        "/v1/user/update/{userid}": post_only(
+            "Update a user",
+            {"email": {"type": "string"}, "name": {"type": "string"}, "active": {"type": "integer", "minimum": 0}},
+            None,
+            userid,
+            errors=(400, 401, 403, 404, 409),
+        ),
+        "/v1/user/search": get_and_post("Search users by email or system-account username", search_params, users_data),
+        "/v1/user/set_password/{userid}": post_only(
+            "Set a user's password (superuser)", {"password": {"type": "string"}}, None, userid
+        ),
+        "/v1/user/view_api_secret/{userid}": get_and_post(
+            "View a user's API secret",
+            {},
+            {"type": "object", "properties": {"api_secret": {"type": ["string", "null"]}}},
+            userid,
+        ),
+        "/v1/user/reset_api_secret/{userid}": post_only(
+            "Reset (or with set_to_null revoke) a user's API secret (superuser)",
+            {"set_to_null": {"type": "string"}},
+            {"type": "object", "properties": {"api_secret": {"type": ["string", "null"]}}},
+            userid,
+        ),
+        "/v1/user/delete/{email}": post_only(
+            "Delete a user (superuser)", {}, None, [_path("email")], errors=(401, 403, 404, 409)
+        ),
+    }
+
+
+def _controller_paths() -> dict:
+    return schemas.controller_paths(
+        auth_headers=_AUTH_HEADERS,
+        envelope=_controller_envelope,
+        errors=_controller_errors,
+        json=_json,
+        path=_path,
+    )
+
+
+def openapi_document(*, controller: bool = True) -> dict:
+    paths = {
+        "/healthz": {
+            "get": {
+                "summary": "Health of the database and host adapters",
+                "responses": {"200": {"description": "healthy"}, "503": {"description": "a check failed"}},
+            }
+        },
+        **_user_paths(),
+    }
+    if controller:
+        paths.update(_controller_paths())
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Cloud controller and cloud auth user interface", "version": "1"},
+        "paths": paths,
+    }

@@ -1,0 +1,272 @@
+"""JSON schemas: request bodies the controller validates, and the objects both interfaces return.
+
+The same dictionaries feed jsonschema validation and /v1/openapi.json, so the
+document cannot drift from what the code accepts.
+"""
+
+UUID = {"type": "string", "format": "uuid"}
+DATE_TIME = {"type": "string", "format": "date-time"}
+
+# -- cloud auth -------------------------------------------------------------
+SYSTEM_ACCOUNT = {
+    "type": "object",
+    "required": ["id", "username", "uuid", "cloud_controller_id"],
+    "properties": {
+        "id": {"type": "integer"},
+        "username": {"type": "string"},
+        "uuid": UUID,
+        "cloud_controller_id": {"type": "integer"},
+    },
+}
+
+USER_OBJECT = {
+    "type": "object",
+    "required": ["id", "email", "name", "active", "system_accounts", "created_at_utc"],
+    "properties": {
+        "id": UUID,
+        "email": {"type": "string"},
+        "name": {"type": "string"},
+        "active": {"type": "integer"},
+        "owner_userid": UUID,
+        "system_accounts": {"type": "array", "items": SYSTEM_ACCOUNT},
+        "created_at_utc": DATE_TIME,
+        "api_key": {"type": "string"},
+        "num_owned_accounts": {"type": "integer"},
+        "roles": {"type": "array", "items": {"type": "string"}},
+        "registration_source": {"type": "string"},
+    },
+}
+
+TOKEN_REQUEST = {
+    "type": "object",
+    "properties": {
+        "api_key": {"type": "string"},
+        "api_secret": {"type": "string"},
+        "email": {"type": "string"},
+        "password": {"type": "string"},
+    },
+}
+
+TOKEN_DATA = {
+    "type": "object",
+    "required": ["token", "expires_at", "userid"],
+    "properties": {"token": {"type": "string"}, "expires_at": DATE_TIME, "userid": UUID},
+}
+
+# -- controller request bodies -------------------------------------------------
+_USER_IDS = {"type": "array", "items": {"type": "string"}}
+
+INSTANCE_CREATE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["server-image", "server-flavor"],
+    "properties": {
+        "server-image": {"type": "string"},
+        "server-flavor": {"type": "string"},
+        "users": _USER_IDS,
+    },
+}
+
+INSTANCE_TASK = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["task"],
+    "properties": {
+        "task": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["what", "how", "users"],
+                    "properties": {
+                        "what": {"const": "modify-users"},
+                        "how": {"enum": ["add", "replace", "delete"]},
+                        "users": _USER_IDS,
+                    },
+                },
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["what"],
+                    "properties": {"what": {"enum": ["reboot", "power-on", "power-off"]}},
+                },
+            ]
+        }
+    },
+}
+
+VOLUME_CREATE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["volume-size", "volume-type"],
+    "properties": {
+        "volume-size": {"type": "integer", "minimum": 1},
+        "volume-type": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["visibility"],
+            "properties": {"visibility": {"const": "cluster"}},
+        },
+        "volume-name": {"type": ["string", "null"], "maxLength": 255},
+    },
+}
+
+GROUP_NAME = {"type": "string", "pattern": "^[a-z_][a-z0-9_-]{0,31}$"}
+_MEMBERS = {"type": "array", "items": {"type": "string"}}
+
+GROUP_CREATE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["group-name"],
+    "properties": {"group-name": GROUP_NAME, "group-members": _MEMBERS},
+}
+
+GROUP_UPDATE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["action", "group-members"],
+    "properties": {"action": {"enum": ["add", "delete", "replace"]}, "group-members": _MEMBERS},
+}
+
+# -- controller objects -----------------------------------------------------------
+INSTANCE_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "cloudauth-id", "users", "server-image", "server-flavor", "creation-date", "status"],
+    "properties": {
+        "id": UUID,
+        "cloudauth-id": UUID,
+        "users": {"type": "array", "items": {"type": "string"}},
+        "server-image": {"type": "string"},
+        "server-flavor": {"type": "string"},
+        "creation-date": DATE_TIME,
+        "status": {"enum": ["building", "running", "paused", "shutoff", "crashed", "error"]},
+        "hostname": {"type": "string"},
+        "public-ip": {"type": "string"},
+        "private-ip": {"type": "string"},
+    },
+}
+
+IMAGE_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "name", "public", "operating-system", "min-disk", "min-ram", "creation-date", "active"],
+    "properties": {
+        "id": UUID,
+        "name": {"type": "string"},
+        "public": {"type": "boolean"},
+        "operating-system": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "major_version", "minor_version"],
+            "properties": {
+                "name": {"type": "string"},
+                "major_version": {"type": "string"},
+                "minor_version": {"type": "string"},
+            },
+        },
+        "min-disk": {"type": "integer"},
+        "min-ram": {"type": "integer"},
+        "creation-date": DATE_TIME,
+        "active": {"type": "boolean"},
+    },
+}
+
+FLAVOR_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "name", "memory", "disk", "vcpu"],
+    "properties": {
+        "id": {"type": "string"},
+        "name": {"type": "string"},
+        "memory": {"type": "integer"},
+        "disk": {"type": "integer"},
+        "vcpu": {"type": "integer"},
+    },
+}
+
+VOLUME_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["volume-id", "cloudauth-id", "volume-size", "volume-type", "creation-date"],
+    "properties": {
+        "volume-id": UUID,
+        "cloudauth-id": UUID,
+        "volume-size": {"type": "integer"},
+        "volume-type": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["visibility", "mount-point"],
+            "properties": {"visibility": {"const": "cluster"}, "mount-point": {"type": "string"}},
+        },
+        "creation-date": DATE_TIME,
+        "volume-name": {"type": ["string", "null"]},
+    },
+}
+
+GROUP_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["group-id", "cloudauth-id", "group-name", "group-members"],
+    "properties": {
+        "group-id": UUID,
+        "cloudauth-id": UUID,
+        "group-name": {"type": "string"},
+        "group-members": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
+def controller_paths(*, auth_headers, envelope, errors, json, path) -> dict:
+    """OpenAPI path items of the controller interface."""
+
+    def op(summary, obj, *, status="200", body=None, params=(), errs=(400, 401, 403, 404, 409, 503)):
+        o = {
+            "summary": summary,
+            "parameters": list(auth_headers) + list(params),
+            "responses": {status: {"description": "success", "content": json(envelope(obj))}, **errors(*errs)},
+        }
+        if body is not None:
+            o["requestBody"] = {"required": True, "content": json(body)}
+        return o
+
+    cloudauth_q = {"name": "cloudauth-id", "in": "query", "required": False, "schema": UUID}
+    group_q = {"name": "group-name", "in": "query", "required": False, "schema": {"type": "string"}}
+    id_p = [path("id")]
+    return {
+        "/v1/server-instance": {
+            "get": op("List visible server-instances", INSTANCE_OBJECT, params=[cloudauth_q], errs=(400, 401)),
+            "post": op("Create a server-instance", INSTANCE_OBJECT, status="201", body=INSTANCE_CREATE,
+                       errs=(400, 401, 403, 404, 409, 413, 415, 503)),
+        },
+        "/v1/server-instance/{id}": {
+            "get": op("View a server-instance", INSTANCE_OBJECT, params=id_p, errs=(401, 404)),
+            "put": op("Modify users or power state", INSTANCE_OBJECT, body=INSTANCE_TASK, params=id_p,
+                      errs=(400, 401, 403, 404, 409, 413, 415, 503)),
+            "delete": op("Delete a server-instance", {}, params=id_p, errs=(401, 403, 404, 503)),
+        },
+        "/v1/server-image": {"get": op("List usable images", IMAGE_OBJECT, errs=(401,))},
+        "/v1/server-image/{id}": {"get": op("View an image", IMAGE_OBJECT, params=id_p, errs=(401, 404))},
+        "/v1/server-flavor": {"get": op("List flavors", FLAVOR_OBJECT, errs=(401,))},
+        "/v1/server-flavor/{id}": {"get": op("View a flavor", FLAVOR_OBJECT, params=id_p, errs=(401, 404))},
+        "/v1/storage-volume": {
+            "get": op("List visible volumes", VOLUME_OBJECT, params=[cloudauth_q], errs=(400, 401)),
+            "post": op("Create the requester's home volume", VOLUME_OBJECT, status="201", body=VOLUME_CREATE,
+                       errs=(400, 401, 409, 413, 415, 503)),
+        },
+        "/v1/storage-volume/{id}": {
+            "get": op("View a volume", VOLUME_OBJECT, params=id_p, errs=(401, 404)),
+            "delete": op("Delete a volume and all data on it", {}, params=id_p, errs=(401, 403, 404, 409, 503)),
+        },
+        "/v1/group": {
+            "get": op("List visible groups", GROUP_OBJECT, params=[cloudauth_q, group_q], errs=(400, 401)),
+            "post": op("Create a UNIX group", GROUP_OBJECT, status="201", body=GROUP_CREATE,
+                       errs=(400, 401, 403, 409, 413, 415, 503)),
+        },
+        "/v1/group/{id}": {
+            "get": op("View a group", GROUP_OBJECT, params=id_p, errs=(401, 404)),
+            "put": op("Change the members of a group", GROUP_OBJECT, body=GROUP_UPDATE, params=id_p,
+                      errs=(400, 401, 403, 404, 413, 415, 503)),
+            "delete": op("Delete a group", {}, params=id_p, errs=(401, 403, 404, 503)),
+        },
+    }

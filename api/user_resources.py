@@ -1,0 +1,143 @@
+"""The cloud auth user interface (spec section 4.6) and token issuance (CONTRACT.md section 2).
+
+Resources are thin: read parameters, call one service function, answer in the
+user-interface envelope.
+"""
+
+from api.envelopes import ok_user
+from api.params import flag, opt_int, opt_str, req_str, user_params
+from controller import auth, users
+from controller.context import Context
+
+
+class _Resource:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.limit = ctx.config.get_int("server", "max_body_bytes")
+
+    def params(self, req) -> dict:
+        return user_params(req, limit=self.limit)
+
+
+class Token(_Resource):
+    public = True
+
+    def on_post(self, req, resp):
+        p = self.params(req)
+        data = auth.issue_token(
+            self.ctx,
+            api_key=opt_str(p, "api_key"),
+            api_secret=opt_str(p, "api_secret"),
+            email=opt_str(p, "email"),
+            password=opt_str(p, "password"),
+        )
+        ok_user(resp, data)
+
+
+class UserList(_Resource):
+    def on_get(self, req, resp):
+        p = self.params(req)
+        found = users.list_users(
+            self.ctx,
+            req.context.requester,
+            owner_userid=opt_str(p, "owner_userid"),
+            show_inactive=flag(p, "show_inactive"),
+            registration_source=opt_str(p, "registration_source"),
+        )
+        ok_user(resp, {"total": len(found), "users": found})
+
+    on_post = on_get
+
+
+class UserView(_Resource):
+    def on_get(self, req, resp, userid):
+        self.params(req)
+        ok_user(resp, {"user": users.view_user(self.ctx, req.context.requester, userid)})
+
+    on_post = on_get
+
+
+class UserCreate(_Resource):
+    def on_post(self, req, resp):
+        p = self.params(req)
+        active = opt_int(p, "active")
+        userid = users.create_user(
+            self.ctx,
+            req.context.requester,
+            email=req_str(p, "email"),
+            password=req_str(p, "password"),
+            name=opt_str(p, "name") or "",
+            owner_userid=opt_str(p, "owner_userid"),
+            active=1 if active is None else active,
+            registration_source=opt_str(p, "registration_source"),
+        )
+        ok_user(resp, {"userid": userid})
+
+
+class UserUpdate(_Resource):
+    def on_post(self, req, resp, userid):
+        p = self.params(req)
+        users.update_user(
+            self.ctx,
+            req.context.requester,
+            userid,
+            email=opt_str(p, "email"),
+            name=opt_str(p, "name"),
+            active=opt_int(p, "active"),
+        )
+        ok_user(resp)
+
+
+class UserSearch(_Resource):
+    def on_get(self, req, resp):
+        p = self.params(req)
+        found = users.search_users(
+            self.ctx, req.context.requester, email=opt_str(p, "email"), username=opt_str(p, "username")
+        )
+        ok_user(resp, {"total": len(found), "users": found})
+
+    on_post = on_get
+
+
+class UserSetPassword(_Resource):
+    def on_post(self, req, resp, userid):
+        p = self.params(req)
+        users.set_password(self.ctx, req.context.requester, userid, password=req_str(p, "password"))
+        ok_user(resp)
+
+
+class UserViewApiSecret(_Resource):
+    def on_get(self, req, resp, userid):
+        self.params(req)
+        ok_user(resp, {"api_secret": users.view_api_secret(self.ctx, req.context.requester, userid)})
+
+    on_post = on_get
+
+
+class UserResetApiSecret(_Resource):
+    def on_post(self, req, resp, userid):
+        p = self.params(req)
+        secret = users.reset_api_secret(
+            self.ctx, req.context.requester, userid, set_to_null="set_to_null" in p
+        )
+        ok_user(resp, {"api_secret": secret})
+
+
+class UserDelete(_Resource):
+    def on_post(self, req, resp, email):
+        self.params(req)
+        users.delete_user(self.ctx, req.context.requester, email)
+        ok_user(resp)
+
+
+def add_routes(app, ctx: Context) -> None:
+    app.add_route("/v1/auth/token", Token(ctx))
+    app.add_route("/v1/user/list", UserList(ctx))
+    app.add_route("/v1/user/view/{userid}", UserView(ctx))
+    app.add_route("/v1/user/create", UserCreate(ctx))
+    app.add_route("/v1/user/update/{userid}", UserUpdate(ctx))
+    app.add_route("/v1/user/search", UserSearch(ctx))
+    app.add_route("/v1/user/set_password/{userid}", UserSetPassword(ctx))
+    app.add_route("/v1/user/view_api_secret/{userid}", UserViewApiSecret(ctx))
+    app.add_route("/v1/user/reset_api_secret/{userid}", UserResetApiSecret(ctx))
+    app.add_route("/v1/user/delete/{email}", UserDelete(ctx))

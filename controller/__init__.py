@@ -1,0 +1,1 @@
+"""Service layer: configuration, storage, permissions and the operations the API exposes."""

@@ -1,0 +1,170 @@
+"""The one INI configuration file and its defaults.
+
+Keys named by CONTRACT.md section 6 keep their meaning; the rest are ours and
+are documented in etc/controller.ini.sample.
+"""
+
+import configparser
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller.errors import InvalidInput
+
+DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
+CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
+
+QUOTA_BACKENDS = ("none", "btrfs", "xfs", "setquota")
+DIRECTORY_BACKENDS = ("local", "ldap")
+
+DEFAULTS: dict[str, dict[str, str]] = {
+    "database": {"path": "/var/lib/cloud-controller/controller.db"},
+    "server": {
+        "host": "127.0.0.1",
+        "port": "8080",
+        "threads": "4",
+        "max_body_bytes": str(1024 * 1024),
+        "interfaces": "controller,user",
+    },
+    "auth": {
+        "secret_key_file": "/etc/cloud-controller/secret.key",
+        "token_ttl_seconds": "3600",
+        "max_failures": "5",
+        "failure_window_seconds": "300",
+        "lockout_seconds": "300",
+        # argon2id cost; lower only for tests.
+        "argon2_time_cost": "3",
+        "argon2_memory_kib": "65536",
+    },
+    "libvirt": {
+        "uri": "qemu:///system",
+        "storage_pool": "cloud-controller",
+        "domain_prefix": "cc-",
+    },
+    "volumes": {
+        "home_root": "/home",
+        "quota_backend": "none",
+        "max_size_gb": "1024",
+    },
+    "unix": {"root": ""},
+    "directory": {
+        "backend": "local",
+        "uri": "",
+        "base_dn": "",
+        "bind_dn": "",
+        "bind_password_file": "",
+        "people_ou": "ou=people",
+        "groups_ou": "ou=groups",
+        "uid_min": "20000",
+        "uid_max": "29999",
+        "shell": "/bin/bash",
+        "tls_ca_file": "",
+        "starttls": "false",
+        "timeout": "10",
+    },
+    "controller": {"id": "1", "profile": "production"},
+}
+
+
+@dataclass
+class Config:
+    """Parsed configuration; `path` is the file it came from (None for defaults only)."""
+
+    parser: configparser.ConfigParser
+    path: str | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def get(self, section: str, key: str) -> str:
+        return self.parser.get(section, key, fallback=DEFAULTS.get(section, {}).get(key, ""))
+
+    def get_int(self, section: str, key: str) -> int:
+        raw = self.get(section, key)
+        try:
+            return int(raw)
+        except ValueError:
+            raise InvalidInput(f"config [{section}] {key} must be an integer, got {raw!r}") from None
+
+    def get_bool(self, section: str, key: str) -> bool:
+        return self.get(section, key).strip().lower() in ("1", "true", "yes", "on")
+
+    # Accessors for the keys the code reads most.
+    @property
+    def database_path(self) -> str:
+        return self.get("database", "path")
+
+    @property
+    def controller_id(self) -> int:
+        return self.get_int("controller", "id")
+
+    @property
+    def is_sandbox(self) -> bool:
+        return self.get("controller", "profile") == "sandbox"
+
+    def validate(self) -> None:
+        backend = self.get("volumes", "quota_backend")
+        if backend not in QUOTA_BACKENDS:
+            raise InvalidInput(f"config [volumes] quota_backend must be one of {', '.join(QUOTA_BACKENDS)}")
+        directory = self.get("directory", "backend")
+        if directory not in DIRECTORY_BACKENDS:
+            raise InvalidInput(f"config [directory] backend must be one of {', '.join(DIRECTORY_BACKENDS)}")
+        for section, key in (("controller", "id"), ("volumes", "max_size_gb"), ("server", "max_body_bytes")):
+            self.get_int(section, key)
+
+
+def default_config_path() -> str:
+    return os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
+
+
+def load_config(path: str | None = None) -> Config:
+    """Read the INI file at path (or the default location); a missing file is an error."""
+    path = path or default_config_path()
+    parser = configparser.ConfigParser(interpolation=None)
+    if not Path(path).is_file():
+        raise InvalidInput(f"config file not found: {path}")
+    parser.read(path)
+    config = Config(parser=parser, path=str(path))
+    config.validate()
+    return config
+
+
+def config_from_dict(values: dict[str, dict[str, object]], path: str | None = None) -> Config:
+    """Build a Config in memory (tests, and `init --sandbox` before it writes the file)."""
+    parser = configparser.ConfigParser(interpolation=None)
+    for section, keys in values.items():
+        parser[section] = {k: str(v) for k, v in keys.items()}
+    config = Config(parser=parser, path=path)
+    config.validate()
+    return config
+
+
+def write_config(values: dict[str, dict[str, object]], path: str) -> None:
+    parser = configparser.ConfigParser(interpolation=None)
+    for section, keys in values.items():
+        parser[section] = {k: str(v) for k, v in keys.items()}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{path}.tmp")
+    with open(tmp, "w") as f:
+        parser.write(f)
+    os.chmod(tmp, 0o640)
+    os.replace(tmp, path)
+
+
+def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
+    """A complete config whose state all lives under state_dir (CONTRACT.md section 6)."""
+    d = Path(state_dir).resolve()
+    return {
+        "controller": {"id": 1, "profile": "sandbox"},
+        "database": {"path": d / "controller.db"},
+        "server": {"host": "127.0.0.1", "port": 8080, "threads": 4, "max_body_bytes": 1048576},
+        "auth": {
+            "secret_key_file": d / "secret.key",
+            "token_ttl_seconds": 3600,
+            "max_failures": 5,
+            "failure_window_seconds": 300,
+            "lockout_seconds": 300,
+        },
+        "libvirt": {"uri": "test:///default", "storage_pool": "default-pool", "domain_prefix": "cc-"},
+        "volumes": {"home_root": d / "home", "quota_backend": "none", "max_size_gb": 100},
+        "unix": {"root": d / "sysroot"},
+        "directory": {"backend": "local", "uid_min": 20000, "uid_max": 29999, "shell": "/bin/bash"},
+    }

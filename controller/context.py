@@ -1,0 +1,42 @@
+"""What every service function needs, built once per process."""
+
+from dataclasses import dataclass, field
+
+from controller.config import Config
+from controller.security import Passwords, SecretBox
+from controller.store import Store
+from controller.throttle import FailureThrottle
+
+
+@dataclass
+class Context:
+    config: Config
+    store: Store
+    passwords: Passwords
+    throttle: FailureThrottle
+    adapters: object = None  # host_adapters.Adapters; None for the user interface alone
+    _secret_box: SecretBox | None = field(default=None, repr=False)
+
+    @property
+    def secret_box(self) -> SecretBox:
+        # Loaded on first use so a missing key file shows up in /healthz instead of a crash.
+        if self._secret_box is None:
+            self._secret_box = SecretBox(self.config.get("auth", "secret_key_file"))
+        return self._secret_box
+
+
+def build_context(config: Config, *, adapters=None, store: Store | None = None) -> Context:
+    return Context(
+        config=config,
+        store=store or Store(config.database_path),
+        passwords=Passwords(
+            time_cost=config.get_int("auth", "argon2_time_cost"),
+            memory_kib=config.get_int("auth", "argon2_memory_kib"),
+        ),
+        throttle=FailureThrottle(
+            max_failures=config.get_int("auth", "max_failures"),
+            window_seconds=config.get_int("auth", "failure_window_seconds"),
+            lockout_seconds=config.get_int("auth", "lockout_seconds"),
+        ),
+        adapters=adapters,
+    )

@@ -1,0 +1,164 @@
+"""Forward-only schema migrations; the applied version is PRAGMA user_version.
+
+Append a new SQL script to MIGRATIONS to change the schema; never edit one that
+has shipped.
+"""
+
+import sqlite3
+
+
+_M1_USERS = """
+        CREATE TABLE users (
+            id TEXT PRIMARY KEY,
+            email TEXT NOT NULL COLLATE NOCASE UNIQUE,
+            name TEXT NOT NULL DEFAULT '',
+            password_hash TEXT NOT NULL,
+            active INTEGER NOT NULL DEFAULT 1,
+            owner_userid TEXT REFERENCES users(id) ON DELETE SET NULL,
+            roles TEXT NOT NULL DEFAULT '[]',
+            registration_source TEXT NOT NULL DEFAULT '',
+            api_key TEXT NOT NULL UNIQUE,
+            api_secret_enc TEXT,
+            created_at_utc TEXT NOT NULL
+        );
+        CREATE INDEX users_owner ON users(owner_userid);
+        CREATE INDEX users_active_created ON users(active, created_at_utc);
+
+        CREATE TABLE tokens (
+            token_hash TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            source TEXT NOT NULL CHECK (source IN ('api_key', 'password')),
+            expires_at INTEGER NOT NULL,
+            created_at_utc TEXT NOT NULL
+        );
+        CREATE INDEX tokens_user ON tokens(user_id, source);
+
+        CREATE TABLE system_accounts (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE RESTRICT,
+            username TEXT NOT NULL UNIQUE,
+            uuid TEXT NOT NULL UNIQUE,
+            uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL,
+            home TEXT NOT NULL,
+            cloud_controller_id INTEGER NOT NULL,
+            created_at_utc TEXT NOT NULL
+        );
+        CREATE INDEX system_accounts_user ON system_accounts(user_id);
+"""
+
+
+_M2_CONTROLLER = """
+        CREATE TABLE images (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            public INTEGER NOT NULL DEFAULT 1,
+            os_name TEXT NOT NULL,
+            os_major TEXT NOT NULL,
+            os_minor TEXT NOT NULL,
+            min_disk INTEGER NOT NULL,
+            min_ram INTEGER NOT NULL,
+            active INTEGER NOT NULL DEFAULT 1,
+            base_volume TEXT NOT NULL,
+            creation_date TEXT NOT NULL
+        );
+        CREATE TABLE image_access (
+            image_id TEXT NOT NULL REFERENCES images(id) ON DELETE CASCADE,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            PRIMARY KEY (image_id, user_id)
+        );
+        CREATE INDEX image_access_user ON image_access(user_id);
+
+        CREATE TABLE flavors (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT NOT NULL UNIQUE,
+            memory INTEGER NOT NULL,
+            disk INTEGER NOT NULL,
+            vcpu INTEGER NOT NULL
+        );
+
+        CREATE TABLE instances (
+            id TEXT PRIMARY KEY,
+            owner_id TEXT NOT NULL REFERENCES users(id) ON DELETE RESTRICT,
+            image_id TEXT NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+            flavor_id INTEGER NOT NULL REFERENCES flavors(id) ON DELETE RESTRICT,
+            status TEXT NOT NULL,
+            hostname TEXT,
+            public_ip TEXT,
+            private_ip TEXT,
+            creation_date TEXT NOT NULL
+        );
+        CREATE INDEX instances_owner ON instances(owner_id);
+
+        CREATE TABLE instance_users (
+            instance_id TEXT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+            account_uuid TEXT NOT NULL REFERENCES system_accounts(uuid) ON DELETE CASCADE,
+            PRIMARY KEY (instance_id, account_uuid)
+        );
+        CREATE INDEX instance_users_account ON instance_users(account_uuid);
+
+        -- One volume per user: the UNIQUE on owner_id is the rule, not a check in Python.
+        CREATE TABLE volumes (
+            id TEXT PRIMARY KEY,
+            owner_id TEXT NOT NULL UNIQUE REFERENCES users(id) ON DELETE RESTRICT,
+            size_gb INTEGER NOT NULL,
+            name TEXT,
+            visibility TEXT NOT NULL DEFAULT 'cluster',
+            mount_point TEXT NOT NULL,
+            creation_date TEXT NOT NULL
+        );
+
+        CREATE TABLE groups (
+            id TEXT PRIMARY KEY,
+            owner_id TEXT NOT NULL REFERENCES users(id) ON DELETE RESTRICT,
+            name TEXT NOT NULL UNIQUE,
+            creation_date TEXT NOT NULL
+        );
+        CREATE INDEX groups_owner ON groups(owner_id);
+        CREATE TABLE group_members (
+            group_id TEXT NOT NULL REFERENCES groups(id) ON DELETE CASCADE,
+            username TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (group_id, username)
+        );
+"""
+
+
+_M3_AUDIT = """
+        CREATE TABLE audit (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at_utc TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL DEFAULT '',
+            result TEXT NOT NULL,
+            detail TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX audit_at ON audit(at_utc);
+        CREATE INDEX audit_actor ON audit(actor, at_utc);
+"""
+
+
+MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Apply pending migrations in one transaction each; return (before, after) versions."""
+    before = conn.execute("PRAGMA user_version").fetchone()[0]
+    if before > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"database schema version {before} is newer than this code ({SCHEMA_VERSION})"
+        )
+    for version in range(before, SCHEMA_VERSION):
+        # One script per migration, so the DDL and the version bump commit together
+        # (executescript would commit any transaction opened outside it).
+        try:
+            conn.executescript(
+                f"BEGIN IMMEDIATE;\n{MIGRATIONS[version]}\nPRAGMA user_version = {version + 1};\nCOMMIT;"
+            )
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return before, SCHEMA_VERSION

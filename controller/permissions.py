@@ -1,0 +1,68 @@
+"""Every permission decision of the project, in one place (CONTRACT.md section 3)."""
+
+from dataclasses import dataclass
+
+from controller.errors import Forbidden
+
+SUPERUSER = "superuser"
+PERMISSIONS = ("view_user", "create_user", "update_user", "view_user_secret")
+ROLES = (SUPERUSER, *PERMISSIONS)
+
+
+@dataclass(frozen=True)
+class Requester:
+    id: str
+    roles: frozenset[str]
+
+    @classmethod
+    def from_user(cls, user: dict) -> "Requester":
+        return cls(id=user["id"], roles=frozenset(user.get("roles") or ()))
+
+    @property
+    def is_superuser(self) -> bool:
+        return SUPERUSER in self.roles
+
+    def has(self, permission: str) -> bool:
+        return self.is_superuser or permission in self.roles
+
+
+# -- cloud auth users -------------------------------------------------------
+def manages(requester: Requester, target: dict) -> bool:
+    """The requester is the target or owns it (view_user / update_user on it)."""
+    return requester.id == target["id"] or target.get("owner_userid") == requester.id
+
+
+def can_view_user(requester: Requester, target: dict) -> bool:
+    return requester.is_superuser or manages(requester, target)
+
+
+def can_update_user(requester: Requester, target: dict) -> bool:
+    return requester.is_superuser or manages(requester, target)
+
+
+def require_superuser(requester: Requester, what: str) -> None:
+    if not requester.is_superuser:
+        raise Forbidden(f"{what} needs the superuser role")
+
+
+def require_permission(requester: Requester, permission: str, what: str) -> None:
+    if not requester.has(permission):
+        raise Forbidden(f"{what} needs the {permission} permission")
+
+
+def can_view_secret(requester: Requester, target: dict) -> bool:
+    return requester.is_superuser or ("view_user_secret" in requester.roles and manages(requester, target))
+
+
+# -- controller resources (instances, volumes, groups) ---------------------
+# Visibility is applied in SQL (see Store); these decide mutation.
+def can_mutate(requester: Requester, *, owner_id: str, owner_owner_id: str | None) -> bool:
+    """Owner, the owner's owner, or a superuser may change a visible resource."""
+    return requester.is_superuser or requester.id == owner_id or (
+        owner_owner_id is not None and requester.id == owner_owner_id
+    )
+
+
+def can_use_account(requester: Requester, account_owner: dict) -> bool:
+    """May the requester name this system account (grant access, add to a group)?"""
+    return requester.is_superuser or manages(requester, account_owner)

@@ -1,0 +1,51 @@
+"""Value rules shared by the API and the agent: emails, passwords, UUIDs."""
+
+import re
+import string
+import uuid
+
+from controller.errors import InvalidInput
+
+# Deliberately plain: one @, no spaces, a dotted domain. Full RFC 5322 is not
+# what an admin means by "a valid address".
+_EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$")
+
+PASSWORD_MIN = 14
+PASSWORD_MAX = 24
+
+
+def check_email(value: object) -> str:
+    if not isinstance(value, str) or len(value) > 254 or not _EMAIL.fullmatch(value):
+        raise InvalidInput(f"email is not a valid address: {str(value)[:80]!r}")
+    return value
+
+
+def check_password(value: object) -> str:
+    """14 to 24 characters from at least two of: letters, digits, punctuation."""
+    if not isinstance(value, str):
+        raise InvalidInput("password must be a string")
+    if not PASSWORD_MIN <= len(value) <= PASSWORD_MAX:
+        raise InvalidInput(f"password must be {PASSWORD_MIN} to {PASSWORD_MAX} characters long")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidInput("password must not contain control characters")
+    classes = (
+        any(c.isalpha() for c in value),
+        any(c.isdigit() for c in value),
+        any(c in string.punctuation or not (c.isalnum() or c.isspace()) for c in value),
+    )
+    if sum(classes) < 2:
+        raise InvalidInput("password must mix at least two of: letters, digits, punctuation")
+    return value
+
+
+def is_uuid(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())

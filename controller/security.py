@@ -1,0 +1,92 @@
+"""Secrets: password hashes, the encrypted API secret, API keys and tokens.
+
+Passwords are kept only as argon2id hashes. The API secret must be shown to a
+superuser, so it is stored encrypted (Fernet: AES-CBC + HMAC) with a key kept in
+a file outside the database. Tokens are random and stored only as SHA-256
+hashes, so a copy of the database yields no usable token.
+"""
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from cryptography.fernet import Fernet, InvalidToken
+
+from controller.errors import HostUnavailable
+
+# Compared against when no user matches, so a wrong email costs as much time as a wrong password.
+_DUMMY_PASSWORD = "dummy-password-for-timing"
+
+
+class Passwords:
+    def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536):
+        self._hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=1)
+        self._dummy_hash = self._hasher.hash(_DUMMY_PASSWORD)
+
+    def hash(self, password: str) -> str:
+        return self._hasher.hash(password)
+
+    def verify(self, password_hash: str | None, password: str) -> bool:
+        try:
+            return self._hasher.verify(password_hash or self._dummy_hash, password) and bool(password_hash)
+        except (VerifyMismatchError, VerificationError, InvalidHashError):
+            return False
+
+
+def generate_key_file(path: str) -> None:
+    """Write a new Fernet key readable by root only; never overwrite an existing key."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(Fernet.generate_key() + b"\n")
+
+
+class SecretBox:
+    """Encrypts API secrets at rest with the key from the configured key file."""
+
+    def __init__(self, key_file: str):
+        self.key_file = key_file
+        try:
+            key = Path(key_file).read_bytes().strip()
+            self._fernet = Fernet(key)
+        except FileNotFoundError:
+            raise HostUnavailable(f"secret key file missing: {key_file} (run `cloud-agent init`)") from None
+        except (ValueError, OSError) as e:
+            raise HostUnavailable(f"secret key file unusable: {key_file}: {e.__class__.__name__}") from None
+
+    def encrypt(self, plaintext: str) -> str:
+        return self._fernet.encrypt(plaintext.encode()).decode()
+
+    def decrypt(self, token: str) -> str:
+        try:
+            return self._fernet.decrypt(token.encode()).decode()
+        except InvalidToken:
+            raise HostUnavailable("stored API secret cannot be decrypted with the configured key") from None
+
+
+def new_api_key() -> str:
+    return "ak_" + secrets.token_hex(16)
+
+
+def new_api_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def same(a: str | None, b: str | None) -> bool:
+    """Constant-time comparison of two secrets; None never matches."""
+    if a is None or b is None:
+        return False
+    return hmac.compare_digest(a.encode(), b.encode())

@@ -1,0 +1,48 @@
+"""Slows down guessing: repeated failed logins for one key or email are refused for a while."""
+
+import threading
+import time
+
+from controller.errors import TooManyRequests
+
+
+class FailureThrottle:
+    def __init__(self, *, max_failures: int = 5, window_seconds: int = 300, lockout_seconds: int = 300,
+                 clock=time.monotonic):
+        self.max_failures = max_failures
+        self.window = window_seconds
+        self.lockout = lockout_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures: dict[str, list[float]] = {}
+        self._locked_until: dict[str, float] = {}
+
+    def check(self, key: str) -> None:
+        """Raise TooManyRequests while key is locked out."""
+        with self._lock:
+            until = self._locked_until.get(key)
+            if until is None:
+                return
+            now = self._clock()
+            if now < until:
+                raise TooManyRequests(
+                    "too many failed attempts; try again later", retry_after=int(until - now) + 1
+                )
+            del self._locked_until[key]
+
+    def failed(self, key: str) -> None:
+        with self._lock:
+            now = self._clock()
+            recent = [t for t in self._failures.get(key, []) if now - t < self.window]
+            recent.append(now)
+            if len(recent) >= self.max_failures:
+                self._locked_until[key] = now + self.lockout
+                recent = []
+            self._failures[key] = recent
+            # Bounded memory under a spray of distinct keys.
+            if len(self._failures) > 100_000:
+                self._failures = {k: v for k, v in self._failures.items() if v and now - v[-1] < self.window}
+
+    def succeeded(self, key: str) -> None:
+        with self._lock:
+            self._failures.pop(key, None)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs everything the service and its test suite need on Debian 12, as root:
+# the system packages (libvirt + QEMU/KVM, slapd, btrfs/xfs/quota tools, build
+# headers for libvirt-python and python-ldap) and a virtual environment in .venv
+# with the project installed in editable mode. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  python3 python3-venv python3-dev gcc pkg-config
+  libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
+  qemu-system-x86 qemu-utils
+  libldap2-dev libsasl2-dev slapd ldap-utils
+  btrfs-progs xfsprogs quota passwd util-linux
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup-host: missing system packages (${missing[*]}); run this script as root" >&2
+    exit 1
+  fi
+  echo "setup-host: installing ${missing[*]}"
+  # Packages are installed for their files; the test fixtures start the daemons
+  # they need. A policy-rc.d keeps postinst scripts from starting services on
+  # machines without systemd; one that was already there is left untouched.
+  made_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ] && [ ! -d /run/systemd/system ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+  [ -n "$made_policy" ] && rm -f /usr/sbin/policy-rc.d
+fi
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))'; then
+      PY=$cand; break
+    fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup-host: Python 3.11 or newer is required" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -e "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi

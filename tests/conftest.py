@@ -1,0 +1,23 @@
+import pytest
+
+from host_adapters import subp
+
+# Fixtures that start or build real host parts live in their own modules.
+pytest_plugins = [
+    "tests.fixtures.api",
+    "tests.fixtures.sysroot",
+    "tests.fixtures.btrfs",
+    "tests.fixtures.libvirtd",
+]
+
+
+@pytest.fixture(autouse=True)
+def _forbid_real_commands(request, monkeypatch):
+    """Unit tests must not run host binaries; tests marked real_commands may."""
+    if request.node.get_closest_marker("real_commands"):
+        return
+
+    def refuse(argv, **kwargs):
+        raise AssertionError(f"real command in a unit test: {argv!r}")
+
+    monkeypatch.setattr(subp, "_run", refuse)
