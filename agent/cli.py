@@ -2,7 +2,7 @@
 
 import click
 
-from agent import setup_commands, user_commands
+from agent import controller_commands, ops_commands, setup_commands, user_commands
 from agent.common import Options
 
 
@@ -19,15 +19,8 @@ def cli(click_ctx, config_path, as_json):
     click_ctx.obj = Options(config_path, as_json)
 
 
-setup_commands.register(cli)
-user_commands.register(cli)
-
-for _module in ("agent.controller_commands", "agent.ops_commands"):
-    try:
-        __import__(_module, fromlist=["register"]).register(cli)
-    except ModuleNotFoundError as e:  # a command group not built yet
-        if e.name != _module:
-            raise
+for _module in (setup_commands, user_commands, controller_commands, ops_commands):
+    _module.register(cli)
 
 
 def main() -> None:

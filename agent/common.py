@@ -1,7 +1,9 @@
 """What every cloud-agent command shares: --config, --json, output and error handling."""
 
 import functools
+import getpass
 import json
+import sqlite3
 import sys
 
 import click
@@ -48,12 +50,46 @@ def command_options(fn):
     def wrapper(click_ctx, config_path, as_json, *args, **kwargs):
         root = click_ctx.find_root().obj or Options()
         opts = Options(config_path or root.config_path, as_json or root.as_json)
+        command = click_ctx.command_path.split(" ", 1)[-1]
         try:
-            return fn(opts, *args, **kwargs)
+            result = fn(opts, *args, **kwargs)
         except ControllerError as e:
+            _audit(opts, command, kwargs, f"error: {e.message}")
             fail(opts, e.message)
+        _audit(opts, command, kwargs, "ok")
+        return result
+        except sqlite3.Error as e:
+            # Most often a database that `cloud-agent init` has not created or migrated.
+            fail(opts, f"database error: {e} (has `cloud-agent init` been run?)")
+        except OSError as e:
+            fail(opts, f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
 
     return wrapper
+
+
+# Commands that change nothing leave no audit row.
+_READ_ONLY_COMMANDS = {"serve", "check", "audit", "backup"}
+
+
+def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
+    if command in _READ_ONLY_COMMANDS or (command == "reconcile" and not kwargs.get("fix")):
+        return
+    ctx = opts._ctx
+    if ctx is None:
+        return
+    from controller import audit
+
+    # Arguments are kept for the record, but never a password or secret.
+    shown = {k: v for k, v in kwargs.items() if v not in (None, False) and "password" not in k and "secret" not in k}
+    target = next((str(shown.pop(k)) for k in ("email", "image_id", "volume_id") if k in shown), "")
+    audit.record(
+        ctx.store,
+        actor=f"cloud-agent:{getpass.getuser()}",
+        action=f"cloud-agent {command}",
+        target=target,
+        result=result,
+        detail=" ".join(f"{k}={v}" for k, v in sorted(shown.items())),
+    )
 
 
 def fail(opts: Options, message: str, code: int = 1):

@@ -80,16 +80,26 @@ def serve(opts: Options, host, port):
     """
     from waitress import create_server
 
-    from api.app import build_app
+    from api.app import build_context_for, create_app, interfaces_of
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # waitress warns on every queued request; under load that floods the log and costs throughput.
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    log = logging.getLogger("cloud_controller")
     config = opts.config()
     try:
-        app = build_app(config)
+        interfaces = interfaces_of(config)
     except ValueError as e:
         raise InvalidInput(str(e)) from None
+    ctx = build_context_for(config, interfaces)
+    if config.is_sandbox and ctx.adapters is not None:
+        # The libvirt test driver keeps nothing between processes: rebuild its
+        # base disks and domains from the database before serving.
+        from controller.reconcile import reconcile
+
+        for item in reconcile(ctx, fix=True):
+            log.info("sandbox reconcile: %s %s %s", "fixed" if item["fixed"] else "left", item["kind"], item["target"])
+    app = create_app(ctx, interfaces=interfaces)
     server = create_server(
         app,
         host=host or config.get("server", "host"),
@@ -98,9 +108,7 @@ def serve(opts: Options, host, port):
         max_request_body_size=config.get_int("server", "max_body_bytes") + 1,
         ident="cloud-controller",
     )
-    logging.getLogger("cloud_controller").info(
-        "serving on http://%s:%s", server.effective_host, server.effective_port
-    )
+    log.info("serving on http://%s:%s", server.effective_host, server.effective_port)
     _sd_notify("READY=1")
     try:
         server.run()

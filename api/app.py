@@ -8,7 +8,7 @@ waitress or any WSGI server.
 import falcon
 
 from api import errors, health, user_resources
-from api.middleware import Authenticate, BodyLimit
+from api.middleware import AuditTrail, Authenticate, BodyLimit
 from controller.config import Config, load_config
 from controller.context import Context, build_context
 
@@ -17,7 +17,11 @@ INTERFACES = ("controller", "user")
 
 def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> falcon.App:
     app = falcon.App(
-        middleware=[BodyLimit(ctx.config.get_int("server", "max_body_bytes")), Authenticate(ctx)],
+        middleware=[
+            BodyLimit(ctx.config.get_int("server", "max_body_bytes")),
+            AuditTrail(ctx),
+            Authenticate(ctx),
+        ],
     )
     app.req_options.strip_url_path_trailing_slash = True
     errors.install(app)
@@ -41,14 +45,18 @@ def interfaces_of(config: Config) -> tuple[str, ...]:
     return wanted
 
 
-def build_app(config: Config) -> falcon.App:
-    interfaces = interfaces_of(config)
+def build_context_for(config: Config, interfaces: tuple[str, ...]) -> Context:
     adapters = None
     if "controller" in interfaces:
         from host_adapters.factory import build_adapters
 
         adapters = build_adapters(config)
-    return create_app(build_context(config, adapters=adapters), interfaces=interfaces)
+    return build_context(config, adapters=adapters)
+
+
+def build_app(config: Config) -> falcon.App:
+    interfaces = interfaces_of(config)
+    return create_app(build_context_for(config, interfaces), interfaces=interfaces)
 
 
 def get_app() -> falcon.App:

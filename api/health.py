@@ -1,31 +1,10 @@
 """GET /healthz and GET /v1/openapi.json, both without authentication."""
 
-import sqlite3
-
 import falcon
 
 from api.openapi import openapi_document
 from controller.context import Context
-from controller.errors import ControllerError
-
-
-def run_checks(ctx: Context) -> list[dict]:
-    """Every check the service depends on, each {"name", "ok", "detail"}."""
-    results = []
-
-    def record(name, fn):
-        try:
-            fn()
-            results.append({"name": name, "ok": True, "detail": ""})
-        except (ControllerError, sqlite3.Error, OSError) as e:
-            results.append({"name": name, "ok": False, "detail": getattr(e, "message", None) or str(e)})
-
-    record("database", ctx.store.ping)
-    record("secret_key", lambda: ctx.secret_box)
-    if ctx.adapters is not None:
-        for name, check in ctx.adapters.checks():
-            record(name, check)
-    return results
+from controller.health import run_checks
 
 
 class Health:

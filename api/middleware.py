@@ -1,6 +1,7 @@
 """Request-wide checks: body size and authentication."""
 
 from api.errors import PayloadTooLarge
+from controller import audit
 from controller.auth import authenticate
 from controller.context import Context
 
@@ -28,3 +29,35 @@ class Authenticate:
             token=req.get_header("X-Auth-Token"),
             user_id=req.get_header("X-Auth-Cloudauth-Id"),
         )
+
+
+# User-interface calls that only read, though clients may send them as POST.
+_READ_ONLY = ("/v1/user/list", "/v1/user/view/", "/v1/user/search")
+
+
+class AuditTrail:
+    """One audit row per mutating request (and per API secret viewed), whatever its outcome."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        if resource is None or not _audited(req):
+            return
+        requester = req.context.get("requester")
+        template = req.uri_template or req.path
+        audit.record(
+            self.ctx.store,
+            actor=requester.id if requester else "anonymous",
+            action=f"{req.method} {template}",
+            target=req.path.rsplit("/", 1)[-1] if template.endswith("}") else "",
+            result=str(resp.status_code),
+        )
+
+
+def _audited(req) -> bool:
+    if req.path.startswith("/v1/user/view_api_secret/"):
+        return True
+    if req.method in ("GET", "HEAD", "OPTIONS"):
+        return False
+    return not req.path.startswith(_READ_ONLY)

@@ -1,5 +1,7 @@
 """Reading request bodies and parameters: size limit, content types, typed values."""
 
+import json
+import re
 from urllib.parse import parse_qsl
 
 import falcon
@@ -31,14 +33,21 @@ def read_body(req: falcon.Request, *, limit: int) -> bytes:
 
 
 def _parse_json(raw: bytes) -> object:
-    import json
-
     try:
-        return json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"))
+        # JSON may escape lone surrogates ("\ud800"), which no UTF-8 column, hash
+        # or command can take: refuse them here rather than fail deep in the service.
+        if b"\\u" in raw:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeDecodeError:
         raise InvalidInput("request body is not UTF-8") from None
+    except UnicodeEncodeError:
+        raise InvalidInput("request body holds an invalid Unicode escape (lone surrogate)") from None
     except ValueError as e:
         raise InvalidInput(f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise InvalidInput("malformed JSON: nested too deeply") from None
+    return body
 
 
 def json_object(req: falcon.Request, *, limit: int) -> dict:
@@ -101,17 +110,24 @@ def req_str(params: dict, name: str) -> str:
     return value
 
 
+_INT_TEXT = re.compile(r"-?[0-9]+")
+# SQLite's INTEGER is 64-bit; a larger value would fail at the database.
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+
+
 def opt_int(params: dict, name: str) -> int | None:
     value = params.get(name)
     if value is None:
         return None
     if isinstance(value, bool):
         raise InvalidInput(f"{name} must be an integer")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    raise InvalidInput(f"{name} must be an integer")
+    if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
+        value = int(value.strip())
+    if not isinstance(value, int):
+        raise InvalidInput(f"{name} must be an integer")
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise InvalidInput(f"{name} is out of range")
+    return value
 
 
 def flag(params: dict, name: str) -> bool | None:

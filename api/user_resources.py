@@ -118,7 +118,7 @@ class UserResetApiSecret(_Resource):
     def on_post(self, req, resp, userid):
         p = self.params(req)
         secret = users.reset_api_secret(
-            self.ctx, req.context.requester, userid, set_to_null="set_to_null" in p
+            self.ctx, req.context.requester, userid, set_to_null=bool(flag(p, "set_to_null"))
         )
         ok_user(resp, {"api_secret": secret})
 

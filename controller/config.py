@@ -45,22 +45,18 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "home_root": "/home",
         "quota_backend": "none",
         "max_size_gb": "1024",
+        "quota_mountpoint": "",
     },
     "unix": {"root": ""},
     "directory": {
+        # LDAP keys (people_ou, groups_ou, uid_min, uid_max, tls_ca_file, starttls,
+        # timeout) and their defaults are documented in host_adapters/ldap_directory.py.
         "backend": "local",
         "uri": "",
         "base_dn": "",
         "bind_dn": "",
         "bind_password_file": "",
-        "people_ou": "ou=people",
-        "groups_ou": "ou=groups",
-        "uid_min": "20000",
-        "uid_max": "29999",
-        "shell": "/bin/bash",
-        "tls_ca_file": "",
-        "starttls": "false",
-        "timeout": "10",
+        "default_shell": "/bin/bash",
     },
     "controller": {"id": "1", "profile": "production"},
 }
@@ -166,5 +162,5 @@ def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
         "libvirt": {"uri": "test:///default", "storage_pool": "default-pool", "domain_prefix": "cc-"},
         "volumes": {"home_root": d / "home", "quota_backend": "none", "max_size_gb": 100},
         "unix": {"root": d / "sysroot"},
-        "directory": {"backend": "local", "uid_min": 20000, "uid_max": 29999, "shell": "/bin/bash"},
+        "directory": {"backend": "local", "default_shell": "/bin/bash"},
     }

@@ -45,6 +45,8 @@ _M1_USERS = """
             created_at_utc TEXT NOT NULL
         );
         CREATE INDEX system_accounts_user ON system_accounts(user_id);
+        -- One system account per user on each controller.
+        CREATE UNIQUE INDEX system_accounts_user_controller ON system_accounts(user_id, cloud_controller_id);
 """
 
 

@@ -285,3 +285,264 @@ class Store:
 
     def list_accounts(self) -> list[dict]:
         return self._all("SELECT * FROM system_accounts ORDER BY id")
+
+    # -- visibility ---------------------------------------------------------
+    # A resource is visible to its owner and to the owner's owner; a superuser
+    # passes visible_to=None and sees everything.
+    @staticmethod
+    def _visible(column: str, visible_to: str | None, params: list) -> str:
+        if visible_to is None:
+            return "1"
+        params += [visible_to, visible_to]
+        return f"{column} IN (SELECT id FROM users WHERE id = ? OR owner_userid = ?)"
+
+    def owner_owner(self, owner_id: str) -> str | None:
+        row = self._one("SELECT owner_userid FROM users WHERE id = ?", (owner_id,))
+        return row["owner_userid"] if row else None
+
+    # -- images and flavors -----------------------------------------------
+    def insert_image(self, image: dict) -> None:
+        with self.write():
+            self.db["images"].insert(image)
+
+    def get_image(self, image_id: str) -> dict | None:
+        return self._one("SELECT * FROM images WHERE id = ?", (image_id,))
+
+    def list_images(self, *, usable_by: str | None = None, image_id: str | None = None) -> list[dict]:
+        """All images (usable_by None) or the public ones plus those granted to usable_by."""
+        where, params = ["1"], []
+        if usable_by is not None:
+            where.append("(public = 1 OR id IN (SELECT image_id FROM image_access WHERE user_id = ?))")
+            params.append(usable_by)
+        if image_id is not None:
+            where.append("id = ?")
+            params.append(image_id)
+        return self._all(f"SELECT * FROM images WHERE {' AND '.join(where)} ORDER BY creation_date, id", params)
+
+    def update_image(self, image_id: str, changes: dict) -> None:
+        with self.write():
+            self.db["images"].update(image_id, changes)
+
+    def grant_image(self, image_id: str, user_id: str) -> None:
+        with self.write() as conn:
+            conn.execute("INSERT OR IGNORE INTO image_access (image_id, user_id) VALUES (?, ?)", (image_id, user_id))
+
+    def insert_flavor(self, flavor: dict) -> dict:
+        try:
+            with self.write() as conn:
+                cur = conn.execute(
+                    "INSERT INTO flavors (name, memory, disk, vcpu) VALUES (:name, :memory, :disk, :vcpu)", flavor
+                )
+        except sqlite3.IntegrityError:
+            raise Conflict(f"a flavor named {flavor['name']!r} exists") from None
+        return dict(flavor, id=cur.lastrowid)
+
+    def get_flavor(self, flavor_id: int) -> dict | None:
+        return self._one("SELECT * FROM flavors WHERE id = ?", (flavor_id,))
+
+    def list_flavors(self) -> list[dict]:
+        return self._all("SELECT * FROM flavors ORDER BY id")
+
+    # -- accounts by user -----------------------------------------------------
+    def account_of_user(self, user_id: str, controller_id: int) -> dict | None:
+        return self._one(
+            "SELECT * FROM system_accounts WHERE user_id = ? AND cloud_controller_id = ?", (user_id, controller_id)
+        )
+
+    def accounts_with_owners(self, *, uuids: list[str] | None = None, usernames: list[str] | None = None) -> list[dict]:
+        """Accounts joined with their user's id and owner (for permission checks)."""
+        column, values = ("a.uuid", uuids) if uuids is not None else ("a.username", usernames)
+        if not values:
+            return []
+        marks = ",".join("?" * len(values))
+        return self._all(
+            f"""SELECT a.*, u.owner_userid AS user_owner_userid FROM system_accounts a
+                JOIN users u ON u.id = a.user_id WHERE {column} IN ({marks})""",
+            list(values),
+        )
+
+    # -- instances --------------------------------------------------------------
+    def insert_instance(self, instance: dict, account_uuids: list[str]) -> None:
+        with self.write() as conn:
+            conn.execute(
+                """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
+                   private_ip, creation_date) VALUES (:id, :owner_id, :image_id, :flavor_id, :status,
+                   :hostname, :public_ip, :private_ip, :creation_date)""",
+                instance,
+            )
+            conn.executemany(
+                "INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)",
+                [(instance["id"], u) for u in account_uuids],
+            )
+
+    def list_instances(self, *, visible_to: str | None, owner_id: str | None = None,
+                       instance_id: str | None = None) -> list[dict]:
+        params: list = []
+        where = [self._visible("owner_id", visible_to, params)]
+        if owner_id is not None:
+            where.append("owner_id = ?")
+            params.append(owner_id)
+        if instance_id is not None:
+            where.append("id = ?")
+            params.append(instance_id)
+        rows = self._all(f"SELECT * FROM instances WHERE {' AND '.join(where)} ORDER BY creation_date, id", params)
+        users = self.instance_users([r["id"] for r in rows])
+        for r in rows:
+            r["users"] = users.get(r["id"], [])
+        return rows
+
+    def instance_users(self, instance_ids: list[str]) -> dict[str, list[str]]:
+        if not instance_ids:
+            return {}
+        marks = ",".join("?" * len(instance_ids))
+        out: dict[str, list[str]] = {}
+        for r in self._all(
+            f"SELECT instance_id, account_uuid FROM instance_users WHERE instance_id IN ({marks}) ORDER BY rowid",
+            instance_ids,
+        ):
+            out.setdefault(r["instance_id"], []).append(r["account_uuid"])
+        return out
+
+    def set_instance_users(self, instance_id: str, account_uuids: list[str]) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM instance_users WHERE instance_id = ?", (instance_id,))
+            conn.executemany(
+                "INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)",
+                [(instance_id, u) for u in account_uuids],
+            )
+
+    def set_instance_status(self, instance_id: str, status: str) -> None:
+        with self.write() as conn:
+            conn.execute("UPDATE instances SET status = ? WHERE id = ?", (status, instance_id))
+
+    def delete_instance(self, instance_id: str) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM instances WHERE id = ?", (instance_id,))
+
+    def instances_with_account(self, account_uuid: str) -> list[str]:
+        return [
+            r["instance_id"]
+            for r in self._all("SELECT instance_id FROM instance_users WHERE account_uuid = ?", (account_uuid,))
+        ]
+
+    def all_instances(self) -> list[dict]:
+        return self.list_instances(visible_to=None)
+
+    # -- volumes ------------------------------------------------------------------
+    def insert_volume(self, volume: dict) -> None:
+        try:
+            with self.write() as conn:
+                conn.execute(
+                    """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date)
+                       VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date)""",
+                    volume,
+                )
+        except sqlite3.IntegrityError as e:
+            if "volumes.owner_id" in str(e):
+                raise Conflict("this user already has a storage volume (one per user)") from None
+            raise
+
+    def list_volumes(self, *, visible_to: str | None, owner_id: str | None = None,
+                     volume_id: str | None = None) -> list[dict]:
+        params: list = []
+        where = [self._visible("owner_id", visible_to, params)]
+        if owner_id is not None:
+            where.append("owner_id = ?")
+            params.append(owner_id)
+        if volume_id is not None:
+            where.append("id = ?")
+            params.append(volume_id)
+        return self._all(f"SELECT * FROM volumes WHERE {' AND '.join(where)} ORDER BY creation_date, id", params)
+
+    def volume_of_user(self, user_id: str) -> dict | None:
+        return self._one("SELECT * FROM volumes WHERE owner_id = ?", (user_id,))
+
+    def volume_owners(self, user_ids: list[str]) -> set[str]:
+        if not user_ids:
+            return set()
+        marks = ",".join("?" * len(user_ids))
+        return {r["owner_id"] for r in self._all(f"SELECT owner_id FROM volumes WHERE owner_id IN ({marks})", user_ids)}
+
+    def set_volume_size(self, volume_id: str, size_gb: int) -> None:
+        with self.write() as conn:
+            conn.execute("UPDATE volumes SET size_gb = ? WHERE id = ?", (size_gb, volume_id))
+
+    def delete_volume(self, volume_id: str) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM volumes WHERE id = ?", (volume_id,))
+
+    # -- groups -------------------------------------------------------------------
+    def insert_group(self, group: dict, members: list[str]) -> None:
+        try:
+            with self.write() as conn:
+                conn.execute(
+                    "INSERT INTO groups (id, owner_id, name, creation_date) VALUES (:id, :owner_id, :name, :creation_date)",
+                    group,
+                )
+                self._write_members(conn, group["id"], members)
+        except sqlite3.IntegrityError as e:
+            if "groups.name" in str(e):
+                raise Conflict(f"group {group['name']} exists") from None
+            raise
+
+    @staticmethod
+    def _write_members(conn, group_id: str, members: list[str]) -> None:
+        conn.execute("DELETE FROM group_members WHERE group_id = ?", (group_id,))
+        conn.executemany(
+            "INSERT INTO group_members (group_id, username, position) VALUES (?, ?, ?)",
+            [(group_id, m, i) for i, m in enumerate(members)],
+        )
+
+    def set_group_members(self, group_id: str, members: list[str]) -> None:
+        with self.write() as conn:
+            self._write_members(conn, group_id, members)
+
+    def list_groups(self, *, visible_to: str | None, owner_id: str | None = None, name: str | None = None,
+                    group_id: str | None = None) -> list[dict]:
+        params: list = []
+        where = [self._visible("owner_id", visible_to, params)]
+        for column, value in (("owner_id", owner_id), ("name", name), ("id", group_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        rows = self._all(f"SELECT * FROM groups WHERE {' AND '.join(where)} ORDER BY creation_date, name", params)
+        if rows:
+            marks = ",".join("?" * len(rows))
+            members: dict[str, list[str]] = {}
+            for m in self._all(
+                f"SELECT group_id, username FROM group_members WHERE group_id IN ({marks}) ORDER BY position",
+                [r["id"] for r in rows],
+            ):
+                members.setdefault(m["group_id"], []).append(m["username"])
+            for r in rows:
+                r["members"] = members.get(r["id"], [])
+        return rows
+
+    def delete_group(self, group_id: str) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM groups WHERE id = ?", (group_id,))
+
+    def groups_with_member(self, username: str) -> list[dict]:
+        return self._all(
+            "SELECT g.* FROM groups g JOIN group_members m ON m.group_id = g.id WHERE m.username = ?", (username,)
+        )
+
+    # -- audit --------------------------------------------------------------------
+    def insert_audit(self, entry: dict) -> None:
+        with self.write() as conn:
+            conn.execute(
+                """INSERT INTO audit (at_utc, actor, action, target, result, detail)
+                   VALUES (:at_utc, :actor, :action, :target, :result, :detail)""",
+                entry,
+            )
+
+    def list_audit(self, *, since: str | None = None, actor: str | None = None, limit: int = 1000) -> list[dict]:
+        where, params = ["1"], []
+        if since is not None:
+            where.append("at_utc >= ?")
+            params.append(since)
+        if actor is not None:
+            where.append("actor = ?")
+            params.append(actor)
+        params.append(limit)
+        return self._all(f"SELECT * FROM audit WHERE {' AND '.join(where)} ORDER BY id LIMIT ?", params)

@@ -1,5 +1,7 @@
 """The cloud auth user service: accounts, owners, roles and API secrets."""
 
+import sqlite3
+
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -150,7 +152,8 @@ def list_users(
             name
             for name, value in (
                 ("owner_userid", owner_userid),
-                ("show_inactive", show_inactive),
+                # show_inactive=0/false counts as not given (CONTRACT.md section 4).
+                ("show_inactive", show_inactive or None),
                 ("registration_source", registration_source),
             )
             if value is not None
@@ -251,7 +254,11 @@ def delete_user(ctx: Context, requester: Requester, email: str) -> dict:
         raise Conflict(f"user {email} still has a storage volume: delete it first")
     if has_account:
         raise Conflict(f"user {email} has a system account (the account is enabled) and cannot be deleted")
-    ctx.store.delete_user(user["id"])
+    try:
+        ctx.store.delete_user(user["id"])
+    except sqlite3.IntegrityError:
+        # Instances and groups reference their owner with ON DELETE RESTRICT.
+        raise Conflict(f"user {email} still owns server-instances or groups: delete them first") from None
     return user
 
 

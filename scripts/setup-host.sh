@@ -10,7 +10,7 @@ PACKAGES=(
   python3 python3-venv python3-dev gcc pkg-config
   libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
   qemu-system-x86 qemu-utils
-  libldap2-dev libsasl2-dev slapd ldap-utils
+  libldap2-dev libsasl2-dev slapd ldap-utils openssl
   btrfs-progs xfsprogs quota passwd util-linux
 )
 

@@ -1,0 +1,169 @@
+"""cloud-agent account / image / flavor / volume: what feeds the controller interface."""
+
+import sys
+
+import click
+
+from agent.common import Options, command_options, emit
+from controller import accounts, images, volumes
+from controller.users import account_object
+
+
+# -- account ---------------------------------------------------------------------
+@click.group("account")
+def account():
+    """Enable or disable a user's system account."""
+
+
+@account.command("enable")
+@click.argument("email")
+@click.option("--username", required=True, help="System username (^[a-z_][a-z0-9_-]{0,31}$).")
+@click.option("--uid", type=int, default=None, help="uid to use; default: the directory allocates one.")
+@command_options
+def account_enable(opts: Options, email, username, uid):
+    """Create the system account of a user in the configured directory and record it.
+
+    Example: cloud-agent account enable alice@example.org --username alice
+    """
+    row = accounts.enable_account(opts.context(adapters=True), email, username=username, uid=uid)
+    emit(opts, account_object(row), f"enabled {username} (uid {row['uid']}) for {email}, user id {row['uuid']}")
+
+
+@account.command("disable")
+@click.argument("email")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@command_options
+def account_disable(opts: Options, email, yes):
+    """Remove a user's system account (refused while the user has a volume, instances or groups).
+
+    Example: cloud-agent account disable alice@example.org --yes
+    """
+    confirm(opts, yes, f"Remove the system account of {email}?")
+    row = accounts.disable_account(opts.context(adapters=True), email)
+    emit(opts, account_object(row), f"disabled {row['username']} for {email}")
+
+
+def confirm(opts: Options, yes: bool, question: str) -> None:
+    """Destructive commands ask on a terminal; elsewhere they need --yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.UsageError("not on a terminal: add --yes to confirm")
+    if not click.confirm(question, default=False, err=True):
+        raise click.Abort()
+
+
+# -- image ----------------------------------------------------------------------------
+@click.group("image")
+def image():
+    """Register and manage server-images."""
+
+
+def _progress(opts: Options):
+    if opts.as_json or not sys.stderr.isatty():
+        return None
+
+    def show(sent: int, total: int) -> None:
+        pct = 100 * sent // total if total else 100
+        click.echo(f"\ruploading: {pct:3d}% ({sent >> 20} of {total >> 20} MiB)", err=True, nl=sent >= total)
+
+    return show
+
+
+@image.command("add")
+@click.option("--name", required=True)
+@click.option("--os-name", required=True)
+@click.option("--os-major", required=True)
+@click.option("--os-minor", required=True)
+@click.option("--min-disk", type=int, required=True, help="GB; also the size of a blank base disk.")
+@click.option("--min-ram", type=int, required=True, help="MB.")
+@click.option("--private", is_flag=True, help="Only users granted with `image grant` may use it.")
+@click.option("--inactive", is_flag=True, help="Listed, but new instances cannot boot from it.")
+@click.option("--source", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="qcow2 file to upload as the base disk; default: a blank disk of --min-disk GB.")
+@command_options
+def image_add(opts: Options, name, os_name, os_major, os_minor, min_disk, min_ram, private, inactive, source):
+    """Register a server-image.
+
+    Example: cloud-agent image add --name "Debian 12" --os-name debian --os-major 12 --os-minor 7 --min-disk 2 --min-ram 512
+    """
+    obj = images.add_image(
+        opts.context(adapters=True), name=name, os_name=os_name, os_major=os_major, os_minor=os_minor,
+        min_disk=min_disk, min_ram=min_ram, public=not private, active=not inactive, source=source,
+        progress=_progress(opts),
+    )
+    emit(opts, obj, f"image {obj['id']} ({name})")
+
+
+@image.command("grant")
+@click.argument("image_id")
+@click.argument("email")
+@command_options
+def image_grant(opts: Options, image_id, email):
+    """Let a user boot from a private image.
+
+    Example: cloud-agent image grant 3f0c... alice@example.org
+    """
+    obj = images.grant_image(opts.context(), image_id, email)
+    emit(opts, obj, f"{email} may use image {image_id}")
+
+
+def _activation(active: bool):
+    @click.argument("image_id")
+    @command_options
+    def command(opts: Options, image_id):
+        obj = images.set_image_active(opts.context(), image_id, active)
+        emit(opts, obj, f"image {image_id} {'active' if active else 'inactive'}")
+
+    return command
+
+
+image.command("activate", help="Allow new instances from an image.\n\nExample: cloud-agent image activate 3f0c...")(
+    _activation(True))
+image.command("deactivate", help="Refuse new instances from an image.\n\nExample: cloud-agent image deactivate 3f0c...")(
+    _activation(False))
+
+
+# -- flavor ----------------------------------------------------------------------------
+@click.group("flavor")
+def flavor():
+    """Manage server-flavors."""
+
+
+@flavor.command("add")
+@click.option("--name", required=True)
+@click.option("--memory", type=int, required=True, help="MB of RAM.")
+@click.option("--disk", type=int, required=True, help="GB of disk.")
+@click.option("--vcpu", type=int, required=True, help="Number of virtual CPUs.")
+@command_options
+def flavor_add(opts: Options, name, memory, disk, vcpu):
+    """Add a server-flavor.
+
+    Example: cloud-agent flavor add --name small --memory 1024 --disk 10 --vcpu 1
+    """
+    obj = images.add_flavor(opts.context(), name=name, memory=memory, disk=disk, vcpu=vcpu)
+    emit(opts, obj, f"flavor {obj['id']} ({name})")
+
+
+# -- volume -----------------------------------------------------------------------------
+@click.group("volume")
+def volume():
+    """Administer storage volumes."""
+
+
+@volume.command("resize")
+@click.argument("volume_id")
+@click.argument("size_gb", type=int)
+@command_options
+def volume_resize(opts: Options, volume_id, size_gb):
+    """Change the quota of a home volume.
+
+    Example: cloud-agent volume resize 9b1e... 200
+    """
+    obj = volumes.resize_volume(opts.context(adapters=True), volume_id, size_gb)
+    emit(opts, obj, f"volume {volume_id} is now {size_gb} GB")
+
+
+def register(cli) -> None:
+    for group in (account, image, flavor, volume):
+        cli.add_command(group)

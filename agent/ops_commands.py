@@ -1,0 +1,140 @@
+"""cloud-agent reconcile / backup / check / audit: keeping a deployment healthy."""
+
+import sqlite3
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import click
+
+from agent.common import Options, command_options, emit, fail
+from controller import audit as audit_trail
+from controller.errors import InvalidInput
+from controller.health import run_checks
+from controller.reconcile import reconcile as run_reconcile
+from controller.store import Store
+
+
+def _status_line(opts: Options):
+    """Progress on a terminal, silence with --json or when piped."""
+    if opts.as_json or not sys.stderr.isatty():
+        return None
+
+    def show(message: str) -> None:
+        click.echo(f"\r\033[Kreconcile: {message}", err=True, nl=False)
+
+    return show
+
+
+@click.command("reconcile")
+@click.option("--fix", is_flag=True, help="Repair what can be repaired safely.")
+@command_options
+def reconcile(opts: Options, fix):
+    """Compare the database with the host (domains, disks, homes, quotas, groups, accounts).
+
+    Prints every drift; with --fix repairs what it safely can and says what it left.
+    Exits 1 when drift remains.
+
+    Example: cloud-agent reconcile --fix
+    """
+    progress = _status_line(opts)
+    drift = run_reconcile(opts.context(adapters=True), fix=fix, progress=progress)
+    if progress:
+        click.echo("\r\033[K", err=True, nl=False)
+    remaining = [d for d in drift if not d["fixed"]]
+    lines = [
+        f"{'FIXED' if d['fixed'] else 'DRIFT'} {d['kind']} {d['target']}: {d['detail']}"
+        + (f" (repair failed: {d['error']})" if d["error"] else "")
+        + ("" if d["fixed"] or d["fixable"] else " [not repairable automatically]")
+        for d in drift
+    ]
+    emit(opts, {"drift": drift}, "\n".join(lines) if lines else "no drift")
+    if remaining:
+        sys.exit(1)
+
+
+@click.command("backup")
+@click.argument("dest", type=click.Path(dir_okay=False))
+@command_options
+def backup(opts: Options, dest):
+    """Take a consistent copy of the database while the service runs (SQLite online backup).
+
+    Example: cloud-agent backup /var/backups/cloud-controller/controller-$(date +%F).db
+    """
+    if Path(dest).exists():
+        raise InvalidInput(f"{dest} exists; refusing to overwrite a backup")
+    store = Store(opts.config().database_path)
+    try:
+        store.backup(dest)
+    finally:
+        store.close()
+    check = sqlite3.connect(dest)
+    try:
+        result = check.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        check.close()
+    if result != "ok":
+        fail(opts, f"backup {dest} failed its integrity check: {result}")
+    Path(dest).chmod(0o600)
+    emit(opts, {"backup": str(Path(dest).resolve())}, f"backup written to {dest}")
+
+
+@click.command("check")
+@command_options
+def check(opts: Options):
+    """Check the database, libvirt, the directory, the quota backend and the system root.
+
+    Example: cloud-agent check
+    """
+    checks = run_checks(opts.context(adapters=True))
+    ok = all(c["ok"] for c in checks)
+    lines = [f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}" + (f": {c['detail']}" if c["detail"] else "")
+             for c in checks]
+    emit(opts, {"ok": ok, "checks": checks}, "\n".join(lines))
+    if not ok:
+        sys.exit(1)
+
+
+def _since(value: str | None) -> str | None:
+    """An RFC 3339 time, or a span back from now such as 30m, 12h, 7d."""
+    if value is None:
+        return None
+    units = {"m": "minutes", "h": "hours", "d": "days"}
+    if value[:-1].isdigit() and value[-1] in units:
+        at = datetime.now(timezone.utc) - timedelta(**{units[value[-1]]: int(value[:-1])})
+        return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"--since wants a time like 2026-11-21T10:00:00Z or a span like 12h, not {value!r}")
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@click.command("audit")
+@click.option("--since", default=None, help="From this time (RFC 3339) or span back (30m, 12h, 7d).")
+@click.option("--user", default=None, help="Only this actor: a user id, an email, or cloud-agent:NAME.")
+@click.option("--limit", type=int, default=1000, show_default=True)
+@command_options
+def audit(opts: Options, since, user, limit):
+    """List audit rows: who did what to which target, the result and the time.
+
+    Example: cloud-agent audit --since 24h --user alice@example.org
+    """
+    ctx = opts.context()
+    actor = user
+    if user and "@" in user:
+        found = ctx.store.get_user_by_email(user)
+        if found is None:
+            raise InvalidInput(f"no user with email {user}")
+        actor = found["id"]
+    entries = audit_trail.list_entries(ctx.store, since=_since(since), actor=actor, limit=limit)
+    lines = [f"{e['at_utc']} {e['actor']} {e['action']} {e['target']} -> {e['result']}"
+             + (f" ({e['detail']})" if e["detail"] else "") for e in entries]
+    emit(opts, {"entries": entries}, "\n".join(lines) if lines else "no audit rows")
+
+
+def register(cli) -> None:
+    for command in (reconcile, backup, check, audit):
+        cli.add_command(command)

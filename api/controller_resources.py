@@ -1,0 +1,124 @@
+"""The controller interface (spec sections 4.1 to 4.5): thin resources over the service layer."""
+
+from api import schemas
+from api.envelopes import ok_controller
+from api.params import json_object
+from api.validation import validate
+from controller import groups, images, instances, volumes
+from controller.context import Context
+from controller.errors import InvalidInput
+
+
+class _Resource:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.limit = ctx.config.get_int("server", "max_body_bytes")
+
+    def body(self, req, schema: dict) -> dict:
+        return validate(json_object(req, limit=self.limit), schema)
+
+
+def _query(req, name: str) -> str | None:
+    value = req.params.get(name)
+    if isinstance(value, list):
+        raise InvalidInput(f"{name} may be given once")
+    return value
+
+
+class InstanceCollection(_Resource):
+    def on_get(self, req, resp):
+        ok_controller(resp, instances.list_instances(
+            self.ctx, req.context.requester, cloudauth_id=_query(req, "cloudauth-id")))
+
+    def on_post(self, req, resp):
+        body = self.body(req, schemas.INSTANCE_CREATE)
+        ok_controller(resp, [instances.create_instance(self.ctx, req.context.requester, body)], status=201)
+
+
+class InstanceItem(_Resource):
+    def on_get(self, req, resp, id):
+        ok_controller(resp, [instances.get_instance(self.ctx, req.context.requester, id)])
+
+    def on_put(self, req, resp, id):
+        body = self.body(req, schemas.INSTANCE_TASK)
+        ok_controller(resp, [instances.run_task(self.ctx, req.context.requester, id, body["task"])])
+
+    def on_delete(self, req, resp, id):
+        instances.delete_instance(self.ctx, req.context.requester, id)
+        ok_controller(resp, [])
+
+
+class ImageCollection(_Resource):
+    def on_get(self, req, resp):
+        ok_controller(resp, images.list_images(self.ctx, req.context.requester))
+
+
+class ImageItem(_Resource):
+    def on_get(self, req, resp, id):
+        ok_controller(resp, [images.get_image(self.ctx, req.context.requester, id)])
+
+
+class FlavorCollection(_Resource):
+    def on_get(self, req, resp):
+        ok_controller(resp, images.list_flavors(self.ctx))
+
+
+class FlavorItem(_Resource):
+    def on_get(self, req, resp, id):
+        ok_controller(resp, [images.get_flavor(self.ctx, id)])
+
+
+class VolumeCollection(_Resource):
+    def on_get(self, req, resp):
+        ok_controller(resp, volumes.list_volumes(
+            self.ctx, req.context.requester, cloudauth_id=_query(req, "cloudauth-id")))
+
+    def on_post(self, req, resp):
+        body = self.body(req, schemas.VOLUME_CREATE)
+        ok_controller(resp, [volumes.create_volume(self.ctx, req.context.requester, body)], status=201)
+
+
+class VolumeItem(_Resource):
+    def on_get(self, req, resp, id):
+        ok_controller(resp, [volumes.get_volume(self.ctx, req.context.requester, id)])
+
+    def on_delete(self, req, resp, id):
+        volumes.delete_volume(self.ctx, req.context.requester, id)
+        ok_controller(resp, [])
+
+
+class GroupCollection(_Resource):
+    def on_get(self, req, resp):
+        ok_controller(resp, groups.list_groups(
+            self.ctx, req.context.requester,
+            group_name=_query(req, "group-name"), cloudauth_id=_query(req, "cloudauth-id")))
+
+    def on_post(self, req, resp):
+        body = self.body(req, schemas.GROUP_CREATE)
+        ok_controller(resp, [groups.create_group(self.ctx, req.context.requester, body)], status=201)
+
+
+class GroupItem(_Resource):
+    def on_get(self, req, resp, id):
+        ok_controller(resp, [groups.get_group(self.ctx, req.context.requester, id)])
+
+    def on_put(self, req, resp, id):
+        body = self.body(req, schemas.GROUP_UPDATE)
+        ok_controller(resp, [groups.update_group(self.ctx, req.context.requester, id, body)])
+
+    def on_delete(self, req, resp, id):
+        groups.delete_group(self.ctx, req.context.requester, id)
+        ok_controller(resp, [])
+
+
+def add_routes(app, ctx: Context) -> None:
+    app.add_route("/v1/server-instance", InstanceCollection(ctx))
+    app.add_route("/v1/server-instance/{id}", InstanceItem(ctx))
+    app.add_route("/v1/server-image", ImageCollection(ctx))
+    app.add_route("/v1/server-image/{id}", ImageItem(ctx))
+    app.add_route("/v1/server-flavor", FlavorCollection(ctx))
+    app.add_route("/v1/server-flavor/{id}", FlavorItem(ctx))
+    app.add_route("/v1/storage-volume", VolumeCollection(ctx))
+    app.add_route("/v1/storage-volume/{id}", VolumeItem(ctx))
+    app.add_route("/v1/group", GroupCollection(ctx))
+    app.add_route("/v1/group/{id}", GroupItem(ctx))

@@ -1,0 +1,128 @@
+"""UNIX groups (secondary groups only) that users share files through."""
+
+from controller import permissions as perms
+from controller.context import Context
+from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
+from controller.permissions import Requester
+from controller.rules import is_uuid, new_id
+from controller.store import utc_now
+from host_adapters.names import check_group_name, check_username
+
+
+def group_object(row: dict) -> dict:
+    return {
+        "group-id": row["id"],
+        "cloudauth-id": row["owner_id"],
+        "group-name": row["name"],
+        "group-members": list(row["members"]),
+    }
+
+
+def _visible_to(requester: Requester) -> str | None:
+    return None if requester.is_superuser else requester.id
+
+
+def list_groups(
+    ctx: Context, requester: Requester, *, group_name: str | None = None, cloudauth_id: str | None = None
+) -> list[dict]:
+    if group_name is not None and cloudauth_id is not None:
+        raise InvalidInput("group-name and cloudauth-id cannot be used together")
+    if cloudauth_id is not None and not is_uuid(cloudauth_id):
+        raise InvalidInput("cloudauth-id must be a UUID")
+    rows = ctx.store.list_groups(visible_to=_visible_to(requester), owner_id=cloudauth_id, name=group_name)
+    return [group_object(r) for r in rows]
+
+
+def _get_row(ctx: Context, requester: Requester, group_id: str) -> dict:
+    rows = ctx.store.list_groups(visible_to=_visible_to(requester), group_id=group_id) if is_uuid(group_id) else []
+    if not rows:
+        raise NotFound(f"group {group_id} not found")
+    return rows[0]
+
+
+def get_group(ctx: Context, requester: Requester, group_id: str) -> dict:
+    return group_object(_get_row(ctx, requester, group_id))
+
+
+def check_members(ctx: Context, requester: Requester, usernames: list[str]) -> list[str]:
+    """System usernames the requester is, owns, or (as superuser) any; else 400 (unknown) or 403."""
+    wanted = list(dict.fromkeys(check_username(u) for u in usernames))
+    found = {a["username"]: a for a in ctx.store.accounts_with_owners(usernames=wanted)}
+    unknown = [u for u in wanted if u not in found]
+    if unknown:
+        raise InvalidInput(f"no system account named: {', '.join(unknown[:5])}")
+    for account in found.values():
+        owner = {"id": account["user_id"], "owner_userid": account["user_owner_userid"]}
+        if not perms.can_use_account(requester, owner):
+            raise Forbidden(f"you may not add {account['username']}: the account is neither yours nor one you manage")
+    return wanted
+
+
+def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
+    name = check_group_name(body["group-name"])
+    members = check_members(ctx, requester, body.get("group-members", []))
+    groups = ctx.adapters.groups
+    if groups.get(name) is not None:
+        raise Conflict(f"group {name} exists on the host")
+    row = {"id": new_id(), "owner_id": requester.id, "name": name, "creation_date": utc_now()}
+    ctx.store.insert_group(row, members)
+    try:
+        groups.create(name, members=members)
+    except BaseException:
+        ctx.store.delete_group(row["id"])
+        raise
+    return group_object(dict(row, members=members))
+
+
+def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
+    if not perms.can_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"])):
+        raise Forbidden("only the owner, the owner's owner or a superuser may change this group")
+
+
+def update_group(ctx: Context, requester: Requester, group_id: str, body: dict) -> dict:
+    row = _get_row(ctx, requester, group_id)
+    _require_mutate(ctx, requester, row)
+    action, given = body["action"], body["group-members"]
+    current = list(row["members"])
+    if action == "delete":
+        drop = {check_username(u) for u in given}
+        new = [m for m in current if m not in drop]
+    else:
+        checked = check_members(ctx, requester, given)
+        new = list(dict.fromkeys([*(current if action == "add" else []), *checked]))
+    if new != current:
+        # add and delete touch only the named members, so members an admin added
+        # by hand survive (reconcile reports them); replace sets the whole list.
+        groups, name = ctx.adapters.groups, row["name"]
+        if action == "add":
+            added = [m for m in new if m not in current]
+            groups.add_members(name, added)
+            undo = lambda: groups.remove_members(name, added)  # noqa: E731
+        elif action == "delete":
+            removed = [m for m in current if m not in new]
+            groups.remove_members(name, removed)
+            undo = lambda: groups.add_members(name, removed)  # noqa: E731
+        else:
+            groups.set_members(name, new)
+            undo = lambda: groups.set_members(name, current)  # noqa: E731
+        try:
+            ctx.store.set_group_members(row["id"], new)
+        except BaseException:
+            undo()
+            raise
+    return group_object(dict(row, members=new))
+
+
+def delete_group(ctx: Context, requester: Requester, group_id: str) -> None:
+    row = _get_row(ctx, requester, group_id)
+    _require_mutate(ctx, requester, row)
+    ctx.adapters.groups.delete(row["name"])
+    ctx.store.delete_group(row["id"])
+
+
+def drop_member_everywhere(ctx: Context, username: str) -> None:
+    """Take a username out of every group before its account is disabled."""
+    for row in ctx.store.groups_with_member(username):
+        members = [m for m in ctx.store.list_groups(visible_to=None, group_id=row["id"])[0]["members"] if m != username]
+        ctx.adapters.groups.remove_members(row["name"], [username])
+        ctx.store.set_group_members(row["id"], members)

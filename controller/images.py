@@ -1,0 +1,151 @@
+"""Server-images (read by users, managed by admins) and server-flavors."""
+
+from controller.context import Context
+from controller.errors import Conflict, InvalidInput, NotFound
+from controller.permissions import Requester
+from controller.rules import is_uuid, new_id
+from controller.store import utc_now
+from controller.users import get_user_by_email_or_404
+
+
+def image_object(row: dict) -> dict:
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "public": bool(row["public"]),
+        "operating-system": {
+            "name": row["os_name"],
+            "major_version": row["os_major"],
+            "minor_version": row["os_minor"],
+        },
+        "min-disk": row["min_disk"],
+        "min-ram": row["min_ram"],
+        "creation-date": row["creation_date"],
+        "active": bool(row["active"]),
+    }
+
+
+def flavor_object(row: dict) -> dict:
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "memory": row["memory"],
+        "disk": row["disk"],
+        "vcpu": row["vcpu"],
+    }
+
+
+def _usable_by(requester: Requester) -> str | None:
+    return None if requester.is_superuser else requester.id
+
+
+def list_images(ctx: Context, requester: Requester) -> list[dict]:
+    return [image_object(r) for r in ctx.store.list_images(usable_by=_usable_by(requester))]
+
+
+def get_image(ctx: Context, requester: Requester, image_id: str) -> dict:
+    rows = ctx.store.list_images(usable_by=_usable_by(requester), image_id=image_id) if is_uuid(image_id) else []
+    if not rows:
+        raise NotFound(f"server-image {image_id} not found")
+    return image_object(rows[0])
+
+
+def list_flavors(ctx: Context) -> list[dict]:
+    return [flavor_object(r) for r in ctx.store.list_flavors()]
+
+
+def _flavor_id(value: str) -> int | None:
+    return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 19 else None
+
+
+def get_flavor_row(ctx: Context, flavor_id: str) -> dict | None:
+    fid = _flavor_id(flavor_id)
+    return ctx.store.get_flavor(fid) if fid is not None else None
+
+
+def get_flavor(ctx: Context, flavor_id: str) -> dict:
+    row = get_flavor_row(ctx, flavor_id)
+    if row is None:
+        raise NotFound(f"server-flavor {flavor_id} not found")
+    return flavor_object(row)
+
+
+# -- admin operations (cloud-agent) -------------------------------------------
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidInput(f"{name} must be a positive integer")
+    return value
+
+
+def add_image(
+    ctx: Context,
+    *,
+    name: str,
+    os_name: str,
+    os_major: str,
+    os_minor: str,
+    min_disk: int,
+    min_ram: int,
+    public: bool = True,
+    active: bool = True,
+    source: str | None = None,
+    progress=None,
+) -> dict:
+    """Register an image: a base volume in the storage pool (blank of min_disk GB, or uploaded from source)."""
+    if not name.strip():
+        raise InvalidInput("image name must not be empty")
+    _positive("min-disk", min_disk)
+    _positive("min-ram", min_ram)
+    image_id = new_id()
+    base = ctx.adapters.hypervisor.create_base_image(image_id, size_gb=min_disk, source=source, progress=progress)
+    row = {
+        "id": image_id,
+        "name": name,
+        "public": int(public),
+        "os_name": os_name,
+        "os_major": os_major,
+        "os_minor": os_minor,
+        "min_disk": min_disk,
+        "min_ram": min_ram,
+        "active": int(active),
+        "base_volume": base,
+        "creation_date": utc_now(),
+    }
+    try:
+        ctx.store.insert_image(row)
+    except BaseException:
+        ctx.adapters.hypervisor.delete_base_image(image_id)
+        raise
+    return image_object(row)
+
+
+def _image_row(ctx: Context, image_id: str) -> dict:
+    row = ctx.store.get_image(image_id) if is_uuid(image_id) else None
+    if row is None:
+        raise NotFound(f"server-image {image_id} not found")
+    return row
+
+
+def set_image_active(ctx: Context, image_id: str, active: bool) -> dict:
+    _image_row(ctx, image_id)
+    ctx.store.update_image(image_id, {"active": int(active)})
+    return image_object(ctx.store.get_image(image_id))
+
+
+def grant_image(ctx: Context, image_id: str, email: str) -> dict:
+    row = _image_row(ctx, image_id)
+    if row["public"]:
+        raise Conflict(f"server-image {image_id} is public: every user may use it already")
+    user = get_user_by_email_or_404(ctx, email)
+    ctx.store.grant_image(image_id, user["id"])
+    return image_object(row)
+
+
+def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int) -> dict:
+    if not name.strip():
+        raise InvalidInput("flavor name must not be empty")
+    row = ctx.store.insert_flavor(
+        {"name": name, "memory": _positive("memory", memory), "disk": _positive("disk", disk),
+         "vcpu": _positive("vcpu", vcpu)}
+    )
+    return flavor_object(row)

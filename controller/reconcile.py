@@ -1,0 +1,181 @@
+"""Compare the database with the host and, when asked, repair the drift.
+
+The database is the record of what clients asked for; the host is made to
+match it. What cannot be repaired without losing something a user did not ask
+to lose (an orphan domain, a disk without its domain, an account whose uid
+changed) is reported and left for the admin.
+"""
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from controller.context import Context
+from controller.errors import ControllerError, NotFound
+
+
+@dataclass
+class Drift:
+    kind: str  # e.g. "domain-missing", "group-members"
+    target: str  # the id or name concerned
+    detail: str
+    fixable: bool
+    fixed: bool = False
+    error: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Run:
+    def __init__(self, ctx: Context, *, fix: bool, progress: Callable[[str], None] | None):
+        self.ctx, self.fix, self.progress = ctx, fix, progress or (lambda _msg: None)
+        self.drift: list[Drift] = []
+
+    def found(self, kind: str, target: str, detail: str, repair: Callable[[], None] | None = None) -> None:
+        item = Drift(kind=kind, target=target, detail=detail, fixable=repair is not None)
+        if self.fix and repair is not None:
+            try:
+                repair()
+                item.fixed = True
+            except ControllerError as e:
+                item.error = e.message
+        self.drift.append(item)
+
+
+def reconcile(ctx: Context, *, fix: bool = False, progress: Callable[[str], None] | None = None) -> list[dict]:
+    run = _Run(ctx, fix=fix, progress=progress)
+    _accounts(run)
+    _homes(run)
+    _groups(run)
+    _base_images(run)
+    _instances(run)
+    return [d.as_dict() for d in run.drift]
+
+
+# -- system accounts ---------------------------------------------------------------
+def _accounts(run: _Run) -> None:
+    directory = run.ctx.adapters.directory
+    accounts = run.ctx.store.list_accounts()
+    for i, account in enumerate(accounts, 1):
+        run.progress(f"accounts {i}/{len(accounts)}")
+        posix = directory.get_account(account["username"])
+        if posix is None:
+            run.found(
+                "account-missing", account["username"],
+                f"system account {account['username']} (uid {account['uid']}) is not in the directory",
+                lambda a=account: directory.create_account(a["username"], home=a["home"], uid=a["uid"]),
+            )
+        elif posix.uid != account["uid"]:
+            run.found("account-uid", account["username"],
+                      f"directory uid {posix.uid}, recorded uid {account['uid']}; left for the admin")
+
+
+# -- home volumes ---------------------------------------------------------------------
+def _homes(run: _Run) -> None:
+    ctx, homes = run.ctx, run.ctx.adapters.homes
+    volumes = ctx.store.list_volumes(visible_to=None)
+    for i, volume in enumerate(volumes, 1):
+        run.progress(f"volumes {i}/{len(volumes)}")
+        account = ctx.store.account_of_user(volume["owner_id"], ctx.config.controller_id)
+        if account is None:
+            run.found("volume-without-account", volume["id"], "the volume's owner has no system account")
+            continue
+        name, size = account["username"], volume["size_gb"]
+        state = homes.inspect(name)
+        if not state.exists:
+            run.found(
+                "home-missing", volume["id"], f"home {homes.path(name)} is missing (its data is gone)",
+                lambda a=account, s=size: homes.create(a["username"], uid=a["uid"], gid=a["gid"], size_gb=s),
+            )
+            continue
+        if (state.uid, state.gid) != (account["uid"], account["gid"]) or state.mode != 0o700:
+            run.found(
+                "home-owner", volume["id"],
+                f"home {homes.path(name)} is {state.uid}:{state.gid} mode {state.mode:o}, "
+                f"expected {account['uid']}:{account['gid']} mode 700",
+                lambda a=account: homes.repair_owner(a["username"], uid=a["uid"], gid=a["gid"]),
+            )
+        if state.limit_gb is not None and state.limit_gb != size:
+            run.found(
+                "home-quota", volume["id"], f"quota {state.limit_gb} GB, recorded {size} GB",
+                lambda a=account, s=size: homes.resize(a["username"], uid=a["uid"], size_gb=s),
+            )
+        elif state.limit_gb is None and state.quota_expected:
+            run.found(
+                "home-quota", volume["id"], f"no quota, recorded {size} GB",
+                lambda a=account, s=size: homes.resize(a["username"], uid=a["uid"], size_gb=s),
+            )
+
+
+# -- groups ------------------------------------------------------------------------------
+def _groups(run: _Run) -> None:
+    groups_adapter = run.ctx.adapters.groups
+    rows = run.ctx.store.list_groups(visible_to=None)
+    for i, group in enumerate(rows, 1):
+        run.progress(f"groups {i}/{len(rows)}")
+        members = groups_adapter.get(group["name"])
+        if members is None:
+            run.found(
+                "group-missing", group["name"], "the group is not on the host",
+                lambda g=group: groups_adapter.create(g["name"], members=g["members"]),
+            )
+        elif sorted(members) != sorted(group["members"]):
+            extra = sorted(set(members) - set(group["members"]))
+            missing = sorted(set(group["members"]) - set(members))
+            run.found(
+                "group-members", group["name"],
+                f"members added on the host: {extra or 'none'}; missing on the host: {missing or 'none'}",
+                lambda g=group: groups_adapter.set_members(g["name"], g["members"]),
+            )
+
+
+# -- images and instances ------------------------------------------------------------------
+def _base_images(run: _Run) -> None:
+    hypervisor = run.ctx.adapters.hypervisor
+    present = set(hypervisor.list_base_images())
+    for image in run.ctx.store.list_images():
+        if image["id"] in present:
+            continue
+        # A blank disk stands in only in the sandbox, whose test driver forgets everything
+        # at exit; on a real host the admin must upload the image again.
+        repair = None
+        if run.ctx.config.is_sandbox:
+            def repair(i=image):
+                hypervisor.create_base_image(i["id"], size_gb=i["min_disk"])
+        run.found("base-image-missing", image["id"], f"base disk of image {image['name']!r} is missing", repair)
+
+
+def _instances(run: _Run) -> None:
+    from controller.instances import expected_shares, respawn
+
+    ctx, hypervisor = run.ctx, run.ctx.adapters.hypervisor
+    rows = ctx.store.all_instances()
+    known = {r["id"] for r in rows}
+    for i, row in enumerate(rows, 1):
+        run.progress(f"instances {i}/{len(rows)}")
+        try:
+            info = hypervisor.describe(row["id"])
+        except NotFound:
+            run.found("domain-missing", row["id"], "no domain and no disk on the host",
+                      lambda r=row: respawn(ctx, r))
+            continue
+        if not info.defined:
+            run.found("domain-missing", row["id"],
+                      f"the disk {info.disk_path} remains but the domain is gone; left for the admin")
+            continue
+        if info.disk_path is None:
+            run.found("disk-missing", row["id"], "the domain has lost its disk; left for the admin")
+        shares = expected_shares(ctx, row["users"])
+        if sorted(tuple(s) for s in info.shares) != sorted(shares):
+            run.found(
+                "domain-shares", row["id"],
+                f"shares {[s[0] for s in info.shares]}, expected {[s[0] for s in shares]}",
+                lambda r=row, s=shares: hypervisor.set_shares(r["id"], s),
+            )
+        if info.status != row["status"]:
+            run.found(
+                "instance-status", row["id"], f"host says {info.status}, database says {row['status']}",
+                lambda r=row, s=info.status: ctx.store.set_instance_status(r["id"], s),
+            )
+    for orphan in sorted(set(hypervisor.list_instances()) - known):
+        run.found("domain-orphan", orphan, "a domain or disk with no database record; left for the admin")

@@ -1,0 +1,109 @@
+"""Storage volumes: each user's one home directory on the cluster filesystem, with a quota."""
+
+from controller import permissions as perms
+from controller.context import Context
+from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
+from controller.permissions import Requester
+from controller.rules import is_uuid, new_id
+from controller.store import utc_now
+
+
+def volume_object(row: dict) -> dict:
+    return {
+        "volume-id": row["id"],
+        "cloudauth-id": row["owner_id"],
+        "volume-size": row["size_gb"],
+        "volume-type": {"visibility": row["visibility"], "mount-point": row["mount_point"]},
+        "creation-date": row["creation_date"],
+        "volume-name": row["name"],
+    }
+
+
+def _visible_to(requester: Requester) -> str | None:
+    return None if requester.is_superuser else requester.id
+
+
+def check_size(ctx: Context, size_gb: object) -> int:
+    maximum = ctx.config.get_int("volumes", "max_size_gb")
+    if not isinstance(size_gb, int) or isinstance(size_gb, bool) or not 1 <= size_gb <= maximum:
+        raise InvalidInput(f"volume-size must be an integer from 1 to {maximum} (GB)")
+    return size_gb
+
+
+def list_volumes(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
+    if cloudauth_id is not None and not is_uuid(cloudauth_id):
+        raise InvalidInput("cloudauth-id must be a UUID")
+    return [volume_object(r) for r in ctx.store.list_volumes(visible_to=_visible_to(requester), owner_id=cloudauth_id)]
+
+
+def _get_row(ctx: Context, requester: Requester | None, volume_id: str) -> dict:
+    visible_to = None if requester is None else _visible_to(requester)
+    rows = ctx.store.list_volumes(visible_to=visible_to, volume_id=volume_id) if is_uuid(volume_id) else []
+    if not rows:
+        raise NotFound(f"storage-volume {volume_id} not found")
+    return rows[0]
+
+
+def get_volume(ctx: Context, requester: Requester, volume_id: str) -> dict:
+    return volume_object(_get_row(ctx, requester, volume_id))
+
+
+def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
+    size = check_size(ctx, body["volume-size"])
+    account = ctx.store.account_of_user(requester.id, ctx.config.controller_id)
+    if account is None:
+        raise Conflict("the requester has no system account on this cluster")
+    if ctx.store.volume_of_user(requester.id) is not None:
+        raise Conflict("the requester already has a storage volume (one per user)")
+    homes = ctx.adapters.homes
+    row = {
+        "id": new_id(),
+        "owner_id": requester.id,
+        "size_gb": size,
+        "name": body.get("volume-name"),
+        "visibility": "cluster",
+        "mount_point": homes.path(account["username"]),
+        "creation_date": utc_now(),
+    }
+    # The row first: the UNIQUE owner_id settles a race between two requests before
+    # either touches the host.
+    ctx.store.insert_volume(row)
+    try:
+        homes.create(account["username"], uid=account["uid"], gid=account["gid"], size_gb=size)
+    except BaseException:
+        ctx.store.delete_volume(row["id"])
+        raise
+    from controller.instances import refresh_shares_of_account
+
+    refresh_shares_of_account(ctx, account["uuid"])
+    return volume_object(row)
+
+
+def _account_of_volume(ctx: Context, row: dict) -> dict:
+    account = ctx.store.account_of_user(row["owner_id"], ctx.config.controller_id)
+    if account is None:  # the account was removed behind our back; reconcile reports it
+        raise Conflict("the volume's owner has no system account; run `cloud-agent reconcile`")
+    return account
+
+
+def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
+    row = _get_row(ctx, requester, volume_id)
+    if not perms.can_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"])):
+        raise Forbidden("only the owner, the owner's owner or a superuser may delete this volume")
+    account = _account_of_volume(ctx, row)
+    ctx.adapters.homes.delete(account["username"], uid=account["uid"])
+    ctx.store.delete_volume(row["id"])
+    from controller.instances import refresh_shares_of_account
+
+    # Instances the user can access lose the share of the home that is gone.
+    refresh_shares_of_account(ctx, account["uuid"])
+
+
+def resize_volume(ctx: Context, volume_id: str, size_gb: int) -> dict:
+    """Admin only (cloud-agent volume resize)."""
+    row = _get_row(ctx, None, volume_id)
+    size = check_size(ctx, size_gb)
+    account = _account_of_volume(ctx, row)
+    ctx.adapters.homes.resize(account["username"], uid=account["uid"], size_gb=size)
+    ctx.store.set_volume_size(row["id"], size)
+    return volume_object(dict(row, size_gb=size))

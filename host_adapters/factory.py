@@ -1,0 +1,75 @@
+"""The set of host adapters the service uses, built from the config or from fakes."""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from controller.config import Config
+from host_adapters.directory import Directory, FakeDirectory
+from host_adapters.homes import FakeHomeVolumes, HomeVolumes
+from host_adapters.hypervisor import FakeHypervisor, Hypervisor
+from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
+
+
+@dataclass
+class Adapters:
+    hypervisor: Hypervisor
+    homes: HomeVolumes
+    groups: UnixGroups
+    directory: Directory
+
+    def checks(self) -> Iterator[tuple[str, Callable[[], None]]]:
+        yield "libvirt", self.hypervisor.check
+        yield "homes", self.homes.check
+        yield "groups", self.groups.check
+        yield "directory", self.directory.check
+
+
+def build_quota(config: Config):
+    from host_adapters import quota
+
+    backend = config.get("volumes", "quota_backend")
+    home_root = config.get("volumes", "home_root")
+    if backend == "btrfs":
+        return quota.BtrfsQuota()
+    if backend == "xfs":
+        return quota.XfsQuota(mountpoint=config.get("volumes", "quota_mountpoint") or home_root)
+    if backend == "setquota":
+        return quota.SetQuota(filesystem=config.get("volumes", "quota_mountpoint") or home_root)
+    return quota.NoQuota()
+
+
+def build_directory(config: Config) -> Directory:
+    if config.get("directory", "backend") == "ldap":
+        from host_adapters.ldap_directory import ldap_directory_from_config
+
+        return ldap_directory_from_config(dict(config.parser["directory"]) if config.parser.has_section("directory") else {})
+    from host_adapters.local_directory import LocalDirectory
+
+    return LocalDirectory(config.get("unix", "root") or None, shell=config.get("directory", "default_shell"))
+
+
+def build_adapters(config: Config) -> Adapters:
+    from host_adapters.homes import DirectoryHomeVolumes
+    from host_adapters.hypervisor import LibvirtHypervisor
+    from host_adapters.unix_groups import CommandUnixGroups
+
+    return Adapters(
+        hypervisor=LibvirtHypervisor(
+            config.get("libvirt", "uri"),
+            storage_pool=config.get("libvirt", "storage_pool"),
+            domain_prefix=config.get("libvirt", "domain_prefix"),
+        ),
+        homes=DirectoryHomeVolumes(config.get("volumes", "home_root"), build_quota(config)),
+        groups=CommandUnixGroups(config.get("unix", "root") or None),
+        directory=build_directory(config),
+    )
+
+
+def fake_adapters() -> Adapters:
+    directory = FakeDirectory()
+    return Adapters(
+        hypervisor=FakeHypervisor(),
+        homes=FakeHomeVolumes(),
+        groups=FakeUnixGroups(directory=directory),
+        directory=directory,
+    )

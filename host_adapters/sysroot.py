@@ -1,0 +1,200 @@
+"""The system root that user and group commands act in, and its account files.
+
+`[unix] root` empty means the host itself; a directory means a scratch system
+root: `useradd -R DIR`, `groupadd -R DIR`, `gpasswd -Q DIR`, `groupdel -R DIR`
+and `userdel -R DIR` chroot into it, and reads go to DIR/etc/passwd and
+DIR/etc/group. `make_sysroot` builds the smallest such root those commands
+accept (the sandbox and the tests use it).
+"""
+
+import os
+import pwd
+import shutil
+import threading
+from dataclasses import dataclass
+
+from controller.errors import HostError, HostUnavailable
+
+# Reads in host mode start here; tests point it at a scratch directory.
+HOST_ROOT = "/"
+
+# Ids far above the host's own accounts, so sandbox homes made on the host
+# under these ids are never mistaken for a real user's files.
+_LOGIN_DEFS = """\
+# Scratch system root of a cloud controller sandbox.
+UID_MIN 10000
+UID_MAX 59999
+GID_MIN 10000
+GID_MAX 59999
+USERGROUPS_ENAB yes
+"""
+
+# name, content, mode: the shadow files must not be world-readable.
+_SKELETON = (
+    ("passwd", "root:x:0:0:root:/root:/bin/bash\n", 0o644),
+    ("group", "root:x:0:\n", 0o644),
+    ("shadow", "root:*::0:99999:7:::\n", 0o640),
+    ("gshadow", "root:*::\n", 0o640),
+    ("login.defs", _LOGIN_DEFS, 0o644),
+)
+
+
+@dataclass(frozen=True)
+class PasswdEntry:
+    name: str
+    uid: int
+    gid: int
+    home: str
+    shell: str
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    name: str
+    gid: int
+    members: tuple[str, ...]
+
+
+def normalize_root(root: "str | os.PathLike[str] | None") -> str | None:
+    """None for the host itself, else the absolute path (the commands refuse relative roots)."""
+    if root is None:
+        return None
+    text = os.fspath(root)
+    if not text.strip():
+        return None
+    return os.path.abspath(text)
+
+
+def root_args(flag: str, root: str | None) -> list[str]:
+    """`[flag, root]` when acting inside a system root, `[]` on the host."""
+    return [flag, root] if root else []
+
+
+def etc_file(root: str | None, name: str) -> str:
+    return os.path.join(root or HOST_ROOT, "etc", name)
+
+
+def _read_lines(root: str | None, name: str) -> list[tuple[int, list[str]]]:
+    path = etc_file(root, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise HostUnavailable(f"{path} is missing") from None
+    except OSError as e:
+        raise HostUnavailable(f"cannot read {path}: {e.strerror}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        # Blank lines, comments and NIS compat entries name no local account.
+        if not line.strip() or line[0] in "#+-":
+            continue
+        rows.append((number, line.split(":")))
+    return rows
+
+
+def _malformed(root: str | None, name: str, number: int) -> HostError:
+    return HostError(f"malformed line {number} in {etc_file(root, name)}")
+
+
+def read_passwd(root: str | None) -> list[PasswdEntry]:
+    entries = []
+    for number, fields in _read_lines(root, "passwd"):
+        try:
+            if len(fields) != 7:
+                raise ValueError
+            entries.append(
+                PasswdEntry(
+                    name=fields[0],
+                    uid=int(fields[2]),
+                    gid=int(fields[3]),
+                    home=fields[5],
+                    shell=fields[6],
+                )
+            )
+        except ValueError:
+            raise _malformed(root, "passwd", number) from None
+    return entries
+
+
+def read_group(root: str | None) -> list[GroupEntry]:
+    entries = []
+    for number, fields in _read_lines(root, "group"):
+        try:
+            if len(fields) != 4:
+                raise ValueError
+            members = tuple(m for m in fields[3].split(",") if m)
+            entries.append(GroupEntry(name=fields[0], gid=int(fields[2]), members=members))
+        except ValueError:
+            raise _malformed(root, "group", number) from None
+    return entries
+
+
+def find_group(root: str | None, name: str) -> GroupEntry | None:
+    return next((g for g in read_group(root) if g.name == name), None)
+
+
+def find_user(root: str | None, name: str) -> PasswdEntry | None:
+    return next((u for u in read_passwd(root) if u.name == name), None)
+
+
+def unknown_users(root: str | None, names: list[str]) -> list[str]:
+    """The names that are not accounts the membership commands will accept."""
+    local = {u.name for u in read_passwd(root)}
+    missing = [n for n in names if n not in local]
+    if root is None:
+        # On the host gpasswd asks NSS, so directory (LDAP) accounts count too.
+        def known(name: str) -> bool:
+            try:
+                pwd.getpwnam(name)
+            except KeyError:
+                return False
+            return True
+
+        missing = [n for n in missing if not known(n)]
+    return missing
+
+
+def check_root(root: str | None, *, binaries: tuple[str, ...], files: tuple[str, ...]) -> None:
+    """Raise HostUnavailable naming the first missing binary, root or account file."""
+    for binary in binaries:
+        if shutil.which(binary) is None:
+            raise HostUnavailable(f"{binary} not found on PATH")
+    if root is not None and not os.path.isdir(root):
+        raise HostUnavailable(f"system root {root} is not a directory")
+    for name in files:
+        path = etc_file(root, name)
+        if not os.path.isfile(path):
+            raise HostUnavailable(f"{path} is missing")
+
+
+_locks: dict[str | None, threading.RLock] = {}
+_locks_guard = threading.Lock()
+
+
+def lock(root: str | None) -> threading.RLock:
+    """One lock per system root, so a check-then-run sequence is not interleaved
+    with another thread's change to the same account files (the commands' own
+    lock files would make the loser fail instead of wait)."""
+    with _locks_guard:
+        return _locks.setdefault(root, threading.RLock())
+
+
+def make_sysroot(path: "str | os.PathLike[str]") -> str:
+    """Create (or complete) a scratch system root at path and return its absolute path.
+
+    Writes only the files that are missing, so running it on an existing root
+    keeps the accounts already there.
+    """
+    root = os.path.abspath(os.fspath(path))
+    etc = os.path.join(root, "etc")
+    os.makedirs(etc, mode=0o755, exist_ok=True)
+    for name, content, mode in _SKELETON:
+        target = os.path.join(etc, name)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), mode)  # the umask may have narrowed it
+            f.write(content)
+    return root

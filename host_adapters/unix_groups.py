@@ -1,0 +1,303 @@
+"""UNIX groups: the interface, the `groupadd`/`gpasswd`/`groupdel` implementation and a fake.
+
+`CommandUnixGroups(root)` acts on the host when root is empty, or inside the
+system root `root` (see host_adapters/sysroot.py).
+"""
+
+import logging
+from collections.abc import Iterable
+
+from controller.errors import (
+    CommandError,
+    Conflict,
+    ControllerError,
+    InvalidInput,
+    NotFound,
+)
+from host_adapters import subp, sysroot
+from host_adapters.directory import FakeDirectory
+from host_adapters.names import check_group_name, check_username
+
+log = logging.getLogger(__name__)
+
+# Exit codes of shadow's tools that mean a state conflict rather than a host fault.
+_GROUPADD_NAME_IN_USE = 9
+_GROUPDEL_NO_SUCH_GROUP = 6
+_GROUPDEL_PRIMARY_GROUP = 8
+
+
+class UnixGroups:
+    """Secondary UNIX groups. Docstrings state what must hold after each call.
+
+    Group names must pass names.check_group_name and member names
+    names.check_username (else InvalidInput, before anything changes).
+    """
+
+    def check(self) -> None:
+        """Raise HostUnavailable (naming the cause) if groups cannot be managed."""
+        raise NotImplementedError
+
+    def get(self, name: str) -> list[str] | None:
+        """The members of the group, or None if there is no such group."""
+        raise NotImplementedError
+
+    def create(self, name: str, *, members: Iterable[str] = ()) -> None:
+        """Create the group with exactly these members.
+
+        Conflict if the group exists; InvalidInput for a bad name or a member
+        that is not an account. All or nothing: on any failure no group remains.
+        """
+        raise NotImplementedError
+
+    def add_members(self, name: str, members: Iterable[str]) -> None:
+        """Afterwards every given user is a member; other members stay.
+
+        NotFound if the group is missing; InvalidInput if a user is not an
+        account (then membership is unchanged).
+        """
+        raise NotImplementedError
+
+    def remove_members(self, name: str, members: Iterable[str]) -> None:
+        """Afterwards none of the given users is a member; removing a non-member is no error.
+
+        NotFound if the group is missing.
+        """
+        raise NotImplementedError
+
+    def set_members(self, name: str, members: Iterable[str]) -> None:
+        """Afterwards the members are exactly the given users (none for an empty list).
+
+        NotFound if the group is missing; InvalidInput if a user is not an account.
+        """
+        raise NotImplementedError
+
+    def delete(self, name: str) -> None:
+        """Afterwards the group does not exist. Succeeds when it is already gone.
+
+        Conflict if it is some account's primary group.
+        """
+        raise NotImplementedError
+
+    def list_groups(self) -> dict[str, list[str]]:
+        """Every group (name -> members) in the system root, private groups included."""
+        raise NotImplementedError
+
+
+def _check_members(members: Iterable[str]) -> list[str]:
+    """Validated member names, duplicates dropped, order kept."""
+    if isinstance(members, (str, bytes)) or not isinstance(members, Iterable):
+        raise InvalidInput("members must be a list of usernames")
+    return list(dict.fromkeys(check_username(m) for m in members))
+
+
+def _unknown_users_error(unknown: list[str]) -> InvalidInput:
+    return InvalidInput(f"no such user: {', '.join(unknown)}")
+
+
+class CommandUnixGroups(UnixGroups):
+    """groupadd, gpasswd and groupdel, with reads parsed from etc/group.
+
+    Members must be accounts in the root's etc/passwd (on the host, any account
+    NSS knows, as gpasswd asks NSS there). Adding or removing members runs one
+    gpasswd per user and puts back the users already changed if one fails.
+    """
+
+    def __init__(self, root: str | None = None):
+        self.root = sysroot.normalize_root(root)
+
+    def _groupadd(self, name: str) -> list[str]:
+        return ["groupadd", *sysroot.root_args("-R", self.root), name]
+
+    def _groupdel(self, name: str) -> list[str]:
+        return ["groupdel", *sysroot.root_args("-R", self.root), name]
+
+    def _gpasswd(self, *args: str) -> list[str]:
+        return ["gpasswd", *sysroot.root_args("-Q", self.root), *args]
+
+    def check(self) -> None:
+        sysroot.check_root(
+            self.root, binaries=("groupadd", "gpasswd", "groupdel"), files=("group",)
+        )
+
+    def get(self, name: str) -> list[str] | None:
+        entry = sysroot.find_group(self.root, check_group_name(name))
+        return None if entry is None else list(entry.members)
+
+    def _existing(self, name: str) -> list[str]:
+        members = self.get(name)
+        if members is None:
+            raise NotFound(f"group {name} does not exist")
+        return members
+
+    def _require_accounts(self, members: list[str]) -> None:
+        unknown = sysroot.unknown_users(self.root, members)
+        if unknown:
+            raise _unknown_users_error(unknown)
+
+    def create(self, name: str, *, members: Iterable[str] = ()) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        with sysroot.lock(self.root):
+            if self.get(name) is not None:
+                raise Conflict(f"group {name} already exists")
+            self._require_accounts(members)
+            try:
+                subp.run(self._groupadd(name))
+            except CommandError as e:
+                if e.returncode == _GROUPADD_NAME_IN_USE:
+                    # Known to NSS (e.g. LDAP) though absent from the group file.
+                    raise Conflict(f"group {name} already exists") from None
+                raise
+            if not members:
+                return
+            try:
+                subp.run(self._gpasswd("-M", ",".join(members), name))
+            except Exception:
+                self._undo_create(name)
+                raise
+
+    def _undo_create(self, name: str) -> None:
+        try:
+            subp.run(self._groupdel(name), ok_codes=(0, _GROUPDEL_NO_SUCH_GROUP))
+        except ControllerError as e:
+            # The caller gets the original error; this one only helps the admin clean up.
+            log.error("could not remove group %s after a failed create: %s", name, e.message)
+
+    def add_members(self, name: str, members: Iterable[str]) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        with sysroot.lock(self.root):
+            current = self._existing(name)
+            self._require_accounts(members)
+            new = [m for m in members if m not in current]
+            self._apply(name, new, "-a", undo="-d")
+
+    def remove_members(self, name: str, members: Iterable[str]) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        with sysroot.lock(self.root):
+            current = self._existing(name)
+            gone = [m for m in members if m in current]
+            self._apply(name, gone, "-d", undo="-a")
+
+    def _apply(self, name: str, users: list[str], flag: str, *, undo: str) -> None:
+        """One gpasswd per user; on a failure the users already done are put back."""
+        done = []
+        try:
+            for user in users:
+                subp.run(self._gpasswd(flag, user, name))
+                done.append(user)
+        except Exception:
+            for user in reversed(done):
+                try:
+                    subp.run(self._gpasswd(undo, user, name))
+                except ControllerError as e:
+                    log.error("could not undo %s %s on group %s: %s", flag, user, name, e.message)
+            raise
+
+    def set_members(self, name: str, members: Iterable[str]) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        with sysroot.lock(self.root):
+            self._existing(name)
+            self._require_accounts(members)
+            subp.run(self._gpasswd("-M", ",".join(members), name))
+
+    def delete(self, name: str) -> None:
+        check_group_name(name)
+        with sysroot.lock(self.root):
+            try:
+                subp.run(self._groupdel(name), ok_codes=(0, _GROUPDEL_NO_SUCH_GROUP))
+            except CommandError as e:
+                if e.returncode == _GROUPDEL_PRIMARY_GROUP:
+                    raise Conflict(f"group {name} is the primary group of an account") from None
+                raise
+
+    def list_groups(self) -> dict[str, list[str]]:
+        return {g.name: list(g.members) for g in sysroot.read_group(self.root)}
+
+
+class FakeUnixGroups(UnixGroups):
+    """In-memory groups sharing state with a FakeDirectory, as real groups share
+    /etc/group with the accounts' private groups.
+
+    `users` names extra accounts that may be members (like directory accounts
+    gpasswd sees through NSS). Set `fail_on[method_name] = exception` to make a
+    method raise it before changing anything.
+    """
+
+    def __init__(self, *, directory: FakeDirectory | None = None, users: Iterable[str] = ()):
+        self.directory = directory if directory is not None else FakeDirectory()
+        self.users = set(users)
+        self.fail_on: dict[str, Exception] = {}
+
+    @property
+    def groups(self) -> dict[str, list[str]]:
+        return self.directory.groups
+
+    def _maybe_fail(self, method: str) -> None:
+        error = self.fail_on.get(method)
+        if error is not None:
+            raise error
+
+    def _require_accounts(self, members: list[str]) -> None:
+        unknown = [m for m in members if m not in self.users and m not in self.directory.accounts]
+        if unknown:
+            raise _unknown_users_error(unknown)
+
+    def _existing(self, name: str) -> list[str]:
+        if name not in self.groups:
+            raise NotFound(f"group {name} does not exist")
+        return self.groups[name]
+
+    def check(self) -> None:
+        self._maybe_fail("check")
+
+    def get(self, name: str) -> list[str] | None:
+        check_group_name(name)
+        self._maybe_fail("get")
+        members = self.groups.get(name)
+        return None if members is None else list(members)
+
+    def create(self, name: str, *, members: Iterable[str] = ()) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        self._maybe_fail("create")
+        if name in self.groups:
+            raise Conflict(f"group {name} already exists")
+        self._require_accounts(members)
+        self.groups[name] = list(members)
+
+    def add_members(self, name: str, members: Iterable[str]) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        self._maybe_fail("add_members")
+        current = self._existing(name)
+        self._require_accounts(members)
+        current.extend(m for m in members if m not in current)
+
+    def remove_members(self, name: str, members: Iterable[str]) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        self._maybe_fail("remove_members")
+        current = self._existing(name)
+        current[:] = [m for m in current if m not in members]
+
+    def set_members(self, name: str, members: Iterable[str]) -> None:
+        check_group_name(name)
+        members = _check_members(members)
+        self._maybe_fail("set_members")
+        self._existing(name)
+        self._require_accounts(members)
+        self.groups[name] = list(members)
+
+    def delete(self, name: str) -> None:
+        check_group_name(name)
+        self._maybe_fail("delete")
+        if name in self.directory.accounts:
+            raise Conflict(f"group {name} is the primary group of an account")
+        self.groups.pop(name, None)
+
+    def list_groups(self) -> dict[str, list[str]]:
+        self._maybe_fail("list_groups")
+        return {name: list(members) for name, members in self.groups.items()}

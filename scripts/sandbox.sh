@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Sets up and runs the cloud controller on the sandbox profile: SQLite, the
+# libvirt test driver, homes and a scratch system root, all under ./state
+# (or $STATE_DIR). Prints the admin credentials it made, then serves on
+# 127.0.0.1:8080 (or $PORT) until Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-host.sh
+
+STATE=${STATE_DIR:-./state}
+PORT=${PORT:-8080}
+CONFIG=$STATE/controller.ini
+AGENT=.venv/bin/cloud-agent
+export CLOUD_CONTROLLER_CONFIG=$CONFIG
+
+if [ ! -f "$CONFIG" ]; then
+  "$AGENT" --config "$CONFIG" init --sandbox "$STATE" >/dev/null
+fi
+"$AGENT" --config "$CONFIG" init >/dev/null   # migrate an older sandbox database
+
+ADMIN=$STATE/admin.json
+if [ ! -f "$ADMIN" ]; then
+  password=$(.venv/bin/python -c 'import secrets; print("Sbx-" + secrets.token_hex(8) + "-42")')
+  umask 077
+  "$AGENT" --config "$CONFIG" --json user create-superuser --email admin@example.org \
+    --password "$password" > "$ADMIN.tmp"
+  .venv/bin/python - "$ADMIN.tmp" "$password" <<'PY'
+import json, sys
+path, password = sys.argv[1], sys.argv[2]
+doc = json.load(open(path))
+doc.update(email="admin@example.org", password=password)
+json.dump(doc, open(path, "w"), indent=2)
+PY
+  mv "$ADMIN.tmp" "$ADMIN"
+fi
+
+.venv/bin/python - "$ADMIN" "$PORT" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))
+print("Sandbox admin (kept in %s):" % sys.argv[1])
+print("  email:      %s" % a["email"])
+print("  password:   %s" % a["password"])
+print("  userid:     %s" % a["userid"])
+print("  api_key:    %s" % a["api_key"])
+print("  api_secret: %s" % a["api_secret"])
+print()
+print("For the README walk-through, in another shell:")
+print("  export CC=http://127.0.0.1:%s CC_USERID=%s CC_API_KEY=%s CC_API_SECRET=%s" % (
+    sys.argv[2], a["userid"], a["api_key"], a["api_secret"]))
+print(flush=True)
+PY
+
+exec "$AGENT" --config "$CONFIG" serve --host 127.0.0.1 --port "$PORT"
