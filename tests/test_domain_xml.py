@@ -1,0 +1,185 @@
+import xml.etree.ElementTree as ET
+
+from host_adapters import domain_xml as dx
+
+
+def _tree(xml: str) -> ET.Element:
+    return ET.fromstring(xml)
+
+
+def _shape(el: ET.Element):
+    """Tag, attributes, stripped text and children, recursively: what tests compare."""
+    return (el.tag, dict(el.attrib), (el.text or "").strip(), [_shape(c) for c in el])
+
+
+def _expected(xml: str):
+    return _shape(ET.fromstring(xml))
+
+
+def test_disk():
+    disk = dx.Disk(path="/pool/cc-disk-1.qcow2")
+    assert _shape(_tree(disk.to_xml())) == _expected(
+        """<disk type='file' device='disk'>
+             <driver name='qemu' type='qcow2'/>
+             <source file='/pool/cc-disk-1.qcow2'/>
+             <target dev='vda' bus='virtio'/>
+           </disk>"""
+    )
+
+
+def test_filesystem_is_a_mapped_mount_tagged_with_the_target():
+    fs = dx.Filesystem(source_dir="/home/alice", target_dir="alice")
+    assert _shape(_tree(fs.to_xml())) == _expected(
+        """<filesystem type='mount' accessmode='mapped'>
+             <source dir='/home/alice'/>
+             <target dir='alice'/>
+           </filesystem>"""
+    )
+
+
+def test_filesystem_round_trips_through_its_element():
+    fs = dx.Filesystem(source_dir="/home/bob", target_dir="bob")
+    assert dx.Filesystem.from_element(fs.to_element()) == fs
+
+
+def test_minimal_domain():
+    dom = dx.Domain(name="cc-1", uuid="6c277a3b-68b0-42f6-8958-29890748ab96", memory_mb=128, vcpu=2)
+    assert _shape(_tree(dom.to_xml())) == _expected(
+        """<domain type='kvm'>
+             <name>cc-1</name>
+             <uuid>6c277a3b-68b0-42f6-8958-29890748ab96</uuid>
+             <memory unit='MiB'>128</memory>
+             <vcpu>2</vcpu>
+             <os><type>hvm</type><boot dev='hd'/></os>
+             <devices/>
+           </domain>"""
+    )
+
+
+def test_full_domain_has_disk_one_share_per_user_and_no_interface():
+    dom = dx.Domain(
+        name="cc-1",
+        uuid="6c277a3b-68b0-42f6-8958-29890748ab96",
+        memory_mb=512,
+        vcpu=1,
+        virt_type="test",
+        disks=(dx.Disk(path="/pool/d.qcow2"),),
+        filesystems=(
+            dx.Filesystem(source_dir="/home/alice", target_dir="alice"),
+            dx.Filesystem(source_dir="/home/bob", target_dir="bob"),
+        ),
+        features=("acpi", "apic"),
+        cpu_mode="host-passthrough",
+        serial_console=True,
+    )
+    assert _shape(_tree(dom.to_xml())) == _expected(
+        """<domain type='test'>
+             <name>cc-1</name>
+             <uuid>6c277a3b-68b0-42f6-8958-29890748ab96</uuid>
+             <memory unit='MiB'>512</memory>
+             <vcpu>1</vcpu>
+             <os><type>hvm</type><boot dev='hd'/></os>
+             <features><acpi/><apic/></features>
+             <cpu mode='host-passthrough'/>
+             <devices>
+               <disk type='file' device='disk'>
+                 <driver name='qemu' type='qcow2'/>
+                 <source file='/pool/d.qcow2'/>
+                 <target dev='vda' bus='virtio'/>
+               </disk>
+               <filesystem type='mount' accessmode='mapped'>
+                 <source dir='/home/alice'/><target dir='alice'/>
+               </filesystem>
+               <filesystem type='mount' accessmode='mapped'>
+                 <source dir='/home/bob'/><target dir='bob'/>
+               </filesystem>
+               <serial type='pty'/>
+               <console type='pty'/>
+             </devices>
+           </domain>"""
+    )
+    assert _tree(dom.to_xml()).find("devices/interface") is None
+
+
+def test_values_are_escaped_not_injected():
+    dom = dx.Domain(
+        name="cc-1",
+        uuid="u",
+        memory_mb=1,
+        vcpu=1,
+        filesystems=(dx.Filesystem(source_dir="/home/a'/><x", target_dir="t"),),
+    )
+    source = _tree(dom.to_xml()).find("devices/filesystem/source")
+    assert source.get("dir") == "/home/a'/><x"
+    assert _tree(dom.to_xml()).find(".//x") is None
+
+
+def test_blank_volume():
+    vol = dx.Volume(name="cc-base-img.qcow2", capacity_bytes=1024**3)
+    assert _shape(_tree(vol.to_xml())) == _expected(
+        """<volume>
+             <name>cc-base-img.qcow2</name>
+             <capacity unit='bytes'>1073741824</capacity>
+             <allocation unit='bytes'>0</allocation>
+             <target><format type='qcow2'/></target>
+           </volume>"""
+    )
+
+
+def test_overlay_volume_has_a_backing_store():
+    vol = dx.Volume(
+        name="cc-disk-1.qcow2",
+        capacity_bytes=2 * 1024**3,
+        backing=dx.BackingStore(path="/pool/cc-base-img.qcow2"),
+    )
+    assert _shape(_tree(vol.to_xml())) == _expected(
+        """<volume>
+             <name>cc-disk-1.qcow2</name>
+             <capacity unit='bytes'>2147483648</capacity>
+             <allocation unit='bytes'>0</allocation>
+             <target><format type='qcow2'/></target>
+             <backingStore>
+               <path>/pool/cc-base-img.qcow2</path>
+               <format type='qcow2'/>
+             </backingStore>
+           </volume>"""
+    )
+    assert dx.backing_path_of(vol.to_xml()) == "/pool/cc-base-img.qcow2"
+    assert dx.backing_path_of(dx.Volume(name="v", capacity_bytes=1).to_xml()) is None
+
+
+LIBVIRT_DOMAIN = """<domain type='kvm' id='3'>
+  <name>cc-1</name>
+  <metadata><app:x xmlns:app='http://example.org/app'>1</app:x></metadata>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'><source file='/pool/d.qcow2'/><target dev='vda' bus='virtio'/></disk>
+    <filesystem type='mount' accessmode='mapped'>
+      <driver type='path' wrpolicy='immediate'/>
+      <source dir='/home/alice'/><target dir='alice'/>
+      <alias name='fs0'/>
+    </filesystem>
+    <serial type='pty'/>
+  </devices>
+</domain>"""
+
+
+def test_filesystems_of_reads_libvirt_output():
+    assert dx.filesystems_of(LIBVIRT_DOMAIN) == [dx.Filesystem(source_dir="/home/alice", target_dir="alice")]
+    assert dx.filesystems_of("<domain><name>x</name></domain>") == []
+
+
+def test_replace_filesystems_keeps_everything_else():
+    wanted = [dx.Filesystem(source_dir="/home/bob", target_dir="bob")]
+    out = _tree(dx.replace_filesystems(LIBVIRT_DOMAIN, wanted))
+    assert dx.filesystems_of(ET.tostring(out, encoding="unicode")) == wanted
+    before = _tree(LIBVIRT_DOMAIN)
+    assert [_shape(e) for e in out.find("devices") if e.tag != "filesystem"] == [
+        _shape(e) for e in before.find("devices") if e.tag != "filesystem"
+    ]
+    assert out.find("metadata/{http://example.org/app}x").text == "1"
+
+
+def test_replace_filesystems_with_none_removes_all():
+    out = dx.replace_filesystems(LIBVIRT_DOMAIN, [])
+    assert dx.filesystems_of(out) == []

@@ -1,0 +1,555 @@
+import inspect
+import struct
+import uuid
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
+from host_adapters.hypervisor import (
+    STATUSES,
+    FakeHypervisor,
+    Hypervisor,
+    InstanceInfo,
+    LibvirtHypervisor,
+    Share,
+    status_of,
+)
+from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
+
+GiB = 1024**3
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def qcow2_header(*, virtual_size: int = GiB, backing_offset: int = 0, incompatible: int = 0) -> bytes:
+    """The start of a qcow2 v3 file: enough for the adapter's checks of a source image."""
+    head = struct.pack(">4sIQIIQ", b"QFI\xfb", 3, backing_offset, 0, 16, virtual_size)
+    return head.ljust(72, b"\0") + struct.pack(">Q", incompatible) + b"\0" * 24
+
+
+class HypervisorContract:
+    """What every Hypervisor does; subclasses provide an `hv` fixture (emptied at teardown)."""
+
+    memory_mb = 64
+
+    @pytest.fixture
+    def base_image(self, hv) -> str:
+        return hv.create_base_image(new_id(), size_gb=1)
+
+    @pytest.fixture
+    def shares(self, tmp_path) -> list[tuple[str, str]]:
+        result = []
+        for user in ("alice", "bob"):
+            (tmp_path / user).mkdir()
+            result.append((user, str(tmp_path / user)))
+        return result
+
+    def spawn(self, hv, base_image, shares=(), **overrides) -> str:
+        instance_id = overrides.pop("instance_id", new_id())
+        args = dict(base_image=base_image, vcpu=1, memory_mb=self.memory_mb, disk_gb=1, shares=shares)
+        hv.spawn(instance_id, **{**args, **overrides})
+        return instance_id
+
+    def assert_gone(self, hv, instance_id):
+        assert instance_id not in hv.list_instances()
+        assert hv.status(instance_id) == "error"
+        with pytest.raises(NotFound):
+            hv.describe(instance_id)
+
+    def test_check(self, hv):
+        hv.check()
+
+    def test_spawn_runs_the_instance_with_its_shares_and_disk(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image, shares)
+        assert hv.status(instance_id) == "running"
+        assert instance_id in hv.list_instances()
+        info = hv.describe(instance_id)
+        assert isinstance(info, InstanceInfo)
+        assert info.instance_id == instance_id
+        assert info.status == "running"
+        assert info.defined is True
+        assert info.shares == tuple(Share(tag, path) for tag, path in sorted(shares))
+        assert info.disk_path and info.disk_path.endswith(".qcow2")
+
+    def test_spawn_of_an_existing_instance_is_a_conflict_and_keeps_it(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image, shares)
+        with pytest.raises(Conflict):
+            self.spawn(hv, base_image, instance_id=instance_id)
+        assert hv.status(instance_id) == "running"
+        assert hv.describe(instance_id).shares == tuple(Share(*s) for s in sorted(shares))
+
+    def test_spawn_on_a_missing_base_image_leaves_nothing(self, hv, shares):
+        instance_id = new_id()
+        with pytest.raises(HostError, match="base image"):
+            self.spawn(hv, "cc-base-missing.qcow2", shares, instance_id=instance_id)
+        self.assert_gone(hv, instance_id)
+
+    def test_spawn_with_a_disk_smaller_than_the_base_image_is_refused(self, hv):
+        base = hv.create_base_image(new_id(), size_gb=2)
+        instance_id = new_id()
+        with pytest.raises(InvalidInput):
+            self.spawn(hv, base, instance_id=instance_id, disk_gb=1)
+        self.assert_gone(hv, instance_id)
+
+    @pytest.mark.parametrize(
+        "overrides",
+        [
+            {"instance_id": "../etc"},
+            {"instance_id": ""},
+            {"base_image": "../x.qcow2"},
+            {"vcpu": 0},
+            {"memory_mb": "64"},
+            {"disk_gb": True},
+            {"shares": [("Bad;tag", "/home/x")]},
+            {"shares": [("alice", "home/alice")]},
+            {"shares": [("alice", "/home/../etc")]},
+            {"shares": [("alice", "/home/a"), ("alice", "/home/b")]},
+            {"shares": [("alice",)]},
+            {"shares": "alice"},
+        ],
+    )
+    def test_spawn_refuses_bad_input_before_touching_the_host(self, hv, base_image, overrides):
+        overrides = dict(overrides)  # parametrize shares one dict between the subclasses
+        base_image = overrides.pop("base_image", base_image)
+        before = hv.list_instances()
+        with pytest.raises(InvalidInput):
+            self.spawn(hv, base_image, **overrides)
+        assert hv.list_instances() == before
+
+    def test_power_off_and_on_are_idempotent(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        hv.power_off(instance_id)
+        assert hv.status(instance_id) == "shutoff"
+        hv.power_off(instance_id)
+        assert hv.status(instance_id) == "shutoff"
+        hv.power_on(instance_id)
+        assert hv.status(instance_id) == "running"
+        hv.power_on(instance_id)
+        assert hv.status(instance_id) == "running"
+
+    def test_reboot_resets_a_running_instance_and_refuses_a_stopped_one(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        hv.reboot(instance_id)
+        assert hv.status(instance_id) == "running"
+        hv.power_off(instance_id)
+        with pytest.raises(Conflict, match="not running"):
+            hv.reboot(instance_id)
+        assert hv.status(instance_id) == "shutoff"
+
+    @pytest.mark.parametrize("method", ["power_on", "power_off", "reboot"])
+    def test_power_actions_on_a_missing_instance_are_not_found(self, hv, method):
+        with pytest.raises(NotFound):
+            getattr(hv, method)(new_id())
+
+    def test_a_missing_instance(self, hv):
+        instance_id = new_id()
+        self.assert_gone(hv, instance_id)
+        with pytest.raises(NotFound):
+            hv.set_shares(instance_id, [])
+        hv.destroy(instance_id)
+
+    def test_set_shares_replaces_them_and_keeps_the_instance_running(self, hv, base_image, shares, tmp_path):
+        instance_id = self.spawn(hv, base_image, shares[:1])
+        (tmp_path / "carol").mkdir()
+        wanted = [shares[1], ("carol", str(tmp_path / "carol"))]
+        hv.set_shares(instance_id, wanted)
+        assert hv.describe(instance_id).shares == tuple(Share(*s) for s in sorted(wanted))
+        assert hv.status(instance_id) == "running"
+        hv.set_shares(instance_id, [])
+        assert hv.describe(instance_id).shares == ()
+
+    def test_set_shares_on_a_stopped_instance(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image)
+        hv.power_off(instance_id)
+        hv.set_shares(instance_id, shares)
+        assert hv.describe(instance_id).shares == tuple(Share(*s) for s in sorted(shares))
+        assert hv.status(instance_id) == "shutoff"
+
+    def test_set_shares_refuses_bad_input(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        with pytest.raises(InvalidInput):
+            hv.set_shares(instance_id, [("root;x", "/home/x")])
+        assert hv.describe(instance_id).shares == ()
+
+    def test_destroy_removes_domain_and_disk_and_may_be_repeated(self, hv, base_image):
+        running = self.spawn(hv, base_image)
+        stopped = self.spawn(hv, base_image)
+        hv.power_off(stopped)
+        for instance_id in (running, stopped):
+            hv.destroy(instance_id)
+            self.assert_gone(hv, instance_id)
+            hv.destroy(instance_id)
+
+    def test_base_image_lifecycle(self, hv):
+        image_id = new_id()
+        name = hv.create_base_image(image_id, size_gb=1)
+        assert image_id in name and name.endswith(".qcow2")
+        assert image_id in hv.list_base_images()
+        with pytest.raises(Conflict):
+            hv.create_base_image(image_id, size_gb=1)
+        hv.delete_base_image(image_id)
+        assert image_id not in hv.list_base_images()
+        hv.delete_base_image(image_id)
+
+    def test_a_base_image_in_use_cannot_be_deleted(self, hv):
+        image_id = new_id()
+        base = hv.create_base_image(image_id, size_gb=1)
+        instance_id = self.spawn(hv, base)
+        with pytest.raises(Conflict, match="in use"):
+            hv.delete_base_image(image_id)
+        hv.destroy(instance_id)
+        hv.delete_base_image(image_id)
+        assert image_id not in hv.list_base_images()
+
+    @pytest.mark.parametrize(
+        "content",
+        [
+            b"\0" * 4096,  # raw
+            qcow2_header(backing_offset=512),
+            qcow2_header(incompatible=1 << 2),  # external data file
+            qcow2_header(virtual_size=GiB + 1),
+            b"QFI",
+        ],
+    )
+    def test_create_base_image_refuses_an_unfit_source(self, hv, tmp_path, content):
+        source = tmp_path / "image.qcow2"
+        source.write_bytes(content)
+        image_id = new_id()
+        with pytest.raises(InvalidInput):
+            hv.create_base_image(image_id, size_gb=1, source=str(source))
+        assert image_id not in hv.list_base_images()
+
+    def test_create_base_image_from_a_missing_source(self, hv, tmp_path):
+        with pytest.raises(InvalidInput, match="cannot read"):
+            hv.create_base_image(new_id(), size_gb=1, source=str(tmp_path / "nope"))
+
+    @pytest.mark.parametrize("size_gb", [0, -1, "1", None])
+    def test_create_base_image_refuses_a_bad_size(self, hv, size_gb):
+        with pytest.raises(InvalidInput):
+            hv.create_base_image(new_id(), size_gb=size_gb)
+
+    def test_list_instances_holds_only_this_adapters_instances(self, hv, base_image):
+        ids = sorted(self.spawn(hv, base_image) for _ in range(2))
+        assert hv.list_instances() == ids
+
+
+# --- the fake ----------------------------------------------------------------
+
+
+class TestFakeHypervisor(HypervisorContract):
+    @pytest.fixture
+    def hv(self):
+        return FakeHypervisor()
+
+    @pytest.mark.parametrize("step", ["spawn", "volume", "define", "start"])
+    def test_a_failing_spawn_step_leaves_nothing(self, hv, base_image, step):
+        hv.fail_on = {step: HostError(f"{step} failed")}
+        instance_id = new_id()
+        with pytest.raises(HostError, match=f"{step} failed"):
+            self.spawn(hv, base_image, instance_id=instance_id)
+        self.assert_gone(hv, instance_id)
+
+    def test_fail_on_applies_until_removed(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        hv.fail_on["power_off"] = HostUnavailable("libvirt is down")
+        for _ in range(2):
+            with pytest.raises(HostUnavailable):
+                hv.power_off(instance_id)
+        assert hv.status(instance_id) == "running"
+        del hv.fail_on["power_off"]
+        hv.power_off(instance_id)
+        assert hv.status(instance_id) == "shutoff"
+
+    def test_check_can_be_made_to_fail(self, hv):
+        hv.fail_on["check"] = HostUnavailable("down")
+        with pytest.raises(HostUnavailable):
+            hv.check()
+
+    def test_tests_may_set_any_status(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        hv.instances[instance_id].status = "paused"
+        assert hv.status(instance_id) == "paused"
+        with pytest.raises(Conflict):
+            hv.reboot(instance_id)
+        hv.power_on(instance_id)
+        assert hv.status(instance_id) == "running"
+
+    def test_an_orphan_disk_is_listed_and_destroyed(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        del hv.instances[instance_id]
+        assert instance_id in hv.list_instances()
+        info = hv.describe(instance_id)
+        assert (info.defined, info.status, info.shares) == (False, "error", ())
+        assert info.disk_path
+        hv.destroy(instance_id)
+        self.assert_gone(hv, instance_id)
+
+    def test_create_base_image_from_a_source_reports_progress(self, hv, tmp_path):
+        source = tmp_path / "image.qcow2"
+        source.write_bytes(qcow2_header())
+        seen = []
+        image_id = new_id()
+        hv.create_base_image(image_id, size_gb=1, source=str(source), progress=lambda *a: seen.append(a))
+        assert image_id in hv.list_base_images()
+        assert seen[-1] == (source.stat().st_size, source.stat().st_size)
+
+
+# --- libvirt's test driver ---------------------------------------------------
+
+
+def _libvirt_error(code: int, domain: int, message: str = "boom"):
+    import libvirt
+
+    err = libvirt.libvirtError(message)
+    err.err = (code, domain, message, 2, None, None, None, -1, -1)
+    return err
+
+
+class TestLibvirtTestDriver(HypervisorContract):
+    @pytest.fixture
+    def hv(self, libvirt_test_driver):
+        return libvirt_test_driver
+
+    @staticmethod
+    def conn():
+        import libvirt
+
+        return libvirt.open(TEST_URI)
+
+    def domain(self, hv, instance_id):
+        return self.conn().lookupByName(hv._names.domain(instance_id))
+
+    def test_domain_definition(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image, shares, vcpu=2, memory_mb=96)
+        dom = ET.fromstring(self.domain(hv, instance_id).XMLDesc(0))
+        assert dom.findtext("uuid") == instance_id
+        assert dom.find("memory").text == str(96 * 1024) and dom.find("memory").get("unit") == "KiB"
+        assert dom.findtext("vcpu") == "2"
+        assert dom.find("devices/disk/source").get("file") == hv.describe(instance_id).disk_path
+        assert dom.find("devices/interface") is None
+        found = {
+            (fs.get("type"), fs.get("accessmode"), fs.find("target").get("dir"), fs.find("source").get("dir"))
+            for fs in dom.findall("devices/filesystem")
+        }
+        assert found == {("mount", "mapped", tag, path) for tag, path in shares}
+        assert self.domain(hv, instance_id).isPersistent()
+
+    def test_disk_is_an_overlay_on_the_base_image(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image, disk_gb=3)
+        pool = self.conn().storagePoolLookupByName(TEST_POOL)
+        disk = pool.storageVolLookupByName(hv._names.disk(instance_id))
+        vol = ET.fromstring(disk.XMLDesc(0))
+        assert vol.findtext("backingStore/path") == pool.storageVolLookupByName(base_image).path()
+        assert vol.find("target/format").get("type") == "qcow2"
+        assert int(vol.findtext("capacity")) == 3 * GiB
+
+    @pytest.mark.parametrize("broken", ["defineXML", "create"])
+    def test_a_failing_spawn_step_leaves_nothing(self, hv, base_image, monkeypatch, broken):
+        import libvirt
+
+        def fail(*args, **kwargs):
+            raise _libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_QEMU, "no room")
+
+        owner = libvirt.virConnect if broken == "defineXML" else libvirt.virDomain
+        monkeypatch.setattr(owner, broken, fail)
+        instance_id = new_id()
+        with pytest.raises(HostError, match="no room") as err:
+            self.spawn(hv, base_image, instance_id=instance_id)
+        assert f"spawn instance {instance_id}" in err.value.message
+        monkeypatch.undo()
+        self.assert_gone(hv, instance_id)
+
+    def test_a_failing_cleanup_is_reported(self, hv, base_image, monkeypatch):
+        import libvirt
+
+        def fail(*args, **kwargs):
+            raise _libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_QEMU, "stuck")
+
+        monkeypatch.setattr(libvirt.virDomain, "create", fail)
+        monkeypatch.setattr(libvirt.virStorageVol, "delete", fail)
+        instance_id = new_id()
+        with pytest.raises(HostError, match="cleanup failed") as err:
+            self.spawn(hv, base_image, instance_id=instance_id)
+        monkeypatch.undo()
+        # The domain was removed; the disk the cleanup could not delete is reported and listed.
+        assert hv.describe(instance_id).defined is False
+        hv.destroy(instance_id)
+        self.assert_gone(hv, instance_id)
+
+    def test_a_lost_connection_is_opened_again_once(self, hv, base_image, monkeypatch):
+        import libvirt
+
+        instance_id = self.spawn(hv, base_image)
+        first = hv._conn
+        real_state = libvirt.virDomain.state
+        calls = []
+
+        def state_once_lost(self_, *args):
+            calls.append(1)
+            if len(calls) == 1:
+                raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
+            return real_state(self_, *args)
+
+        monkeypatch.setattr(libvirt.virDomain, "state", state_once_lost)
+        assert hv.status(instance_id) == "running"
+        assert hv._conn is not first
+
+    def test_a_connection_lost_during_spawn_is_cleaned_up_on_a_new_one(self, hv, base_image, monkeypatch):
+        import libvirt
+
+        def lost(*args):
+            raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
+
+        monkeypatch.setattr(libvirt.virConnect, "defineXML", lost)
+        instance_id = new_id()
+        first = hv._conn
+        with pytest.raises(HostUnavailable, match="lost the connection"):
+            self.spawn(hv, base_image, instance_id=instance_id)
+        assert hv._conn is not first
+        self.assert_gone(hv, instance_id)
+
+    def test_a_connection_lost_twice_is_host_unavailable(self, hv, base_image, monkeypatch):
+        import libvirt
+
+        instance_id = self.spawn(hv, base_image)
+
+        def lost(*args):
+            raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
+
+        monkeypatch.setattr(libvirt.virDomain, "state", lost)
+        with pytest.raises(HostUnavailable, match="lost the connection"):
+            hv.status(instance_id)
+
+    def test_other_libvirt_errors_become_host_errors(self, hv, base_image, monkeypatch):
+        import libvirt
+
+        instance_id = self.spawn(hv, base_image)
+
+        def fail(*args):
+            raise _libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_QEMU, "monitor gone")
+
+        monkeypatch.setattr(libvirt.virDomain, "reset", fail)
+        with pytest.raises(HostError, match=f"reboot instance {instance_id}: monitor gone") as err:
+            hv.reboot(instance_id)
+        assert type(err.value) is HostError
+
+    def test_paused_instance(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        self.domain(hv, instance_id).suspend()
+        assert hv.status(instance_id) == "paused"
+        with pytest.raises(Conflict):
+            hv.reboot(instance_id)
+        hv.power_on(instance_id)
+        assert hv.status(instance_id) == "running"
+        self.domain(hv, instance_id).suspend()
+        hv.power_off(instance_id)
+        assert hv.status(instance_id) == "shutoff"
+
+    def test_an_orphan_disk_is_listed_and_destroyed(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        dom = self.domain(hv, instance_id)
+        dom.destroy()
+        dom.undefine()
+        assert instance_id in hv.list_instances()
+        info = hv.describe(instance_id)
+        assert (info.defined, info.status, info.shares) == (False, "error", ())
+        assert info.disk_path
+        hv.destroy(instance_id)
+        self.assert_gone(hv, instance_id)
+
+    def test_upload_is_unsupported_by_the_test_driver_and_leaves_no_volume(self, hv, tmp_path):
+        source = tmp_path / "image.qcow2"
+        source.write_bytes(qcow2_header())
+        image_id = new_id()
+        with pytest.raises(HostError, match="not supported"):
+            hv.create_base_image(image_id, size_gb=1, source=str(source))
+        assert image_id not in hv.list_base_images()
+
+
+def test_check_of_an_unreachable_hypervisor_is_host_unavailable(tmp_path):
+    hv = LibvirtHypervisor(f"test://{tmp_path}/missing.xml", storage_pool=TEST_POOL)
+    with pytest.raises(HostUnavailable, match="cannot connect to libvirt"):
+        hv.check()
+
+
+def test_check_of_a_missing_pool_is_host_unavailable():
+    hv = LibvirtHypervisor(TEST_URI, storage_pool="no-such-pool", domain_prefix=unique_prefix())
+    with pytest.raises(HostUnavailable, match="no-such-pool"):
+        hv.check()
+    with pytest.raises(HostUnavailable):
+        hv.list_instances()
+
+
+@pytest.mark.parametrize("prefix", ["", "a/b", "-x", 5])
+def test_bad_domain_prefix(prefix):
+    with pytest.raises(InvalidInput):
+        LibvirtHypervisor(TEST_URI, storage_pool=TEST_POOL, domain_prefix=prefix)
+
+
+def test_adapters_with_other_prefixes_do_not_see_each_other(libvirt_test_driver):
+    other = LibvirtHypervisor(TEST_URI, storage_pool=TEST_POOL, domain_prefix=unique_prefix())
+    try:
+        base = other.create_base_image(new_id(), size_gb=1)
+        instance_id = new_id()
+        other.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1)
+        assert libvirt_test_driver.list_instances() == []
+        assert libvirt_test_driver.list_base_images() == []
+        assert libvirt_test_driver.status(instance_id) == "error"
+    finally:
+        cleanup_hypervisor(other)
+
+
+def _state(name):
+    import libvirt
+
+    return getattr(libvirt, name)
+
+
+@pytest.mark.parametrize(
+    "state, reason, expected",
+    [
+        ("VIR_DOMAIN_NOSTATE", 0, "building"),
+        ("VIR_DOMAIN_RUNNING", 1, "running"),
+        ("VIR_DOMAIN_BLOCKED", 0, "running"),
+        ("VIR_DOMAIN_PAUSED", "VIR_DOMAIN_PAUSED_USER", "paused"),
+        ("VIR_DOMAIN_PAUSED", "VIR_DOMAIN_PAUSED_STARTING_UP", "building"),
+        ("VIR_DOMAIN_PMSUSPENDED", 0, "paused"),
+        ("VIR_DOMAIN_SHUTDOWN", 1, "shutoff"),
+        ("VIR_DOMAIN_SHUTOFF", "VIR_DOMAIN_SHUTOFF_DESTROYED", "shutoff"),
+        ("VIR_DOMAIN_SHUTOFF", "VIR_DOMAIN_SHUTOFF_CRASHED", "crashed"),
+        ("VIR_DOMAIN_SHUTOFF", "VIR_DOMAIN_SHUTOFF_FAILED", "error"),
+        ("VIR_DOMAIN_CRASHED", 0, "crashed"),
+    ],
+)
+def test_status_of_libvirt_states(state, reason, expected):
+    reason = _state(reason) if isinstance(reason, str) else reason
+    assert status_of(_state(state), reason) == expected
+    assert expected in STATUSES
+
+
+def test_status_of_an_unknown_state_is_error():
+    assert status_of(99, 0) == "error"
+
+
+# --- signatures --------------------------------------------------------------
+
+
+def _public_methods(cls) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(member)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_")
+    }
+
+
+@pytest.mark.parametrize("impl", [LibvirtHypervisor, FakeHypervisor])
+def test_public_methods_match_the_interface(impl):
+    assert _public_methods(impl) == _public_methods(Hypervisor)
+
+
+def test_constructor_signatures():
+    assert str(inspect.signature(LibvirtHypervisor)) == "(uri: str, *, storage_pool: str, domain_prefix: str = 'cc-')"
+    assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-')"

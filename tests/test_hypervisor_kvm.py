@@ -1,0 +1,185 @@
+"""The libvirt adapter on a real libvirtd with QEMU/KVM (see tests/fixtures/libvirtd.py)."""
+
+import filecmp
+import glob
+import json
+import os
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from controller.errors import CommandError, HostError
+from host_adapters import subp
+from host_adapters.hypervisor import LibvirtHypervisor
+from tests.fixtures.libvirtd import SYSTEM_URI, cleanup_hypervisor, unique_prefix
+from tests.test_hypervisor import HypervisorContract, new_id
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
+
+GiB = 1024**3
+QEMU_LOG_DIR = "/var/log/libvirt/qemu"
+
+
+@pytest.fixture
+def prefix() -> str:
+    return unique_prefix()
+
+
+@pytest.fixture
+def kvm(libvirt_dir_pool, prefix):
+    hv = LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=prefix)
+    yield hv
+    cleanup_hypervisor(hv)
+    for log in glob.glob(f"{QEMU_LOG_DIR}/{glob.escape(prefix)}*.log"):
+        os.unlink(log)
+
+
+class TestKvmContract(HypervisorContract):
+    memory_mb = 96
+
+    @pytest.fixture
+    def hv(self, kvm):
+        return kvm
+
+
+def virsh(*args: str, ok_codes=(0,)):
+    return subp.run(["virsh", "-c", SYSTEM_URI, *args], ok_codes=ok_codes)
+
+
+def domstate(name: str) -> str:
+    return virsh("domstate", name).stdout.strip()
+
+
+def qemu_img_info(path: str) -> dict:
+    return json.loads(subp.run(["qemu-img", "info", "--force-share", "--output=json", path]).stdout)
+
+
+def pool_files(pool) -> list[str]:
+    return sorted(os.listdir(pool.path))
+
+
+def test_instance_lifecycle(kvm, prefix, libvirt_dir_pool, tmp_path):
+    home = tmp_path / "alice"
+    home.mkdir()
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    name = prefix + instance_id
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=128, disk_gb=2, shares=[("alice", str(home))])
+    assert domstate(name) == "running"
+
+    dom = ET.fromstring(virsh("dumpxml", "--inactive", name).stdout)
+    [fs] = dom.findall("devices/filesystem")
+    assert (fs.get("type"), fs.get("accessmode")) == ("mount", "mapped")
+    assert fs.find("target").get("dir") == "alice"
+    assert fs.find("source").get("dir") == str(home)
+    assert dom.findtext("uuid") == instance_id
+
+    disk = kvm.describe(instance_id).disk_path
+    assert os.path.dirname(disk) == libvirt_dir_pool.path
+    info = qemu_img_info(disk)
+    assert info["format"] == "qcow2"
+    assert info["virtual-size"] == 2 * GiB
+    assert info["backing-filename"] == os.path.join(libvirt_dir_pool.path, base)
+    assert info["backing-filename-format"] == "qcow2"
+
+    kvm.power_off(instance_id)
+    assert domstate(name) == "shut off"
+    kvm.power_on(instance_id)
+    assert domstate(name) == "running"
+    domid = virsh("domid", name).stdout.strip()
+    kvm.reboot(instance_id)
+    assert domstate(name) == "running"
+    assert virsh("domid", name).stdout.strip() == domid  # a reset, not a new QEMU process
+
+    kvm.destroy(instance_id)
+    with pytest.raises(CommandError):
+        virsh("dominfo", name)
+    assert not os.path.exists(disk)
+
+
+def test_set_shares_on_a_running_instance_changes_the_next_boot(kvm, prefix, tmp_path):
+    for user in ("alice", "bob"):
+        (tmp_path / user).mkdir()
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, shares=[("alice", str(tmp_path / "alice"))])
+    kvm.set_shares(instance_id, [("bob", str(tmp_path / "bob"))])
+
+    def tags(*flags):
+        dom = ET.fromstring(virsh("dumpxml", *flags, prefix + instance_id).stdout)
+        return [fs.find("target").get("dir") for fs in dom.findall("devices/filesystem")]
+
+    assert tags("--inactive") == ["bob"]
+    assert tags() == ["alice"]  # QEMU cannot hot-plug 9p
+    kvm.power_off(instance_id)
+    kvm.power_on(instance_id)
+    assert tags() == ["bob"]
+
+
+def test_a_paused_instance(kvm, prefix):
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1)
+    virsh("suspend", prefix + instance_id)
+    assert kvm.status(instance_id) == "paused"
+    kvm.power_on(instance_id)
+    assert domstate(prefix + instance_id) == "running"
+
+
+@pytest.mark.parametrize("failure", ["memory", "base_image", "share_dir"])
+def test_a_failed_spawn_leaves_no_domain_and_no_disk(kvm, prefix, libvirt_dir_pool, tmp_path, failure):
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    before = pool_files(libvirt_dir_pool)
+    instance_id = new_id()
+    args = dict(base_image=base, vcpu=1, memory_mb=96, disk_gb=1, shares=[])
+    if failure == "memory":
+        args["memory_mb"] = 64 * 1024 * 1024  # 64 TiB: QEMU cannot start
+    elif failure == "base_image":
+        args["base_image"] = prefix + "base-missing.qcow2"
+    else:
+        args["shares"] = [("alice", str(tmp_path / "missing"))]
+    with pytest.raises(HostError) as err:
+        kvm.spawn(instance_id, **args)
+    assert instance_id in err.value.message
+    with pytest.raises(CommandError):
+        virsh("dominfo", prefix + instance_id)
+    assert pool_files(libvirt_dir_pool) == before
+    assert instance_id not in kvm.list_instances()
+
+
+def test_base_image_from_a_qcow2_file(kvm, libvirt_dir_pool, tmp_path):
+    raw = tmp_path / "image.raw"
+    with open(raw, "wb") as f:
+        f.truncate(GiB)
+        f.write(b"cloud controller test image\n" * 40000)
+    source = tmp_path / "image.qcow2"
+    subp.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(source)])
+    seen = []
+    image_id = new_id()
+    base = kvm.create_base_image(image_id, size_gb=1, source=str(source), progress=lambda *a: seen.append(a))
+    assert seen[-1] == (source.stat().st_size, source.stat().st_size)
+    base_path = os.path.join(libvirt_dir_pool.path, base)
+    assert filecmp.cmp(source, base_path, shallow=False)
+    assert qemu_img_info(base_path)["virtual-size"] == GiB
+
+    instance_id = new_id()
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=2)
+    assert kvm.status(instance_id) == "running"
+    disk = kvm.describe(instance_id).disk_path
+    # The guest sees the image's content on its disk.
+    subp.run(["qemu-img", "compare", "--force-share", "-f", "raw", "-F", "qcow2", str(raw), disk])
+
+
+def test_a_failed_upload_leaves_no_volume(kvm, libvirt_dir_pool, tmp_path):
+    source = tmp_path / "image.qcow2"
+    subp.run(["qemu-img", "create", "-q", "-f", "qcow2", str(source), "64M"])
+    before = pool_files(libvirt_dir_pool)
+
+    def interrupt(sent, total):
+        raise KeyboardInterrupt
+
+    image_id = new_id()
+    with pytest.raises(KeyboardInterrupt):
+        kvm.create_base_image(image_id, size_gb=1, source=str(source), progress=interrupt)
+    assert image_id not in kvm.list_base_images()
+    assert pool_files(libvirt_dir_pool) == before
