@@ -222,8 +222,7 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
         bad = [u for u in uuids if not is_uuid(u)]
         if bad:
             raise InvalidInput(f"unknown user ids: {', '.join(map(str, bad[:5]))}")
-        drop = set(uuids) - {owner_uuid}
-        new = [u for u in current if u not in drop]
+        new = [u for u in current if u not in set(uuids)]
     else:
         granted = [a["uuid"] for a in resolve_grantable(ctx, requester, uuids)]
         base = current if how == "add" else []
