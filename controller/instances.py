@@ -142,6 +142,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         "private_ip": None,
         "creation_date": utc_now(),
     }
+    _ensure_base_image(ctx, image)
     # The row comes first so a crash mid-way leaves a "building" record reconcile can see;
     # any failure below removes whatever was made.
     ctx.store.insert_instance(row, uuids)
@@ -163,6 +164,20 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         _undo_spawn(ctx, row["id"])
         raise
     return get_instance(ctx, requester, row["id"])
+
+
+def _ensure_base_image(ctx: Context, image: dict) -> None:
+    hypervisor = ctx.adapters.hypervisor
+    if image["id"] in hypervisor.list_base_images():
+        return
+    if not ctx.config.is_sandbox:
+        raise HostError(
+            f"the base disk of server-image {image['id']} is missing on the host; "
+            "see `cloud-agent reconcile`"
+        )
+    # The sandbox's libvirt test driver keeps its volumes per process, so an image
+    # the agent added in another process has no disk here yet: a blank one stands in.
+    hypervisor.create_base_image(image["id"], size_gb=image["min_disk"])
 
 
 def respawn(ctx: Context, row: dict) -> None:

@@ -32,7 +32,7 @@ def build_quota(config: Config):
     if backend == "btrfs":
         return quota.BtrfsQuota()
     if backend == "xfs":
-        return quota.XfsQuota(mountpoint=config.get("volumes", "quota_mountpoint") or home_root)
+        return quota.XfsQuota(mount_point=config.get("volumes", "quota_mountpoint") or home_root)
     if backend == "setquota":
         return quota.SetQuota(filesystem=config.get("volumes", "quota_mountpoint") or home_root)
     return quota.NoQuota()

@@ -490,3 +490,20 @@ def test_host_unavailable_is_503(client, adapters, people):
     assert "homes unreachable" in err(client.simulate_post(
         "/v1/storage-volume", headers=people["owner"].headers,
         json={"volume-size": 1, "volume-type": {"visibility": "cluster"}}), 503)
+
+
+def test_missing_base_disk_is_503_outside_the_sandbox(client, cctx, adapters, people, catalog, monkeypatch):
+    give_volume(client, people["owner"])
+    adapters.hypervisor.delete_base_image(catalog["public"]["id"])
+    monkeypatch.setattr(type(cctx.config), "is_sandbox", property(lambda self: False))
+    assert "base disk" in err(boot(client, people["owner"], catalog), 503)
+    assert cctx.store.all_instances() == []
+
+
+def test_sandbox_makes_a_missing_base_disk_on_first_use(client, cctx, adapters, people, catalog):
+    # An image added by `cloud-agent image add` in another process has no disk in this one.
+    give_volume(client, people["owner"])
+    adapters.hypervisor.delete_base_image(catalog["public"]["id"])
+    assert cctx.config.is_sandbox
+    ok(boot(client, people["owner"], catalog), 201)
+    assert catalog["public"]["id"] in adapters.hypervisor.list_base_images()
