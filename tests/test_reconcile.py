@@ -1,0 +1,174 @@
+"""reconcile: drift made on purpose behind the service's back is reported, and --fix repairs it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from falcon import testing
+
+from controller import images
+from controller.accounts import enable_account
+from controller.config import config_from_dict, write_config
+from controller.context import build_context
+from controller.reconcile import reconcile
+from controller.security import generate_key_file
+from controller.store import Store
+from host_adapters.factory import build_adapters
+from host_adapters.subp import run
+from tests.fixtures.api import config_values_for, make_caller
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
+
+AGENT = os.path.join(os.path.dirname(sys.executable), "cloud-agent")
+
+
+@pytest.fixture
+def service(tmp_path, sysroot):
+    """The sandbox profile on real parts: libvirt test driver, homes on disk, a system root."""
+    import libvirt
+
+    from tests.fixtures.libvirtd import unique_prefix
+
+    values = config_values_for(tmp_path)
+    values["unix"]["root"] = sysroot
+    values["libvirt"]["domain_prefix"] = unique_prefix()
+    (tmp_path / "home").mkdir(exist_ok=True)
+    config_path = str(tmp_path / "controller.ini")
+    write_config(values, config_path)
+    config = config_from_dict(values, path=config_path)
+    generate_key_file(config.get("auth", "secret_key_file"))
+    store = Store(config.database_path)
+    store.migrate()
+    # The test driver forgets its state when its last connection closes.
+    anchor = libvirt.open("test:///default")
+    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    from api.app import create_app
+
+    client = testing.TestClient(create_app(ctx))
+    alice = make_caller(ctx, "alice@example.org")
+    bob = make_caller(ctx, "bob@example.org", owner=alice)
+    enable_account(ctx, alice.email, username="alice")
+    enable_account(ctx, bob.email, username="bob")
+    image = images.add_image(ctx, name="img", os_name="x", os_major="1", os_minor="0", min_disk=1, min_ram=64)
+    flavor = images.add_flavor(ctx, name="f", memory=128, disk=1, vcpu=1)
+    for who in (alice, bob):
+        r = client.simulate_post("/v1/storage-volume", headers=who.headers,
+                                 json={"volume-size": 1, "volume-type": {"visibility": "cluster"}})
+        assert r.status_code == 201, r.json
+    r = client.simulate_post("/v1/server-instance", headers=alice.headers,
+                             json={"server-image": image["id"], "server-flavor": flavor["id"]})
+    assert r.status_code == 201, r.json
+    instance = r.json["data"][0]
+    r = client.simulate_post("/v1/group", headers=alice.headers, json={"group-name": "lab", "group-members": ["alice"]})
+    assert r.status_code == 201, r.json
+    yield {"ctx": ctx, "conn": anchor, "instance": instance, "sysroot": sysroot, "config": config_path}
+    hv = ctx.adapters.hypervisor
+    for iid in hv.list_instances():
+        hv.destroy(iid)
+    for image_id in hv.list_base_images():
+        hv.delete_base_image(image_id)
+    anchor.close()
+
+
+def kinds(drift):
+    return sorted((d["kind"], d["target"]) for d in drift)
+
+
+def group_members(sysroot, name):
+    with open(os.path.join(sysroot, "etc", "group")) as f:
+        for line in f:
+            fields = line.rstrip("\n").split(":")
+            if fields[0] == name:
+                return [m for m in fields[3].split(",") if m]
+    return None
+
+
+def test_no_drift_after_normal_use(service):
+    assert reconcile(service["ctx"]) == []
+
+
+def test_drift_is_reported_then_fixed(service):
+    ctx, conn, instance = service["ctx"], service["conn"], service["instance"]
+    prefix = ctx.config.get("libvirt", "domain_prefix")
+    # A domain undefined behind the service's back (its disk goes with it: the test driver
+    # cannot keep a disk without the domain here, so delete both).
+    dom = conn.lookupByName(prefix + instance["id"])
+    dom.destroy()
+    dom.undefine()
+    pool = conn.storagePoolLookupByName("default-pool")
+    pool.storageVolLookupByName(f"{prefix}disk-{instance['id']}.qcow2").delete(0)
+    # A home directory removed.
+    shutil.rmtree(ctx.adapters.homes.path("bob"))
+    # A group member added by hand.
+    run(["gpasswd", "-Q", service["sysroot"], "-a", "bob", "lab"])
+    assert group_members(service["sysroot"], "lab") == ["alice", "bob"]
+
+    drift = reconcile(ctx)
+    found = kinds(drift)
+    volume_of_bob = ctx.store.volume_of_user(ctx.store.get_user_by_email("bob@example.org")["id"])["id"]
+    assert ("domain-missing", instance["id"]) in found
+    assert ("home-missing", volume_of_bob) in found
+    assert ("group-members", "lab") in found
+    assert all(not d["fixed"] for d in drift)
+    # Nothing was changed by the report.
+    assert group_members(service["sysroot"], "lab") == ["alice", "bob"]
+
+    fixed = reconcile(ctx, fix=True)
+    assert all(d["fixed"] for d in fixed if d["kind"] in ("domain-missing", "home-missing", "group-members"))
+    assert ctx.adapters.hypervisor.status(instance["id"]) == "running"
+    state = ctx.adapters.homes.inspect("bob")
+    assert state.exists and state.mode == 0o700
+    assert group_members(service["sysroot"], "lab") == ["alice"]
+    # bob's home is back, so alice's instance (bob has no access) keeps alice's share only.
+    assert [s.tag for s in ctx.adapters.hypervisor.describe(instance["id"]).shares] == ["alice"]
+    assert reconcile(ctx) == []
+
+
+def test_orphans_and_state_are_reported_not_destroyed(service):
+    ctx, conn, instance = service["ctx"], service["conn"], service["instance"]
+    hv = ctx.adapters.hypervisor
+    ctx.store.delete_instance(instance["id"])  # the record is gone, the domain stays
+    drift = reconcile(ctx, fix=True)
+    orphan = [d for d in drift if d["kind"] == "domain-orphan"]
+    assert orphan and orphan[0]["target"] == instance["id"] and not orphan[0]["fixed"] and not orphan[0]["fixable"]
+    assert hv.status(instance["id"]) == "running"  # nothing a user did not ask to lose
+
+
+def test_state_and_shares_drift(service):
+    ctx, instance = service["ctx"], service["instance"]
+    hv = ctx.adapters.hypervisor
+    hv.power_off(instance["id"])
+    hv.set_shares(instance["id"], [])
+    found = kinds(reconcile(ctx))
+    assert ("instance-status", instance["id"]) in found and ("domain-shares", instance["id"]) in found
+    reconcile(ctx, fix=True)
+    assert ctx.store.all_instances()[0]["status"] == "shutoff"
+    assert [s.tag for s in hv.describe(instance["id"]).shares] == ["alice"]
+
+
+def test_missing_account_and_group_are_recreated(service):
+    ctx, sysroot = service["ctx"], service["sysroot"]
+    run(["groupdel", "-R", sysroot, "lab"])
+    found = kinds(reconcile(ctx))
+    assert ("group-missing", "lab") in found
+    reconcile(ctx, fix=True)
+    assert group_members(sysroot, "lab") == ["alice"]
+
+
+def test_cli_reports_file_drift_as_json_and_fixes_it(service):
+    """The agent in its own process: homes and groups live in files, so it sees their drift."""
+    ctx, sysroot = service["ctx"], service["sysroot"]
+    run(["gpasswd", "-Q", sysroot, "-a", "bob", "lab"])
+    os.chmod(ctx.adapters.homes.path("alice"), 0o755)
+    env = dict(os.environ, CLOUD_CONTROLLER_CONFIG=service["config"])
+    report = subprocess.run([AGENT, "--json", "reconcile"], capture_output=True, text=True, env=env)
+    assert report.returncode == 1, report.stderr
+    drift = json.loads(report.stdout)["drift"]
+    assert {"group-members", "home-owner"} <= {d["kind"] for d in drift}
+    fixed = subprocess.run([AGENT, "--json", "reconcile", "--fix"], capture_output=True, text=True, env=env)
+    assert {d["kind"] for d in json.loads(fixed.stdout)["drift"] if d["fixed"]} >= {"group-members", "home-owner"}
+    assert group_members(sysroot, "lab") == ["alice"]
+    assert os.stat(ctx.adapters.homes.path("alice")).st_mode & 0o777 == 0o700
