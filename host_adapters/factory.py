@@ -28,14 +28,13 @@ def build_quota(config: Config):
     from host_adapters import quota
 
     backend = config.get("volumes", "quota_backend")
-    home_root = config.get("volumes", "home_root")
-    if backend == "btrfs":
-        return quota.BtrfsQuota()
-    if backend == "xfs":
-        return quota.XfsQuota(mount_point=config.get("volumes", "quota_mountpoint") or home_root)
-    if backend == "setquota":
-        return quota.SetQuota(filesystem=config.get("volumes", "quota_mountpoint") or home_root)
-    return quota.NoQuota()
+    mount_point = config.get("volumes", "quota_mountpoint")
+    # An explicit mount point wins; otherwise the filesystem holding home_root.
+    if mount_point and backend == "xfs":
+        return quota.XfsQuota(mount_point=mount_point)
+    if mount_point and backend == "setquota":
+        return quota.SetQuota(filesystem=mount_point)
+    return quota.make_quota_backend(backend, home_root=config.get("volumes", "home_root"))
 
 
 def build_directory(config: Config) -> Directory:

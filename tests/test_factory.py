@@ -1,0 +1,53 @@
+"""The adapter factory turns the config's keys into the right host adapters."""
+
+import pytest
+
+from controller.config import config_from_dict, sandbox_values
+from host_adapters import factory, quota
+from host_adapters.homes import DirectoryHomeVolumes
+from host_adapters.hypervisor import LibvirtHypervisor
+from host_adapters.local_directory import LocalDirectory
+from host_adapters.unix_groups import CommandUnixGroups
+
+
+def config(tmp_path, **sections):
+    values = sandbox_values(str(tmp_path))
+    for section, keys in sections.items():
+        values.setdefault(section, {}).update(keys)
+    return config_from_dict(values)
+
+
+def test_sandbox_builds_real_adapters_without_touching_the_host(tmp_path):
+    adapters = factory.build_adapters(config(tmp_path))
+    assert isinstance(adapters.hypervisor, LibvirtHypervisor)
+    assert isinstance(adapters.homes, DirectoryHomeVolumes)
+    assert isinstance(adapters.groups, CommandUnixGroups)
+    assert isinstance(adapters.directory, LocalDirectory)
+    assert [name for name, _ in adapters.checks()] == ["libvirt", "homes", "groups", "directory"]
+
+
+@pytest.mark.parametrize("backend,cls", [
+    ("none", quota.NoQuota), ("btrfs", quota.BtrfsQuota), ("xfs", quota.XfsQuota), ("setquota", quota.SetQuota),
+])
+def test_quota_backends(tmp_path, backend, cls):
+    built = factory.build_quota(config(tmp_path, volumes={"quota_backend": backend}))
+    assert isinstance(built, cls)
+
+
+def test_quota_mountpoint_overrides_the_derived_one(tmp_path):
+    built = factory.build_quota(config(tmp_path, volumes={"quota_backend": "xfs", "quota_mountpoint": "/srv"}))
+    assert built.mount_point == "/srv"
+    built = factory.build_quota(config(tmp_path, volumes={"quota_backend": "setquota", "quota_mountpoint": "/srv"}))
+    assert built.filesystem == "/srv"
+
+
+def test_ldap_backend_reads_its_section(tmp_path):
+    secret = tmp_path / "bind.pw"
+    secret.write_text("s3cret\n")
+    directory = factory.build_directory(config(tmp_path, directory={
+        "backend": "ldap", "uri": "ldap://127.0.0.1:1/", "base_dn": "dc=example,dc=test",
+        "bind_dn": "cn=admin,dc=example,dc=test", "bind_password_file": str(secret), "uid_min": "30000",
+    }))
+    from host_adapters.ldap_directory import LdapDirectory
+
+    assert isinstance(directory, LdapDirectory)

@@ -1,0 +1,464 @@
+"""Home volumes: one contract run against the fake and the real adapter (no
+quota, a fake quota, btrfs), then what only the real one can show: symlinks,
+mounts, rollback, and a btrfs quota a user really hits."""
+
+import inspect
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+
+from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
+from host_adapters import quota as q
+from host_adapters.homes import DirectoryHomeVolumes, FakeHomeVolumes, HomeInfo, HomeVolumes
+
+GIB = 1 << 30
+UID, GID = 12345, 12345
+
+BTRFS = pytest.param("btrfs", marks=[pytest.mark.real_commands, pytest.mark.integration])
+
+
+@dataclass
+class Setup:
+    volumes: HomeVolumes
+    enforces_limits: bool
+
+
+def _needs_root():
+    if os.geteuid() != 0:
+        pytest.skip("real homes are chowned to another uid: needs root")
+
+
+def _make(kind, request, tmp_path) -> Setup:
+    if kind == "fake":
+        return Setup(FakeHomeVolumes(str(tmp_path / "home")), True)
+    _needs_root()
+    if kind == "btrfs":
+        root = request.getfixturevalue("btrfs_home_root")
+        return Setup(DirectoryHomeVolumes(root, q.BtrfsQuota()), True)
+    root = tmp_path / "home"
+    root.mkdir()
+    if kind == "noquota":
+        return Setup(DirectoryHomeVolumes(str(root), q.NoQuota()), False)
+    return Setup(DirectoryHomeVolumes(str(root), q.FakeQuota()), True)
+
+
+@pytest.fixture(params=["fake", "noquota", "fakequota", BTRFS])
+def setup(request, tmp_path) -> Setup:
+    return _make(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=["noquota", BTRFS])
+def real(request, tmp_path) -> DirectoryHomeVolumes:
+    return _make(request.param, request, tmp_path).volumes
+
+
+# --- signatures ----------------------------------------------------------
+
+
+def _public_methods(cls):
+    return {
+        name: inspect.signature(member)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_")
+    }
+
+
+@pytest.mark.parametrize("impl", [DirectoryHomeVolumes, FakeHomeVolumes])
+def test_public_methods_match_the_interface(impl):
+    interface = _public_methods(HomeVolumes)
+    methods = _public_methods(impl)
+    assert set(methods) == set(interface)
+    for name, signature in interface.items():
+        assert methods[name] == signature, name
+
+
+def test_home_info_gives_the_limit_in_gb():
+    assert HomeInfo(path="/h/a", exists=True, limit_bytes=3 * GIB).limit_gb == 3
+    assert HomeInfo(path="/h/a", exists=True, limit_bytes=GIB // 2).limit_gb == 0.5
+    assert HomeInfo(path="/h/a", exists=False).limit_gb is None
+
+
+# --- the contract ----------------------------------------------------------
+
+
+class TestContract:
+    def test_check_passes(self, setup):
+        setup.volumes.check()
+
+    def test_path_is_under_the_root(self, setup):
+        v = setup.volumes
+        assert v.path("alice") == os.path.join(v.home_root, "alice")
+
+    @pytest.mark.parametrize("name", ["../etc", "a/b", "Alice", "", ".", "-x", "a" * 33, None, 5])
+    def test_bad_names_never_become_paths(self, setup, name):
+        v = setup.volumes
+        with pytest.raises(InvalidInput):
+            v.path(name)
+        with pytest.raises(InvalidInput):
+            v.create(name, uid=UID, gid=GID, size_gb=1)
+        with pytest.raises(InvalidInput):
+            v.delete(name, uid=UID)
+
+    def test_create_then_inspect(self, setup):
+        v = setup.volumes
+        path = v.create("alice", uid=UID, gid=GID + 1, size_gb=2)
+        assert path == v.path("alice")
+        info = v.inspect("alice")
+        assert info.exists and info.is_dir and info.path == path
+        assert (info.uid, info.gid, info.mode) == (UID, GID + 1, 0o700)
+        assert info.limit_gb == (2 if setup.enforces_limits else None)
+        v.delete("alice", uid=UID)
+
+    def test_inspect_says_whether_a_quota_is_expected(self, setup):
+        v = setup.volumes
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        assert v.inspect("alice").quota_expected == setup.enforces_limits
+        v.delete("alice", uid=UID)
+
+    def test_repair_owner(self, setup):
+        v = setup.volumes
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        v.repair_owner("alice", uid=UID + 7, gid=GID + 8)
+        info = v.inspect("alice")
+        assert (info.uid, info.gid, info.mode) == (UID + 7, GID + 8, 0o700)
+        with pytest.raises(InvalidInput):
+            v.repair_owner("alice", uid=-1, gid=GID)
+        v.delete("alice", uid=UID + 7)
+        with pytest.raises(NotFound):
+            v.repair_owner("alice", uid=UID, gid=GID)
+
+    def test_inspect_of_a_missing_home(self, setup):
+        info = setup.volumes.inspect("nobody")
+        assert not info.exists and info.uid is None and info.limit_gb is None
+
+    def test_create_twice_is_a_conflict_and_changes_nothing(self, setup):
+        v = setup.volumes
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        with pytest.raises(Conflict):
+            v.create("alice", uid=UID + 1, gid=GID + 1, size_gb=3)
+        info = v.inspect("alice")
+        assert (info.uid, info.gid) == (UID, GID)
+        assert info.limit_gb == (1 if setup.enforces_limits else None)
+        v.delete("alice", uid=UID)
+
+    @pytest.mark.parametrize("size", [0, -1, True, 1.5, "1", None])
+    def test_bad_sizes(self, setup, size):
+        v = setup.volumes
+        with pytest.raises(InvalidInput):
+            v.create("alice", uid=UID, gid=GID, size_gb=size)
+        assert not v.inspect("alice").exists
+
+    @pytest.mark.parametrize("ids", [(-1, GID), (UID, -1), (True, GID), (UID, "1"), (2**32, GID)])
+    def test_bad_ids(self, setup, ids):
+        v = setup.volumes
+        with pytest.raises(InvalidInput):
+            v.create("alice", uid=ids[0], gid=ids[1], size_gb=1)
+        assert not v.inspect("alice").exists
+
+    def test_resize(self, setup):
+        v = setup.volumes
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        v.resize("alice", uid=UID, size_gb=4)
+        assert v.inspect("alice").limit_gb == (4 if setup.enforces_limits else None)
+        with pytest.raises(InvalidInput):
+            v.resize("alice", uid=UID, size_gb=0)
+        v.delete("alice", uid=UID)
+
+    def test_resize_of_a_missing_home_is_not_found(self, setup):
+        with pytest.raises(NotFound):
+            setup.volumes.resize("nobody", uid=UID, size_gb=2)
+
+    def test_delete_then_delete_again(self, setup):
+        v = setup.volumes
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        v.delete("alice", uid=UID)
+        assert not v.inspect("alice").exists
+        v.delete("alice", uid=UID)
+        v.delete("never-made", uid=UID)
+
+    def test_a_name_can_be_used_again_after_delete(self, setup):
+        v = setup.volumes
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        v.delete("alice", uid=UID)
+        v.create("alice", uid=UID + 1, gid=GID + 1, size_gb=2)
+        info = v.inspect("alice")
+        assert info.uid == UID + 1 and info.limit_gb == (2 if setup.enforces_limits else None)
+        v.delete("alice", uid=UID + 1)
+
+
+# --- the fake's failure switches --------------------------------------------
+
+
+def test_fake_fails_on_demand_and_changes_nothing():
+    fake = FakeHomeVolumes("/srv/home")
+    fake.fail_on["create"] = HostError("disk on fire")
+    with pytest.raises(HostError, match="disk on fire"):
+        fake.create("alice", uid=UID, gid=GID, size_gb=1)
+    assert not fake.inspect("alice").exists
+    del fake.fail_on["create"]
+    fake.create("alice", uid=UID, gid=GID, size_gb=1)
+    fake.fail_on["delete"] = HostError("busy")
+    with pytest.raises(HostError):
+        fake.delete("alice", uid=UID)
+    assert fake.inspect("alice").exists
+    fake.fail_on["check"] = HostUnavailable("gone")
+    with pytest.raises(HostUnavailable):
+        fake.check()
+
+
+# --- real: what the fake cannot show ----------------------------------------
+
+
+def test_delete_never_follows_symlinks_out_of_the_home(real, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious")
+    etc_before = sorted(os.listdir("/etc"))
+    path = real.create("alice", uid=UID, gid=GID, size_gb=1)
+    os.mkdir(os.path.join(path, "deep"))
+    os.symlink("/etc", os.path.join(path, "etc"))
+    os.symlink("/etc/passwd", os.path.join(path, "passwd"))
+    os.symlink(str(outside), os.path.join(path, "deep", "outside"))
+    real.delete("alice", uid=UID)
+    assert not os.path.lexists(path)
+    assert sorted(os.listdir("/etc")) == etc_before
+    assert (outside / "keep").read_text() == "precious"
+
+
+def test_delete_of_a_home_replaced_by_a_symlink_removes_only_the_link(real, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious")
+    path = real.path("alice")
+    os.symlink(str(outside), path)
+    assert real.inspect("alice").exists and not real.inspect("alice").is_dir
+    with pytest.raises(NotFound):
+        real.resize("alice", uid=UID, size_gb=1)
+    real.delete("alice", uid=UID)
+    assert not os.path.lexists(path) and (outside / "keep").exists()
+
+
+def test_delete_of_read_only_content(real):
+    path = real.create("alice", uid=UID, gid=GID, size_gb=1)
+    inner = os.path.join(path, "ro")
+    os.mkdir(inner)
+    with open(os.path.join(inner, "f"), "w") as f:
+        f.write("x")
+    os.chmod(os.path.join(inner, "f"), 0o400)
+    os.chmod(inner, 0o500)
+    os.chmod(path, 0o500)
+    real.delete("alice", uid=UID)
+    assert not os.path.lexists(path)
+
+
+def test_delete_refuses_while_something_is_mounted_inside(real):
+    path = real.create("alice", uid=UID, gid=GID, size_gb=1)
+    mnt = os.path.join(path, "mnt")
+    os.mkdir(mnt)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        with open(os.path.join(mnt, "keep"), "w") as f:
+            f.write("x")
+        with pytest.raises(HostError, match="mount points inside"):
+            real.delete("alice", uid=UID)
+        assert os.path.exists(os.path.join(mnt, "keep"))
+    finally:
+        subprocess.run(["umount", mnt], check=True)
+    real.delete("alice", uid=UID)
+    assert not os.path.lexists(path)
+
+
+def test_check_refuses_a_missing_root(tmp_path):
+    with pytest.raises(HostUnavailable, match="does not exist"):
+        DirectoryHomeVolumes(str(tmp_path / "missing"), q.NoQuota()).check()
+
+
+def test_check_reports_an_unusable_quota_backend(tmp_path):
+    backend = q.FakeQuota()
+    backend.fail_on["check"] = HostError("no quota on this filesystem")
+    with pytest.raises(HostUnavailable, match="no quota on this filesystem"):
+        DirectoryHomeVolumes(str(tmp_path), backend).check()
+
+
+def test_home_root_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert DirectoryHomeVolumes("home", q.NoQuota()).path("a") == str(tmp_path / "home" / "a")
+
+
+@pytest.fixture
+def fake_quota_homes(tmp_path):
+    _needs_root()
+    root = tmp_path / "home"
+    root.mkdir()
+    backend = q.FakeQuota()
+    return DirectoryHomeVolumes(str(root), backend), backend
+
+
+def test_a_failing_quota_leaves_no_directory(fake_quota_homes):
+    volumes, backend = fake_quota_homes
+    backend.fail_on["set_limit"] = HostError("quota refused")
+    with pytest.raises(HostError, match="quota refused"):
+        volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    assert not os.path.lexists(volumes.path("alice"))
+    assert backend.limits == {}
+
+
+def test_a_failing_make_home_leaves_nothing(fake_quota_homes):
+    volumes, backend = fake_quota_homes
+    backend.fail_on["make_home"] = HostError("no subvolume for you")
+    with pytest.raises(HostError):
+        volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    assert not os.path.lexists(volumes.path("alice"))
+
+
+def test_a_failing_cleanup_is_reported_with_the_first_error(fake_quota_homes):
+    volumes, backend = fake_quota_homes
+    backend.fail_on["set_limit"] = HostError("quota refused")
+    backend.fail_on["remove"] = HostError("cannot remove either")
+    with pytest.raises(HostError, match="quota refused") as info:
+        volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    assert any("cannot remove either" in note for note in info.value.__notes__)
+
+
+def test_create_over_an_existing_file_is_a_conflict(fake_quota_homes):
+    volumes, _ = fake_quota_homes
+    with open(volumes.path("alice"), "w") as f:
+        f.write("not a home")
+    with pytest.raises(Conflict):
+        volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    with open(volumes.path("alice")) as f:
+        assert f.read() == "not a home"
+
+
+def test_repair_owner_touches_only_the_home_directory(fake_quota_homes):
+    volumes, _ = fake_quota_homes
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    inner = os.path.join(path, "inner")
+    os.mkdir(inner, 0o755)
+    os.chown(inner, 4242, 4242)
+    os.chmod(path, 0o755)
+    volumes.repair_owner("alice", uid=UID + 1, gid=GID + 1)
+    st = os.stat(path)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (UID + 1, GID + 1, 0o700)
+    assert os.stat(inner).st_uid == 4242
+
+
+def test_repair_owner_refuses_a_symlinked_home(fake_quota_homes, tmp_path):
+    volumes, _ = fake_quota_homes
+    target = tmp_path / "target"
+    target.mkdir()
+    os.symlink(str(target), volumes.path("alice"))
+    with pytest.raises(HostError):
+        volumes.repair_owner("alice", uid=UID, gid=GID)
+    assert os.stat(target).st_uid == 0
+
+
+def test_inspect_reports_what_is_really_there(fake_quota_homes):
+    volumes, _ = fake_quota_homes
+    path = volumes.path("bob")
+    os.mkdir(path, 0o755)
+    os.chmod(path, 0o755)
+    info = volumes.inspect("bob")
+    assert info.exists and info.is_dir and info.mode == 0o755 and info.uid == 0
+    assert info.limit_gb is None
+
+
+# --- btrfs: the quota a user really hits ------------------------------------
+
+
+def _as_user(uid, argv):
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        timeout=300,
+    )
+
+
+def _dd(uid, path, mib):
+    return _as_user(uid, ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"])
+
+
+def _btrfs(*args) -> str:
+    return subprocess.run(["btrfs", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _subvolume_ids(path) -> set[int]:
+    return {int(m) for m in re.findall(r"^ID (\d+) ", _btrfs("subvolume", "list", path), re.MULTILINE)}
+
+
+def _qgroup_ids(path) -> set[str]:
+    return set(q.parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path)))
+
+
+@pytest.fixture
+def btrfs_homes(btrfs_home_root):
+    _needs_root()
+    return DirectoryHomeVolumes(btrfs_home_root, q.BtrfsQuota())
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_quota_stops_the_user_and_resize_lifts_it(btrfs_homes):
+    volumes = btrfs_homes
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    sid = int(_btrfs("inspect-internal", "rootid", path))
+
+    small = _dd(UID, os.path.join(path, "small"), 64)
+    assert small.returncode == 0, small.stderr
+
+    big = _dd(UID, os.path.join(path, "big"), 1536)
+    assert big.returncode != 0, "a 1.5 GiB write fitted in a 1 GiB quota"
+    assert "Disk quota exceeded" in big.stderr or "No space left" in big.stderr, big.stderr
+    assert os.path.getsize(os.path.join(path, "small")) + os.path.getsize(os.path.join(path, "big")) <= GIB
+
+    volumes.resize("alice", uid=UID, size_gb=2)
+    os.sync()  # settle the qgroup numbers of the failed write
+    assert volumes.inspect("alice").limit_gb == 2
+    assert q.parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path))[f"0/{sid}"] == 2 * GIB
+    more = _dd(UID, os.path.join(path, "more"), 256)
+    assert more.returncode == 0, more.stderr
+
+    volumes.delete("alice", uid=UID)
+    assert not os.path.lexists(path)
+    assert sid not in _subvolume_ids(volumes.home_root)
+    assert f"0/{sid}" not in _qgroup_ids(volumes.home_root)
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_delete_with_nested_and_read_only_subvolumes(btrfs_homes):
+    volumes = btrfs_homes
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    # All of this a user may do to their own home without privileges.
+    for argv in (
+        ["btrfs", "subvolume", "create", f"{path}/nested"],
+        ["mkdir", f"{path}/nested/dir"],
+        ["btrfs", "subvolume", "snapshot", "-r", f"{path}/nested", f"{path}/nested/dir/ro-snap"],
+        ["btrfs", "subvolume", "create", f"{path}/nested/dir/odd\nID 5 name"],
+        ["btrfs", "subvolume", "create", f"{path}/nested/inner"],
+        ["ln", "-s", "/etc", f"{path}/nested/inner/etc"],
+        ["btrfs", "property", "set", f"{path}/nested", "ro", "true"],
+        ["btrfs", "property", "set", path, "ro", "true"],
+    ):
+        proc = _as_user(UID, argv)
+        assert proc.returncode == 0, (argv, proc.stderr)
+    ours = {
+        int(_btrfs("inspect-internal", "rootid", p))
+        for p in (path, f"{path}/nested", f"{path}/nested/dir/ro-snap", f"{path}/nested/inner",
+                  f"{path}/nested/dir/odd\nID 5 name")
+    }
+    assert len(ours) == 5 and ours <= _subvolume_ids(path)
+
+    volumes.delete("alice", uid=UID)
+
+    assert not os.path.lexists(path)
+    assert os.path.exists("/etc/passwd")
+    assert not ours & _subvolume_ids(volumes.home_root)
+    assert not {f"0/{sid}" for sid in ours} & _qgroup_ids(volumes.home_root)

@@ -1,0 +1,453 @@
+"""Quota backends: exact argv for xfs and setquota (this kernel has no XFS/ext4
+quota), the parsers, FakeQuota, the config factory, and btrfs for real."""
+
+import inspect
+import os
+import subprocess
+
+import pytest
+
+from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
+from host_adapters import quota as q
+from host_adapters import subp
+
+GIB = 1 << 30
+
+
+class Runner:
+    """Stands in for subprocess.run: records argv, answers from a script of (rc, stdout, stderr)."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+        self.answers: dict[tuple[str, ...], tuple[int, str, str]] = {}
+
+    def answer(self, argv, *, rc=0, stdout="", stderr="", then=False):
+        """Answer argv so from now on; with then=True, so after the answers already given."""
+        queue = self.answers.setdefault(tuple(argv), [])
+        if not then:
+            queue.clear()
+        queue.append((rc, stdout, stderr))
+
+    def __call__(self, argv, **kwargs):
+        self.calls.append(list(argv))
+        queue = self.answers.get(tuple(argv)) or [(0, "", "")]
+        rc, out, err = queue.pop(0) if len(queue) > 1 else queue[0]
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    r = Runner()
+    monkeypatch.setattr(subp, "_run", r)
+    return r
+
+
+# --- signatures ----------------------------------------------------------
+
+
+def _public_methods(cls):
+    return {
+        name: inspect.signature(member)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_")
+    }
+
+
+@pytest.mark.parametrize("impl", [q.NoQuota, q.FakeQuota, q.BtrfsQuota, q.XfsQuota, q.SetQuota])
+def test_backend_public_methods_match_the_interface(impl):
+    interface = _public_methods(q.QuotaBackend)
+    methods = _public_methods(impl)
+    extra = {"project_id"} if impl is q.XfsQuota else set()
+    assert set(methods) - extra == set(interface)
+    for name, signature in interface.items():
+        assert methods[name] == signature, name
+
+
+# --- config factory --------------------------------------------------------
+
+
+def test_make_quota_backend_maps_each_config_value(tmp_path):
+    assert isinstance(q.make_quota_backend("none", home_root=str(tmp_path)), q.NoQuota)
+    assert isinstance(q.make_quota_backend("btrfs", home_root=str(tmp_path)), q.BtrfsQuota)
+    xfs = q.make_quota_backend("xfs", home_root=str(tmp_path / "not-yet"))
+    assert isinstance(xfs, q.XfsQuota)
+    assert xfs.mount_point == q.find_mount_point(str(tmp_path))
+    setq = q.make_quota_backend("setquota", home_root=str(tmp_path))
+    assert isinstance(setq, q.SetQuota) and setq.filesystem == q.find_mount_point(str(tmp_path))
+    with pytest.raises(InvalidInput, match="quota_backend"):
+        q.make_quota_backend("zfs", home_root=str(tmp_path))
+
+
+def test_find_mount_point_walks_up_to_a_mount():
+    assert q.find_mount_point("/proc/self/no/such/dir") == "/proc"
+    assert q.find_mount_point("/") == "/"
+
+
+# --- XfsQuota: exact argv --------------------------------------------------
+
+
+def _xfs(command, mount="/srv"):
+    return ["xfs_quota", "-x", "-c", command, mount]
+
+
+def test_xfs_make_home_sets_up_the_project_of_the_uid(runner, tmp_path):
+    backend = q.XfsQuota(mount_point=str(tmp_path))
+    home = str(tmp_path / "alice")
+    backend.make_home(home, uid=12345)
+    assert runner.calls == [_xfs(f"project -s -p {home} 12345", str(tmp_path))]
+    assert oct(os.stat(home).st_mode & 0o777) == "0o700"
+
+
+def test_xfs_make_home_removes_the_directory_when_the_project_fails(runner, tmp_path):
+    backend = q.XfsQuota(mount_point=str(tmp_path))
+    home = str(tmp_path / "alice")
+    # xfs_quota reports this on stderr and still exits 0.
+    runner.answer(
+        _xfs(f"project -s -p {home} 12345", str(tmp_path)),
+        stderr="xfs_quota: cannot setup path for project dir /x: Invalid argument\n",
+    )
+    with pytest.raises(CommandError):
+        backend.make_home(home, uid=12345)
+    assert not os.path.lexists(home)
+
+
+def test_xfs_set_limit_and_offset(runner):
+    q.XfsQuota(mount_point="/srv").set_limit("/srv/home/alice", uid=12345, size_gb=5)
+    q.XfsQuota(mount_point="/srv", project_id_offset=1000000).set_limit("/srv/home/alice", uid=7, size_gb=1)
+    assert runner.calls == [_xfs("limit -p bhard=5g 12345"), _xfs("limit -p bhard=1g 1000007")]
+
+
+def test_xfs_get_limit_reads_kib(runner):
+    backend = q.XfsQuota(mount_point="/srv")
+    runner.answer(
+        _xfs("quota -p -N -n -v -b 12345"),
+        stdout="/dev/sdb1                   4    5242880    5242880   00 [--------] /srv\n",
+    )
+    assert backend.get_limit("/srv/home/alice", uid=12345) == 5 * GIB
+    assert runner.calls == [_xfs("quota -p -N -n -v -b 12345")]
+
+
+def test_xfs_get_limit_of_a_wrapped_line_and_of_no_limit(runner):
+    backend = q.XfsQuota(mount_point="/srv")
+    runner.answer(
+        _xfs("quota -p -N -n -v -b 1"),
+        stdout="/dev/mapper/very-long-volume-name\n                    0          0    1048576   00 [------] /srv\n",
+    )
+    runner.answer(_xfs("quota -p -N -n -v -b 2"), stdout="/dev/sdb1  0  0  0  00 [------] /srv\n")
+    assert backend.get_limit("/srv/home/a", uid=1) == GIB
+    assert backend.get_limit("/srv/home/b", uid=2) is None
+    assert backend.get_limit("/srv/home/c", uid=3) is None  # no output at all
+
+
+def test_xfs_remove_deletes_the_tree_then_clears_the_limit(runner, tmp_path):
+    backend = q.XfsQuota(mount_point=str(tmp_path))
+    home = tmp_path / "alice"
+    (home / "sub").mkdir(parents=True)
+    backend.remove(str(home), uid=12345)
+    assert not home.exists()
+    assert runner.calls == [_xfs("limit -p bhard=0 12345", str(tmp_path))]
+    backend.remove(str(home), uid=12345)  # already gone: still fine
+
+
+def test_xfs_check(runner):
+    backend = q.XfsQuota(mount_point="/srv")
+    state = "Project quota state on /srv (/dev/sdb1)\n  Accounting: ON\n  Enforcement: {}\n"
+    runner.answer(_xfs("state -p"), stdout=state.format("ON"))
+    backend.check("/srv/home")
+    assert runner.calls == [_xfs("state -p")]
+    runner.answer(_xfs("state -p"), stdout=state.format("OFF"))
+    with pytest.raises(HostUnavailable, match="prjquota"):
+        backend.check("/srv/home")
+    with pytest.raises(HostUnavailable, match="not on the xfs"):
+        backend.check("/elsewhere")
+
+
+def test_xfs_refuses_paths_xfs_quota_would_split(runner):
+    backend = q.XfsQuota(mount_point="/srv")
+    with pytest.raises(HostUnavailable):
+        backend.check("/srv/my homes")
+    with pytest.raises(HostError):
+        backend.make_home("/srv/it's", uid=1)
+    assert runner.calls == []
+
+
+@pytest.mark.parametrize("uid", [-1, True, "12", 4294967295])
+def test_xfs_refuses_bad_uids(runner, uid):
+    with pytest.raises(InvalidInput):
+        q.XfsQuota(mount_point="/srv").set_limit("/srv/a", uid=uid, size_gb=1)
+    assert runner.calls == []
+
+
+def test_xfs_refuses_project_zero(runner):
+    with pytest.raises(InvalidInput, match="project id 0"):
+        q.XfsQuota(mount_point="/srv").set_limit("/srv/a", uid=0, size_gb=1)
+
+
+# --- SetQuota: exact argv --------------------------------------------------
+
+
+def test_setquota_set_limit_in_kib(runner):
+    backend = q.SetQuota(filesystem="/home")
+    backend.set_limit("/home/alice", uid=12345, size_gb=1)
+    backend.set_limit("/home/alice", uid=12345, size_gb=10)
+    assert runner.calls == [
+        ["setquota", "-u", "12345", "0", "1048576", "0", "0", "/home"],
+        ["setquota", "-u", "12345", "0", "10485760", "0", "0", "/home"],
+    ]
+
+
+def test_setquota_remove_deletes_the_tree_and_zeroes_the_limits(runner, tmp_path):
+    backend = q.SetQuota(filesystem="/home")
+    home = tmp_path / "alice"
+    home.mkdir()
+    (home / "f").write_text("x")
+    backend.remove(str(home), uid=12345)
+    assert not home.exists()
+    assert runner.calls == [["setquota", "-u", "12345", "0", "0", "0", "0", "/home"]]
+
+
+QUOTA_ARGV = ["quota", "-u", "-v", "-w", "-p", "--filesystem=/home", "12345"]
+
+
+def test_setquota_get_limit(runner):
+    backend = q.SetQuota(filesystem="/home")
+    runner.answer(
+        QUOTA_ARGV,
+        stdout=(
+            "Disk quotas for user #12345 (uid 12345): \n"
+            "     Filesystem  blocks   quota   limit   grace   files   quota   limit   grace\n"
+            "      /dev/sda2      12       0 2097152       0       3       0       0       0\n"
+        ),
+    )
+    assert backend.get_limit("/home/alice", uid=12345) == 2 * GIB
+    assert runner.calls == [QUOTA_ARGV]
+
+
+def test_setquota_get_limit_when_over_or_none(runner):
+    backend = q.SetQuota(filesystem="/home")
+    over = (
+        "Disk quotas for user #12345 (uid 12345): \n"
+        "     Filesystem  blocks   quota   limit   grace   files   quota   limit   grace\n"
+        "      /dev/sda2 1048577*      0 1048576       0       3       0       0       0\n"
+    )
+    runner.answer(QUOTA_ARGV, rc=1, stdout=over)  # quota exits 1 when over a limit
+    assert backend.get_limit("/home/alice", uid=12345) == GIB
+    runner.answer(QUOTA_ARGV, stdout="Disk quotas for user #12345 (uid 12345): none\n")
+    assert backend.get_limit("/home/alice", uid=12345) is None
+
+
+def test_setquota_check(runner):
+    backend = q.SetQuota(filesystem="/home")
+    argv = ["quotaon", "-p", "-u", "/home"]
+    runner.answer(argv, rc=1, stdout="user quota on /home (/dev/sda2) is on\n")
+    backend.check("/home")
+    runner.answer(argv, rc=0, stdout="user quota on /home (/dev/sda2) is off\n")
+    with pytest.raises(HostUnavailable, match="user quota is off"):
+        backend.check("/home")
+    assert runner.calls == [argv, argv]
+
+
+def test_setquota_make_home_runs_nothing(runner, tmp_path):
+    q.SetQuota(filesystem=str(tmp_path)).make_home(str(tmp_path / "a"), uid=5)
+    assert (tmp_path / "a").is_dir() and runner.calls == []
+
+
+# --- btrfs parsers and the checks made before any command -----------------
+
+
+QGROUPS = """\
+Qgroupid    Referenced    Exclusive  Max referenced  Max exclusive   Path 
+--------    ----------    ---------  --------------  -------------   ---- 
+0/5              16384        16384            none           none   <toplevel>
+0/256       1073725440   1073725440      1073741824           none   homes/alice
+0/258            16384        16384            none           none   homes/alice/my dir
+"""
+
+
+def test_parse_qgroups():
+    assert q.parse_qgroups(QGROUPS) == {"0/5": None, "0/256": GIB, "0/258": None}
+
+
+def test_parse_qgroups_refuses_a_forged_row():
+    # A directory named "x\n0/256 0 0 none none" would print this.
+    forged = QGROUPS + "0/256 0 0 none none\n"
+    with pytest.raises(HostError, match="twice"):
+        q.parse_qgroups(forged)
+
+
+def test_btrfs_destroys_qgroups_the_kernel_left_behind(runner):
+    show = ["btrfs", "qgroup", "show", "-re", "--raw", "/mnt/homes"]
+    before = "0/5 16384 16384 none none <toplevel>\n0/300 0 0 1073741824 none <stale>\n"
+    runner.answer(show, stdout=before)
+    runner.answer(show, stdout="0/5 16384 16384 none none <toplevel>\n", then=True)
+    q.BtrfsQuota()._destroy_qgroups("/mnt/homes", [300, 301])
+    assert runner.calls == [
+        show,
+        ["btrfs", "filesystem", "sync", "/mnt/homes"],
+        ["btrfs", "qgroup", "destroy", "0/300", "/mnt/homes"],
+        show,
+    ]
+
+
+def test_btrfs_reports_a_qgroup_that_will_not_go(runner):
+    show = ["btrfs", "qgroup", "show", "-re", "--raw", "/mnt/homes"]
+    runner.answer(show, stdout="0/300 16384 16384 1073741824 none <stale>\n")
+    runner.answer(["btrfs", "qgroup", "destroy", "0/300", "/mnt/homes"], rc=1, stderr="ERROR: Device or resource busy")
+    with pytest.raises(HostError, match="0/300 remain"):
+        q.BtrfsQuota()._destroy_qgroups("/mnt/homes", [300])
+
+
+def test_btrfs_with_quotas_disabled_has_no_qgroups_to_destroy(runner):
+    show = ["btrfs", "qgroup", "show", "-re", "--raw", "/mnt/homes"]
+    runner.answer(show, rc=1, stderr="ERROR: can't list qgroups: quotas not enabled\n")
+    q.BtrfsQuota()._destroy_qgroups("/mnt/homes", [300])
+    assert runner.calls == [show]
+
+
+def test_btrfs_set_limit_refuses_a_plain_directory(runner, tmp_path):
+    # A qgroup limit on a plain directory would land on the whole parent subvolume.
+    with pytest.raises(HostError, match="not a btrfs subvolume"):
+        q.BtrfsQuota().set_limit(str(tmp_path), uid=1, size_gb=1)
+    assert runner.calls == []
+
+
+def test_btrfs_remove_of_a_plain_directory_removes_the_tree(runner, tmp_path):
+    home = tmp_path / "alice"
+    (home / "d").mkdir(parents=True)
+    q.BtrfsQuota().remove(str(home), uid=1)
+    assert not home.exists() and runner.calls == []
+
+
+def test_btrfs_check_maps_a_failure_to_unavailable(runner):
+    argv = ["btrfs", "filesystem", "df", "/srv/home"]
+    runner.answer(argv, rc=1, stderr="ERROR: not a btrfs filesystem: /srv/home\n")
+    with pytest.raises(HostUnavailable, match="not on a usable btrfs"):
+        q.BtrfsQuota().check("/srv/home")
+    assert runner.calls == [argv]
+
+
+# --- NoQuota and FakeQuota -------------------------------------------------
+
+
+def test_noquota_makes_and_removes_plain_directories(tmp_path):
+    backend = q.NoQuota()
+    home = str(tmp_path / "alice")
+    backend.make_home(home, uid=12345)
+    assert os.path.isdir(home) and os.stat(home).st_mode & 0o777 == 0o700
+    with pytest.raises(Conflict):
+        backend.make_home(home, uid=12345)
+    backend.set_limit(home, uid=12345, size_gb=3)
+    assert backend.get_limit(home, uid=12345) is None
+    backend.remove(home, uid=12345)
+    backend.remove(home, uid=12345)
+    assert not os.path.lexists(home)
+
+
+def test_make_home_in_a_missing_root_is_a_host_error(tmp_path):
+    with pytest.raises(HostError, match="No such file"):
+        q.NoQuota().make_home(str(tmp_path / "missing" / "alice"), uid=1)
+
+
+def test_remove_tree_does_not_follow_symlinks(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious")
+    home = tmp_path / "home"
+    (home / "d").mkdir(parents=True)
+    (home / "d" / "to-outside").symlink_to(outside)
+    (home / "to-etc").symlink_to("/etc")
+    (home / "to-file").symlink_to(outside / "keep")
+    q.remove_tree(str(home))
+    assert not os.path.lexists(home)
+    assert (outside / "keep").read_text() == "precious"
+    assert os.path.exists("/etc/passwd")
+
+
+def test_remove_tree_of_a_symlink_removes_only_the_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    link = tmp_path / "home"
+    link.symlink_to(outside)
+    q.remove_tree(str(link))
+    assert not os.path.lexists(link) and (outside / "keep").exists()
+
+
+def test_mounts_below_reads_mountinfo():
+    assert "/proc" in q.mounts_below("/proc")
+    assert q.mounts_below("/proc/self/no-such-dir") == []
+
+
+def test_fake_quota_keeps_limits_and_fails_on_demand(tmp_path):
+    fake = q.FakeQuota()
+    home = str(tmp_path / "alice")
+    fake.make_home(home, uid=1)
+    fake.set_limit(home, uid=1, size_gb=2)
+    assert fake.get_limit(home, uid=1) == 2 * GIB
+    fake.fail_on["set_limit"] = HostError("boom")
+    with pytest.raises(HostError, match="boom"):
+        fake.set_limit(home, uid=1, size_gb=3)
+    assert fake.get_limit(home, uid=1) == 2 * GIB
+    with pytest.raises(InvalidInput):
+        fake.set_limit(home, uid=1, size_gb=0)
+    fake.remove(home, uid=1)
+    assert fake.get_limit(home, uid=1) is None and not os.path.exists(home)
+
+
+# --- BtrfsQuota for real ---------------------------------------------------
+
+
+def btrfs(*args) -> str:
+    proc = subprocess.run(["btrfs", *args], capture_output=True, text=True, check=True)
+    return proc.stdout
+
+
+def qgroups(path) -> dict:
+    return q.parse_qgroups(btrfs("qgroup", "show", "-re", "--raw", path))
+
+
+def subvolume_id(path) -> int:
+    return int(btrfs("inspect-internal", "rootid", path))
+
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_backend_lifecycle(btrfs_home_root):
+    backend = q.BtrfsQuota()
+    backend.check(btrfs_home_root)
+    home = os.path.join(btrfs_home_root, "alice")
+    backend.make_home(home, uid=12345)
+    assert os.stat(home).st_ino == 256  # a subvolume root
+    assert os.stat(home).st_mode & 0o777 == 0o700
+    sid = subvolume_id(home)
+    backend.set_limit(home, uid=12345, size_gb=3)
+    assert backend.get_limit(home, uid=12345) == 3 * GIB
+    assert qgroups(home)[f"0/{sid}"] == 3 * GIB
+    with pytest.raises(Conflict):
+        backend.make_home(home, uid=12345)
+    backend.remove(home, uid=12345)
+    assert not os.path.lexists(home)
+    assert f"0/{sid}" not in qgroups(btrfs_home_root)
+    assert backend.get_limit(home, uid=12345) is None
+    backend.remove(home, uid=12345)
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_backend_enables_quotas_when_needed(btrfs_home_root):
+    btrfs("quota", "disable", btrfs_home_root)
+    backend = q.BtrfsQuota()
+    home = os.path.join(btrfs_home_root, "bob")
+    backend.make_home(home, uid=12346)
+    assert backend.get_limit(home, uid=12346) is None  # quotas are off
+    backend.set_limit(home, uid=12346, size_gb=1)
+    assert backend.get_limit(home, uid=12346) == GIB
+    backend.remove(home, uid=12346)
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_check_refuses_a_non_btrfs_root(tmp_path):
+    with pytest.raises(HostUnavailable, match="btrfs"):
+        q.BtrfsQuota().check(str(tmp_path))
