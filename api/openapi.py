@@ -2,10 +2,14 @@
 
 from api import schemas
 
-_AUTH_HEADERS = [
-    {"name": "X-Auth-Token", "in": "header", "required": True, "schema": {"type": "string"}},
-    {"name": "X-Auth-Cloudauth-Id", "in": "header", "required": True, "schema": {"type": "string", "format": "uuid"}},
-]
+# Both headers go on every authenticated request; they are security schemes so that
+# clients and tools treat them as credentials, not as ordinary parameters.
+_AUTH_HEADERS: list = []
+_SECURITY_SCHEMES = {
+    "token": {"type": "apiKey", "in": "header", "name": "X-Auth-Token"},
+    "cloudauthId": {"type": "apiKey", "in": "header", "name": "X-Auth-Cloudauth-Id"},
+}
+_PUBLIC = {"security": []}
 
 
 def _user_envelope(data_schema: dict | None) -> dict:
@@ -45,9 +49,16 @@ def _controller_errors(*codes: int) -> dict:
     return {str(c): error for c in codes}
 
 
+def _nullable(schema: dict) -> dict:
+    # JSON null counts as an absent parameter.
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 def _user_op(summary: str, *, params: dict, data: dict | None, errors=(400, 401, 403, 404)) -> dict:
     """A user-interface operation; params are sent as query (GET) or as a JSON/form body (POST)."""
-    body_schema = {"type": "object", "properties": params}
+    body_schema = {"type": "object", "properties": {k: _nullable(v) for k, v in params.items()}}
+    # Any call may also fail on a bad body (400), a big one (413), a foreign content type (415).
+    errors = tuple(sorted(set(errors) | {400, 401, 413, 415}))
     return {
         "summary": summary,
         "parameters": list(_AUTH_HEADERS),
@@ -99,6 +110,7 @@ def _user_paths() -> dict:
     return {
         "/v1/auth/token": {
             "post": {
+                **_PUBLIC,
                 "summary": "Issue a token from an API key and secret, or an email and password",
                 "requestBody": {
                     "required": True,
@@ -154,7 +166,7 @@ def _user_paths() -> dict:
             userid,
         ),
         "/v1/user/delete/{email}": post_only(
-            "Delete a user (superuser)", {}, None, [_path("email")], errors=(401, 403, 404, 409)
+            "Delete a user (superuser)", {}, None, [_path("email")], errors=(400, 401, 403, 404, 409)
         ),
     }
 
@@ -173,6 +185,7 @@ def openapi_document(*, controller: bool = True) -> dict:
     paths = {
         "/healthz": {
             "get": {
+                **_PUBLIC,
                 "summary": "Health of the database and host adapters",
                 "responses": {"200": {"description": "healthy"}, "503": {"description": "a check failed"}},
             }
@@ -185,4 +198,6 @@ def openapi_document(*, controller: bool = True) -> dict:
         "openapi": "3.1.0",
         "info": {"title": "Cloud controller and cloud auth user interface", "version": "1"},
         "paths": paths,
+        "components": {"securitySchemes": _SECURITY_SCHEMES},
+        "security": [{"token": [], "cloudauthId": []}],
     }

@@ -37,14 +37,23 @@ USER_OBJECT = {
     },
 }
 
+_NON_EMPTY = {"type": "string", "minLength": 1}
+
 TOKEN_REQUEST = {
-    "type": "object",
-    "properties": {
-        "api_key": {"type": "string"},
-        "api_secret": {"type": "string"},
-        "email": {"type": "string"},
-        "password": {"type": "string"},
-    },
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["api_key", "api_secret"],
+            "properties": {"api_key": _NON_EMPTY, "api_secret": _NON_EMPTY},
+            "not": {"anyOf": [{"required": ["email"]}, {"required": ["password"]}]},
+        },
+        {
+            "type": "object",
+            "required": ["email", "password"],
+            "properties": {"email": _NON_EMPTY, "password": _NON_EMPTY},
+            "not": {"anyOf": [{"required": ["api_key"]}, {"required": ["api_secret"]}]},
+        },
+    ]
 }
 
 TOKEN_DATA = {
