@@ -5,12 +5,13 @@ import getpass
 import json
 import sqlite3
 import sys
+from pathlib import Path
 
 import click
 
 from controller.config import default_config_path, load_config
 from controller.context import Context, build_context
-from controller.errors import ControllerError
+from controller.errors import ControllerError, InvalidInput
 
 
 class Options:
@@ -18,6 +19,7 @@ class Options:
         self.config_path = config_path
         self.as_json = as_json
         self._ctx: Context | None = None
+        self.emitted = None  # the document the command printed (names a new object for the audit)
 
     @property
     def path(self) -> str:
@@ -26,16 +28,26 @@ class Options:
     def config(self):
         return load_config(self.path)
 
-    def context(self, *, adapters: bool = False) -> Context:
-        """The service context; host adapters only for the commands that change the host."""
+    def context(self, *, adapters: bool = False, require_database: bool = True) -> Context:
+        """The service context; host adapters only for the commands that change the host.
+
+        Unless told otherwise, the database must be one `cloud-agent init` made:
+        SQLite would silently create an empty file, and sqlite-utils tables in it.
+        """
         if self._ctx is None:
             config = self.config()
+            path = config.database_path
+            if require_database and not Path(path).is_file():
+                raise InvalidInput(f"database {path} does not exist: run `cloud-agent init`")
             built = None
             if adapters:
                 from host_adapters.factory import build_adapters
 
                 built = build_adapters(config)
-            self._ctx = build_context(config, adapters=built)
+            ctx = build_context(config, adapters=built)
+            if require_database:
+                ctx.store.ping()
+            self._ctx = ctx
         return self._ctx
 
 
@@ -56,13 +68,18 @@ def command_options(fn):
         except ControllerError as e:
             _audit(opts, command, kwargs, f"error: {e.message}")
             fail(opts, e.message)
-        _audit(opts, command, kwargs, "ok")
-        return result
         except sqlite3.Error as e:
-            # Most often a database that `cloud-agent init` has not created or migrated.
+            # Most often a database that `cloud-agent init` has not created or migrated
+            # (so no audit row either).
             fail(opts, f"database error: {e} (has `cloud-agent init` been run?)")
         except OSError as e:
             fail(opts, f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+        except SystemExit as e:
+            # A command that acted and then exits non-zero (reconcile --fix with drift left).
+            _audit(opts, command, kwargs, "ok" if e.code in (0, None) else f"exit {e.code}")
+            raise
+        _audit(opts, command, kwargs, "ok")
+        return result
 
     return wrapper
 
@@ -82,6 +99,9 @@ def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
     # Arguments are kept for the record, but never a password or secret.
     shown = {k: v for k, v in kwargs.items() if v not in (None, False) and "password" not in k and "secret" not in k}
     target = next((str(shown.pop(k)) for k in ("email", "image_id", "volume_id") if k in shown), "")
+    if not target and isinstance(opts.emitted, dict):
+        # A command that creates something (image add, flavor add) names it in its output.
+        target = str(opts.emitted.get("id", ""))
     audit.record(
         ctx.store,
         actor=f"cloud-agent:{getpass.getuser()}",
@@ -101,6 +121,7 @@ def fail(opts: Options, message: str, code: int = 1):
 
 def emit(opts: Options, document, human: str | None = None) -> None:
     """Print the command's result: the JSON document with --json, else a human line."""
+    opts.emitted = document
     if opts.as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
     elif human is not None:

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, emit
+from agent.common import Options, command_options, emit, fail
 from controller import accounts, images, volumes
 from controller.users import account_object
 
@@ -44,13 +44,16 @@ def account_disable(opts: Options, email, yes):
 
 
 def confirm(opts: Options, yes: bool, question: str) -> None:
-    """Destructive commands ask on a terminal; elsewhere they need --yes."""
+    """Destructive commands ask on a terminal; elsewhere they need --yes.
+
+    Refusals go through fail() so that --json still prints one document.
+    """
     if yes:
         return
     if not sys.stdin.isatty():
-        raise click.UsageError("not on a terminal: add --yes to confirm")
+        fail(opts, "not on a terminal: add --yes to confirm", code=2)
     if not click.confirm(question, default=False, err=True):
-        raise click.Abort()
+        fail(opts, "aborted: nothing was changed")
 
 
 # -- image ----------------------------------------------------------------------------

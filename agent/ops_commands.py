@@ -1,5 +1,6 @@
 """cloud-agent reconcile / backup / check / audit: keeping a deployment healthy."""
 
+import os
 import sqlite3
 import sys
 from datetime import datetime, timedelta, timezone
@@ -61,21 +62,31 @@ def backup(opts: Options, dest):
 
     Example: cloud-agent backup /var/backups/cloud-controller/controller-$(date +%F).db
     """
-    if Path(dest).exists():
-        raise InvalidInput(f"{dest} exists; refusing to overwrite a backup")
-    store = Store(opts.config().database_path)
+    source = opts.config().database_path
+    if not Path(source).is_file():
+        raise InvalidInput(f"database {source} does not exist: run `cloud-agent init`")
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
     try:
-        store.backup(dest)
-    finally:
-        store.close()
-    check = sqlite3.connect(dest)
+        # Exclusive, and private from the first byte: the copy holds password hashes.
+        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise InvalidInput(f"{dest} exists; refusing to overwrite a backup") from None
     try:
-        result = check.execute("PRAGMA integrity_check").fetchone()[0]
-    finally:
-        check.close()
-    if result != "ok":
-        fail(opts, f"backup {dest} failed its integrity check: {result}")
-    Path(dest).chmod(0o600)
+        store = Store(source)
+        try:
+            store.backup(dest)
+        finally:
+            store.close()
+        check = sqlite3.connect(dest)
+        try:
+            result = check.execute("PRAGMA integrity_check").fetchone()[0]
+        finally:
+            check.close()
+        if result != "ok":
+            fail(opts, f"backup {dest} failed its integrity check: {result}")
+    except BaseException:
+        Path(dest).unlink(missing_ok=True)
+        raise
     emit(opts, {"backup": str(Path(dest).resolve())}, f"backup written to {dest}")
 
 
@@ -86,7 +97,7 @@ def check(opts: Options):
 
     Example: cloud-agent check
     """
-    checks = run_checks(opts.context(adapters=True))
+    checks = run_checks(opts.context(adapters=True, require_database=False))
     ok = all(c["ok"] for c in checks)
     lines = [f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}" + (f": {c['detail']}" if c["detail"] else "")
              for c in checks]
@@ -115,7 +126,7 @@ def _since(value: str | None) -> str | None:
 @click.command("audit")
 @click.option("--since", default=None, help="From this time (RFC 3339) or span back (30m, 12h, 7d).")
 @click.option("--user", default=None, help="Only this actor: a user id, an email, or cloud-agent:NAME.")
-@click.option("--limit", type=int, default=1000, show_default=True)
+@click.option("--limit", type=int, default=1000, show_default=True, help="At most this many rows, oldest first.")
 @command_options
 def audit(opts: Options, since, user, limit):
     """List audit rows: who did what to which target, the result and the time.

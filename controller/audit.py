@@ -18,9 +18,9 @@ def record(store: Store, *, actor: str, action: str, target: str = "", result: s
             {"at_utc": utc_now(), "actor": actor, "action": action, "target": target, "result": result,
              "detail": detail[:500]}
         )
-    except sqlite3.Error:
+    except sqlite3.Error as e:
         # The action itself already happened; losing its audit row must not turn it into an error.
-        log.exception("could not write the audit row for %s %s", action, target)
+        log.error("could not write the audit row for %s %s: %s", action, target, e)
 
 
 def list_entries(store: Store, *, since: str | None = None, actor: str | None = None, limit: int = 1000) -> list[dict]:

@@ -4,6 +4,7 @@ import sqlite3
 
 from controller.context import Context
 from controller.errors import ControllerError
+from controller.security import SecretBox
 
 
 def run_checks(ctx: Context) -> list[dict]:
@@ -18,7 +19,9 @@ def run_checks(ctx: Context) -> list[dict]:
             results.append({"name": name, "ok": False, "detail": getattr(e, "message", None) or str(e)})
 
     record("database", ctx.store.ping)
-    record("secret_key", lambda: ctx.secret_box)
+    # Read the key file anew: a key deleted under a running service must show here,
+    # not only at the next restart.
+    record("secret_key", lambda: SecretBox(ctx.config.get("auth", "secret_key_file")))
     if ctx.adapters is not None:
         for name, check in ctx.adapters.checks():
             record(name, check)
