@@ -1,5 +1,7 @@
 """Server-instances: VMs built from an image and a flavor, with the homes of their users mounted."""
 
+import logging
+
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, HostError, InvalidInput, NotFound
@@ -7,6 +9,8 @@ from controller.images import get_flavor_row
 from controller.permissions import Requester
 from controller.rules import is_uuid, new_id
 from controller.store import utc_now
+
+log = logging.getLogger(__name__)
 
 
 def instance_object(row: dict) -> dict:
@@ -255,13 +259,17 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
 
 
 def refresh_shares_of_account(ctx: Context, account_uuid: str) -> None:
-    """Re-apply the shares of every instance the account can access (its volume came or went)."""
+    """Re-apply the shares of every instance the account can access (its volume came or went).
+
+    The volume change this follows has happened and stays; a share that cannot be
+    updated now is logged, and `cloud-agent reconcile` reports and repairs it.
+    """
     for instance_id in ctx.store.instances_with_account(account_uuid):
         users = ctx.store.instance_users([instance_id]).get(instance_id, [])
         try:
             ctx.adapters.hypervisor.set_shares(instance_id, expected_shares(ctx, users))
-        except NotFound:
-            continue  # the domain is gone; reconcile reports it
+        except (NotFound, HostError) as e:
+            log.warning("shares of instance %s not updated (reconcile will): %s", instance_id, e.message)
 
 
 def drop_account_everywhere(ctx: Context, account: dict) -> None:

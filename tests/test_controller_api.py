@@ -507,3 +507,18 @@ def test_sandbox_makes_a_missing_base_disk_on_first_use(client, cctx, adapters, 
     assert cctx.config.is_sandbox
     ok(boot(client, people["owner"], catalog), 201)
     assert catalog["public"]["id"] in adapters.hypervisor.list_base_images()
+
+
+def test_volume_survives_a_share_update_failure(client, cctx, adapters, people, catalog):
+    give_volume(client, people["owner"])
+    [inst] = ok(boot(client, people["owner"], catalog, users=[people["accounts"]["managed"]["uuid"]]), 201)
+    adapters.hypervisor.fail_on["set_shares"] = HostError("libvirt busy")
+    vol = give_volume(client, people["managed"])  # 201 although the share could not be added yet
+    assert cctx.store.volume_of_user(people["managed"].id)["id"] == vol["volume-id"]
+    assert adapters.homes.inspect("managed").exists
+    assert {s.tag for s in adapters.hypervisor.describe(inst["id"]).shares} == {"owner"}
+    del adapters.hypervisor.fail_on["set_shares"]
+    from controller.reconcile import reconcile
+
+    assert [d["kind"] for d in reconcile(cctx, fix=True)] == ["domain-shares"]
+    assert {s.tag for s in adapters.hypervisor.describe(inst["id"]).shares} == {"owner", "managed"}
