@@ -52,9 +52,9 @@ def check_members(ctx: Context, requester: Requester, usernames: list[str]) -> l
     if unknown:
         raise InvalidInput(f"no system account named: {', '.join(unknown[:5])}")
     for account in found.values():
-        owner = {"id": account["user_id"], "owner_userid": account["user_owner_userid"]}
-        if not perms.can_use_account(requester, owner):
-            raise Forbidden(f"you may not add {account['username']}: the account is neither yours nor one you manage")
+        perms.require_account_authority(
+            requester, account, f"you may not add {account['username']}: the account is neither yours nor one you manage"
+        )
     return wanted
 
 

@@ -84,9 +84,7 @@ def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> l
     if unknown:
         raise InvalidInput(f"unknown user ids: {', '.join(unknown[:5])}")
     for account in found.values():
-        owner = {"id": account["user_id"], "owner_userid": account["user_owner_userid"]}
-        if not perms.can_use_account(requester, owner):
-            raise Forbidden(f"you may not grant access to user id {account['uuid']}")
+        perms.require_account_authority(requester, account, f"you may not grant access to user id {account['uuid']}")
     return [found[u] for u in wanted]
 
 
@@ -151,14 +149,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
     # any failure below removes whatever was made.
     ctx.store.insert_instance(row, uuids)
     try:
-        ctx.adapters.hypervisor.spawn(
-            row["id"],
-            base_image=image["base_volume"],
-            vcpu=flavor["vcpu"],
-            memory_mb=flavor["memory"],
-            disk_gb=flavor["disk"],
-            shares=expected_shares(ctx, uuids),
-        )
+        _spawn(ctx, row["id"], image=image, flavor=flavor, account_uuids=uuids)
     except BaseException:
         ctx.store.delete_instance(row["id"])
         raise
@@ -168,6 +159,17 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         _undo_spawn(ctx, row["id"])
         raise
     return get_instance(ctx, requester, row["id"])
+
+
+def _spawn(ctx: Context, instance_id: str, *, image: dict, flavor: dict, account_uuids: list[str]) -> None:
+    ctx.adapters.hypervisor.spawn(
+        instance_id,
+        base_image=image["base_volume"],
+        vcpu=flavor["vcpu"],
+        memory_mb=flavor["memory"],
+        disk_gb=flavor["disk"],
+        shares=expected_shares(ctx, account_uuids),
+    )
 
 
 def _ensure_base_image(ctx: Context, image: dict) -> None:
@@ -188,14 +190,7 @@ def respawn(ctx: Context, row: dict) -> None:
     """Build the domain of a recorded instance again (reconcile, after the host lost it)."""
     image = ctx.store.get_image(row["image_id"])
     flavor = ctx.store.get_flavor(row["flavor_id"])
-    ctx.adapters.hypervisor.spawn(
-        row["id"],
-        base_image=image["base_volume"],
-        vcpu=flavor["vcpu"],
-        memory_mb=flavor["memory"],
-        disk_gb=flavor["disk"],
-        shares=expected_shares(ctx, row["users"]),
-    )
+    _spawn(ctx, row["id"], image=image, flavor=flavor, account_uuids=row["users"])
     if row["status"] == "shutoff":
         ctx.adapters.hypervisor.power_off(row["id"])
 

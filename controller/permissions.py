@@ -63,6 +63,9 @@ def can_mutate(requester: Requester, *, owner_id: str, owner_owner_id: str | Non
     )
 
 
-def can_use_account(requester: Requester, account_owner: dict) -> bool:
-    """May the requester name this system account (grant access, add to a group)?"""
-    return requester.is_superuser or manages(requester, account_owner)
+def require_account_authority(requester: Requester, account: dict, message: str) -> None:
+    """The requester may name this system account (grant access, add to a group): it is the
+    account's user, owns it, or is a superuser. `account` carries user_id and user_owner_userid."""
+    owner = {"id": account["user_id"], "owner_userid": account["user_owner_userid"]}
+    if not (requester.is_superuser or manages(requester, owner)):
+        raise Forbidden(message)

@@ -140,8 +140,7 @@ def _base_images(run: _Run) -> None:
         # at exit; on a real host the admin must upload the image again.
         repair = None
         if run.ctx.config.is_sandbox:
-            def repair(i=image):
-                hypervisor.create_base_image(i["id"], size_gb=i["min_disk"])
+            repair = lambda i=image: hypervisor.create_base_image(i["id"], size_gb=i["min_disk"])  # noqa: E731
         run.found("base-image-missing", image["id"], f"base disk of image {image['name']!r} is missing", repair)
 
 

@@ -128,7 +128,7 @@ def test_drift_is_reported_then_fixed(service):
 
 
 def test_orphans_and_state_are_reported_not_destroyed(service):
-    ctx, conn, instance = service["ctx"], service["conn"], service["instance"]
+    ctx, instance = service["ctx"], service["instance"]
     hv = ctx.adapters.hypervisor
     ctx.store.delete_instance(instance["id"])  # the record is gone, the domain stays
     drift = reconcile(ctx, fix=True)
