@@ -50,9 +50,26 @@ class AuditTrail:
             self.ctx.store,
             actor=requester.id if requester else "anonymous",
             action=f"{req.method} {template}",
-            target=req.path.rsplit("/", 1)[-1] if template.endswith("}") else "",
+            target=req.path.rsplit("/", 1)[-1] if template.endswith("}") else _created_id(resp),
             result=str(resp.status_code),
         )
+
+
+# Keys that name the object a call made (or the user a token was issued to); only ids,
+# so nothing else of the response, least of all a secret or token, reaches the audit.
+_ID_KEYS = ("id", "volume-id", "group-id", "userid")
+
+
+def _created_id(resp) -> str:
+    media = resp.media if isinstance(resp.media, dict) else {}
+    data = media.get("data")
+    if isinstance(data, list):
+        data = data[0] if len(data) == 1 else None
+    if isinstance(data, dict):
+        for key in _ID_KEYS:
+            if isinstance(data.get(key), str):
+                return data[key]
+    return ""
 
 
 def _audited(req) -> bool:

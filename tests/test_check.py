@@ -1,0 +1,102 @@
+"""`cloud-agent check` and GET /healthz on a sandbox: what is healthy, and what names the failure."""
+
+import json
+import os
+
+import pytest
+from falcon import testing
+
+from controller.config import load_config
+from controller.context import build_context
+from tests.test_agent_controller import Sandbox, copy_sandbox, make_sandbox, run_agent
+
+CHECKS = ["database", "secret_key", "libvirt", "homes", "groups", "directory"]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Sandbox:
+    return make_sandbox(tmp_path_factory.mktemp("sandbox-template"))
+
+
+@pytest.fixture
+def sandbox(template, tmp_path) -> Sandbox:
+    return copy_sandbox(template, tmp_path)
+
+
+def check(sandbox) -> tuple[int, dict]:
+    proc = sandbox.run("--json", "check")
+    assert proc.stderr == ""
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def healthz(sandbox):
+    from api.app import create_app
+    from host_adapters.factory import build_adapters
+
+    config = load_config(sandbox.config)
+    app = create_app(build_context(config, adapters=build_adapters(config)))
+    return testing.TestClient(app).simulate_get("/healthz")
+
+
+def test_healthy_sandbox(sandbox):
+    code, out = check(sandbox)
+    assert code == 0
+    assert out == {"ok": True, "checks": [{"name": n, "ok": True, "detail": ""} for n in CHECKS]}
+    r = healthz(sandbox)
+    assert r.status_code == 200 and r.json == {"status": "ok"}
+
+
+def test_human_output(sandbox):
+    proc = sandbox.run("check")
+    assert proc.returncode == 0
+    assert proc.stdout.splitlines() == [f"ok   {n}" for n in CHECKS]
+
+
+def _remove_key(sandbox):
+    os.remove(sandbox.root / "secret.key")
+    return {"secret_key": f"secret key file missing: {sandbox.root / 'secret.key'}"}
+
+
+def _remove_group_file(sandbox):
+    os.remove(sandbox.root / "sysroot" / "etc" / "group")
+    missing = f"{sandbox.root / 'sysroot' / 'etc' / 'group'} is missing"
+    return {"groups": missing, "directory": missing}
+
+
+def _remove_home_root(sandbox):
+    os.rmdir(sandbox.root / "home")
+    return {"homes": f"home_root {sandbox.root / 'home'} does not exist"}
+
+
+def _remove_database(sandbox):
+    os.remove(sandbox.db_path)
+    return {"database": "run `cloud-agent init`"}
+
+
+@pytest.mark.parametrize("breakage", [_remove_key, _remove_group_file, _remove_home_root, _remove_database])
+def test_a_broken_part_is_named(sandbox, breakage):
+    expected = breakage(sandbox)
+    code, out = check(sandbox)
+    assert code == 1
+    assert out["ok"] is False
+    assert [c["name"] for c in out["checks"]] == CHECKS
+    failed = {c["name"]: c["detail"] for c in out["checks"] if not c["ok"]}
+    assert set(failed) == set(expected)
+    for name, detail in expected.items():
+        assert detail in failed[name]
+
+    proc = sandbox.run("check")
+    assert proc.returncode == 1
+    for name in expected:
+        assert f"FAIL {name}: {failed[name]}" in proc.stdout.splitlines()
+
+    r = healthz(sandbox)
+    assert r.status_code == 503
+    assert r.json == {"status": "unavailable",
+                      "failed": [{"check": n, "detail": failed[n]} for n in CHECKS if n in failed]}
+
+
+def test_check_without_a_config_fails_cleanly(tmp_path):
+    proc = run_agent("--config", str(tmp_path / "missing.ini"), "--json", "check")
+    assert proc.returncode == 1
+    assert proc.stdout.strip() == '{"error": "config file not found: %s"}' % (tmp_path / "missing.ini")
