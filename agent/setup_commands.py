@@ -22,7 +22,7 @@ def _prepare(config) -> tuple[str, bool]:
     if not Path(key_file).exists():
         generate_key_file(key_file)
         made_key = True
-    store = Store(config.database_path)
+    store = Store(config.database_path, create=True)
     try:
         store.migrate()
     finally:

@@ -8,12 +8,14 @@ work and admin paths.
 """
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 
 import sqlite_utils
 
@@ -29,8 +31,10 @@ def utc_now() -> str:
 
 
 class Store:
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, create: bool = False):
+        """Open the database at path; only with create=True (`cloud-agent init`) may it be made."""
         self.path = str(path)
+        self.create = create
         self._local = threading.local()
 
     # -- connections and transactions ------------------------------------
@@ -47,10 +51,17 @@ class Store:
         return self.db.conn
 
     def _connect(self) -> sqlite3.Connection:
+        target, uri = self.path, False
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            if self.create:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            # mode=rw: a missing database is an error, not a new empty file.
+            if not self.create and not os.path.exists(self.path):
+                raise sqlite3.OperationalError(f"database {self.path} does not exist: run `cloud-agent init`")
+            target = f"file:{quote(os.path.abspath(self.path))}?mode={'rwc' if self.create else 'rw'}"
+            uri = True
         conn = sqlite3.connect(
-            self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=True
+            target, uri=uri, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=True
         )
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

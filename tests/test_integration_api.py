@@ -30,7 +30,7 @@ def build(tmp_path, **sections):
         values[section].update(keys)
     config = config_from_dict(values)
     generate_key_file(config.get("auth", "secret_key_file"))
-    store = Store(config.database_path)
+    store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))
     from api.app import create_app

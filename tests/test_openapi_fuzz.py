@@ -30,7 +30,7 @@ from tests.fixtures.api import config_values_for, enable, make_caller
 def _app(tmp_path):
     config = config_from_dict(config_values_for(tmp_path))
     generate_key_file(config.get("auth", "secret_key_file"))
-    store = Store(config.database_path)
+    store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=fake_adapters())
     admin = make_caller(ctx, "admin@example.org", roles=("superuser",))

@@ -40,7 +40,7 @@ def service(tmp_path, sysroot):
     write_config(values, config_path)
     config = config_from_dict(values, path=config_path)
     generate_key_file(config.get("auth", "secret_key_file"))
-    store = Store(config.database_path)
+    store = Store(config.database_path, create=True)
     store.migrate()
     # The test driver forgets its state when its last connection closes.
     anchor = libvirt.open("test:///default")
