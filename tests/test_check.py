@@ -10,7 +10,7 @@ from controller.config import load_config
 from controller.context import build_context
 from tests.test_agent_controller import Sandbox, copy_sandbox, make_sandbox, run_agent
 
-CHECKS = ["database", "secret_key", "libvirt", "homes", "groups", "directory"]
+CHECKS = ["database", "secret_key", "libvirt", "directory", "quota_backend", "system_root"]
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +60,12 @@ def _remove_key(sandbox):
 def _remove_group_file(sandbox):
     os.remove(sandbox.root / "sysroot" / "etc" / "group")
     missing = f"{sandbox.root / 'sysroot' / 'etc' / 'group'} is missing"
-    return {"groups": missing, "directory": missing}
+    return {"system_root": missing, "directory": missing}
 
 
 def _remove_home_root(sandbox):
     os.rmdir(sandbox.root / "home")
-    return {"homes": f"home_root {sandbox.root / 'home'} does not exist"}
+    return {"quota_backend": f"home_root {sandbox.root / 'home'} does not exist"}
 
 
 def _remove_database(sandbox):

@@ -23,7 +23,7 @@ def test_sandbox_builds_real_adapters_without_touching_the_host(tmp_path):
     assert isinstance(adapters.homes, DirectoryHomeVolumes)
     assert isinstance(adapters.groups, CommandUnixGroups)
     assert isinstance(adapters.directory, LocalDirectory)
-    assert [name for name, _ in adapters.checks()] == ["libvirt", "homes", "groups", "directory"]
+    assert [name for name, _ in adapters.checks()] == ["libvirt", "directory", "quota_backend", "system_root"]
 
 
 @pytest.mark.parametrize("backend,cls", [

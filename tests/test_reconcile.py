@@ -172,3 +172,13 @@ def test_cli_reports_file_drift_as_json_and_fixes_it(service):
     assert {d["kind"] for d in json.loads(fixed.stdout)["drift"] if d["fixed"]} >= {"group-members", "home-owner"}
     assert group_members(sysroot, "lab") == ["alice"]
     assert os.stat(ctx.adapters.homes.path("alice")).st_mode & 0o777 == 0o700
+
+
+def test_cli_in_the_sandbox_leaves_the_servers_domains_alone(service):
+    """The server (here: this test process) runs the domains; the agent's own test driver has none."""
+    env = dict(os.environ, CLOUD_CONTROLLER_CONFIG=service["config"])
+    report = subprocess.run([AGENT, "--json", "reconcile"], capture_output=True, text=True, env=env)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert json.loads(report.stdout) == {"drift": []}
+    human = subprocess.run([AGENT, "reconcile"], capture_output=True, text=True, env=env)
+    assert "no drift" in human.stdout and "sandbox profile" in human.stdout
