@@ -31,7 +31,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "token_ttl_seconds": "3600",
         "max_failures": "5",
         "failure_window_seconds": "300",
-        "lockout_seconds": "300",
+        "lockout_seconds": "60",
         # argon2id cost; lower only for tests.
         "argon2_time_cost": "3",
         "argon2_memory_kib": "65536",
@@ -157,7 +157,7 @@ def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
             "token_ttl_seconds": 3600,
             "max_failures": 5,
             "failure_window_seconds": 300,
-            "lockout_seconds": 300,
+            "lockout_seconds": 60,
         },
         "libvirt": {"uri": "test:///default", "storage_pool": "default-pool", "domain_prefix": "cc-"},
         "volumes": {"home_root": d / "home", "quota_backend": "none", "max_size_gb": 100},

@@ -7,7 +7,7 @@ from controller.errors import TooManyRequests
 
 
 class FailureThrottle:
-    def __init__(self, *, max_failures: int = 5, window_seconds: int = 300, lockout_seconds: int = 300,
+    def __init__(self, *, max_failures: int = 5, window_seconds: int = 300, lockout_seconds: int = 60,
                  clock=time.monotonic):
         self.max_failures = max_failures
         self.window = window_seconds
