@@ -18,13 +18,19 @@ def user():
 @click.option("--email", required=True, help="Email of the new superuser.")
 @click.option("--password", default=None,
               help="Password (14-24 characters, two of letters/digits/punctuation); prompted twice when absent.")
+@click.option("--password-file", type=click.File("r"), default=None,
+              help="Read the password from this file's first line (keeps it out of `ps`); - for stdin.")
 @click.option("--name", default="", help="Display name.")
 @command_options
-def create_superuser(opts: Options, email, password, name):
+def create_superuser(opts: Options, email, password, password_file, name):
     """Create a superuser and print its id, API key and API secret.
 
     Example: cloud-agent user create-superuser --email admin@example.org
     """
+    if password is not None and password_file is not None:
+        raise click.UsageError("give --password or --password-file, not both")
+    if password_file is not None:
+        password = password_file.readline().rstrip("\r\n")
     if password is None:
         if not sys.stdin.isatty():
             raise click.UsageError("--password is required when not on a terminal")

@@ -8,7 +8,7 @@ waitress or any WSGI server.
 import falcon
 
 from api import errors, health, user_resources
-from api.middleware import AuditTrail, Authenticate, BodyLimit
+from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore
 from controller.config import Config, load_config
 from controller.context import Context, build_context
 
@@ -19,6 +19,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
     app = falcon.App(
         middleware=[
             BodyLimit(ctx.config.get_int("server", "max_body_bytes")),
+            NoStore(),
             AuditTrail(ctx),
             Authenticate(ctx),
         ],

@@ -1,5 +1,8 @@
 """GET /healthz and GET /v1/openapi.json, both without authentication."""
 
+import threading
+import time
+
 import falcon
 
 from api.openapi import openapi_document
@@ -8,13 +11,26 @@ from controller.health import run_checks
 
 
 class Health:
+    """Runs every check at most once per CACHE_SECONDS: the endpoint needs no login, and
+    the checks do real host work (libvirt, LDAP, quota commands)."""
+
     public = True
+    CACHE_SECONDS = 2.0
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
+        self._lock = threading.Lock()
+        self._cached: tuple[float, list[dict]] | None = None
+
+    def _checks(self) -> list[dict]:
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is None or now - self._cached[0] >= self.CACHE_SECONDS:
+                self._cached = (now, run_checks(self.ctx))
+            return self._cached[1]
 
     def on_get(self, req, resp):
-        checks = run_checks(self.ctx)
+        checks = self._checks()
         failed = [c for c in checks if not c["ok"]]
         if failed:
             resp.status = falcon.HTTP_503

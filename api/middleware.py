@@ -1,6 +1,7 @@
 """Request-wide checks: body size and authentication."""
 
 from api.errors import PayloadTooLarge
+from api.envelopes import is_user_interface
 from controller import audit
 from controller.auth import authenticate
 from controller.context import Context
@@ -31,6 +32,8 @@ class Authenticate:
         )
 
 
+_MAX_TARGET = 100
+
 # User-interface calls that only read, though clients may send them as POST.
 _READ_ONLY = ("/v1/user/list", "/v1/user/view/", "/v1/user/search")
 
@@ -50,7 +53,8 @@ class AuditTrail:
             self.ctx.store,
             actor=requester.id if requester else "anonymous",
             action=f"{req.method} {template}",
-            target=req.path.rsplit("/", 1)[-1] if template.endswith("}") else _created_id(resp),
+            # Bounded: a client chooses the path, and rows must not grow with it.
+            target=(req.path.rsplit("/", 1)[-1] if template.endswith("}") else _created_id(resp))[:_MAX_TARGET],
             result=str(resp.status_code),
         )
 
@@ -78,3 +82,11 @@ def _audited(req) -> bool:
     if req.method in ("GET", "HEAD", "OPTIONS"):
         return False
     return not req.path.startswith(_READ_ONLY)
+
+
+class NoStore:
+    """User-interface answers may carry tokens, secrets and personal data: no cache keeps them."""
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        if is_user_interface(req.path):
+            resp.set_header("Cache-Control", "no-store")

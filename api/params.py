@@ -11,6 +11,7 @@ from controller.errors import InvalidInput
 
 JSON_TYPES = ("application/json",)
 FORM_TYPE = "application/x-www-form-urlencoded"
+_SECRET_PARAMS = {"password", "api_secret"}
 
 
 def _media_type(req: falcon.Request) -> str | None:
@@ -69,6 +70,10 @@ def user_params(req: falcon.Request, *, limit: int) -> dict:
     params: dict = {}
     for key, value in req.params.items():
         params[key] = value[-1] if isinstance(value, list) else value
+    # URLs end up in proxy and server logs: secrets must come in the body.
+    leaked = sorted(_SECRET_PARAMS & params.keys())
+    if leaked:
+        raise InvalidInput(f"{', '.join(leaked)} must be sent in the request body, not in the URL")
     if req.method in ("GET", "HEAD"):
         return params
     raw = read_body(req, limit=limit)

@@ -1,15 +1,24 @@
 """Token issuance and the check every authenticated request goes through (CONTRACT.md section 2)."""
 
+import re
+import threading
 import time
 from datetime import datetime, timezone
 
 from controller.context import Context
-from controller.errors import InvalidInput, Unauthenticated
+from controller.errors import InvalidInput, TooManyRequests, Unauthenticated
 from controller.permissions import Requester
 from controller.rules import is_uuid
 from controller.security import new_token, same, token_hash
 
 _BAD_CREDENTIALS = "invalid credentials"
+_API_KEY = re.compile(r"^ak_[0-9a-f]{32}$")
+_MAX_CREDENTIAL = 256
+
+# argon2 costs tens of milliseconds and megabytes per check: at most this many at once,
+# so a flood of password logins cannot take every server thread and all memory.
+_PASSWORD_CHECKS = threading.BoundedSemaphore(2)
+_PASSWORD_WAIT_SECONDS = 10
 
 
 def issue_token(
@@ -30,6 +39,12 @@ def issue_token(
         if not isinstance(value, str) or not value:
             raise InvalidInput(f"{name} is required and must be a non-empty string")
 
+    # Values no user can have fail at once, before any throttle state or hashing.
+    if by_key and (not _API_KEY.fullmatch(api_key) or len(api_secret) > _MAX_CREDENTIAL):
+        raise Unauthenticated(_BAD_CREDENTIALS)
+    if by_password and (len(email) > 254 or "@" not in email or len(password) > _MAX_CREDENTIAL):
+        raise Unauthenticated(_BAD_CREDENTIALS)
+
     throttle_key = f"key:{api_key}" if by_key else f"email:{email.lower()}"
     ctx.throttle.check(throttle_key)
 
@@ -42,7 +57,12 @@ def issue_token(
         source = "api_key"
     else:
         user = ctx.store.get_user_by_email(email)
-        ok = ctx.passwords.verify(user["password_hash"] if user else None, password)
+        if not _PASSWORD_CHECKS.acquire(timeout=_PASSWORD_WAIT_SECONDS):
+            raise TooManyRequests("too many logins at once; try again shortly", retry_after=5)
+        try:
+            ok = ctx.passwords.verify(user["password_hash"] if user else None, password)
+        finally:
+            _PASSWORD_CHECKS.release()
         source = "password"
 
     if not ok or user is None or user["active"] <= 0:
@@ -50,6 +70,7 @@ def issue_token(
         raise Unauthenticated(_BAD_CREDENTIALS)
     ctx.throttle.succeeded(throttle_key)
 
+    _purge_now_and_then(ctx)
     token = new_token()
     expires_at = int(time.time()) + ctx.config.get_int("auth", "token_ttl_seconds")
     ctx.store.insert_token(token_hash=token_hash(token), user_id=user["id"], source=source, expires_at=expires_at)
@@ -58,6 +79,22 @@ def issue_token(
         "expires_at": datetime.fromtimestamp(expires_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "userid": user["id"],
     }
+
+
+_PURGE_EVERY_SECONDS = 3600
+_monotonic = time.monotonic
+_next_purge = 0.0
+_purge_lock = threading.Lock()
+
+
+def _purge_now_and_then(ctx: Context) -> None:
+    """Expired tokens are dead already; deleting them keeps the table small."""
+    global _next_purge
+    with _purge_lock:
+        if _monotonic() < _next_purge:
+            return
+        _next_purge = _monotonic() + _PURGE_EVERY_SECONDS
+    ctx.store.purge_expired_tokens(now=int(time.time()))
 
 
 def authenticate(ctx: Context, *, token: str | None, user_id: str | None) -> Requester:

@@ -86,6 +86,13 @@ def _accounts(run: _Run) -> None:
 def _homes(run: _Run) -> None:
     ctx, homes = run.ctx, run.ctx.adapters.homes
     volumes = ctx.store.list_volumes(visible_to=None)
+    with_volume = {v["owner_id"] for v in volumes}
+    for account in ctx.store.list_accounts():
+        # A home with no volume record: a create whose clean-up failed, or a volume row lost.
+        # Its data may matter to someone, so it is only reported.
+        if account["user_id"] not in with_volume and homes.inspect(account["username"]).exists:
+            run.found("home-without-volume", account["username"],
+                      f"{homes.path(account['username'])} exists but no volume is recorded; left for the admin")
     for i, volume in enumerate(volumes, 1):
         run.progress(f"volumes {i}/{len(volumes)}")
         account = ctx.store.account_of_user(volume["owner_id"], ctx.config.controller_id)
@@ -182,6 +189,16 @@ def _instances(run: _Run) -> None:
                 "domain-shares", row["id"],
                 f"shares {[s[0] for s in info.shares]}, expected {[s[0] for s in shares]}",
                 lambda r=row, s=shares: hypervisor.set_shares(r["id"], s),
+            )
+        # QEMU cannot hot-plug 9p shares: a user removed from a running guest keeps
+        # access until it is power-cycled. Doing that here would lose the guest's state.
+        if info.live_shares is not None and sorted(tuple(s) for s in info.live_shares) != sorted(shares):
+            run.found(
+                "domain-live-shares", row["id"],
+                f"user access in the running guest differs from the record: it has shares "
+                f"{[s[0] for s in info.live_shares]}, expected {[s[0] for s in shares]}; "
+                "power-off then power-on (or reboot) applies the record; left for the admin "
+                "because a power cycle loses the guest's state",
             )
         if info.status != row["status"]:
             run.found(

@@ -100,6 +100,11 @@ class DirectoryHomeVolumes(HomeVolumes):
             raise HostUnavailable(f"home_root {root} does not exist or is not a directory")
         if not os.access(root, os.W_OK | os.X_OK):
             raise HostUnavailable(f"home_root {root} is not writable")
+        st = os.stat(root)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            # Homes are made and removed by path under it: a user who could write
+            # there could swap a path for a symlink between our steps.
+            raise HostUnavailable(f"home_root {root} must be owned by root and not writable by group or others")
         try:
             self.quota.check(root)
         except HostUnavailable:

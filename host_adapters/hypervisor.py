@@ -51,6 +51,10 @@ class InstanceInfo:
     status: str  # as status() answers; "error" when there is no domain
     defined: bool  # whether a domain exists
     shares: tuple[Share, ...]  # of the persistent definition, sorted by tag
+    # What the guest has now, sorted by tag (a paused guest too); None when
+    # there is no guest (shut off, crashed, no domain). Differs from `shares`
+    # after set_shares on a running instance until its next start or reboot.
+    live_shares: tuple[Share, ...] | None
     disk_path: str | None  # the overlay volume, None when it is missing
 
 
@@ -131,7 +135,19 @@ class Hypervisor:
         raise NotImplementedError
 
     def reboot(self, instance_id: str) -> None:
-        """Hard reset of a running instance. Conflict if it is not running; NotFound if it has no domain."""
+        """Restart a running instance; afterwards it runs its persistent definition.
+
+        When the running guest matches its persistent definition (at least its
+        shares: describe().live_shares == describe().shares) this is a hard
+        reset of the same guest. Otherwise it is a hard power cycle (power-off,
+        then start), so that changes the hypervisor could not make live (a
+        share removed by set_shares) take effect: a reset would keep them.
+        Either way the guest loses its memory state, as with a reset button.
+
+        Conflict if it is not running; NotFound if it has no domain. HostError
+        if the instance was powered off but could not be started again (it is
+        left shut off).
+        """
         raise NotImplementedError
 
     def status(self, instance_id: str) -> str:
@@ -142,8 +158,11 @@ class Hypervisor:
         """The persistent definition gets exactly these shares.
 
         A running instance gets them live where the hypervisor can hot-plug
-        them; otherwise (QEMU cannot hot-plug 9p) at its next power-on, and
-        this call still succeeds. NotFound if the instance has no domain.
+        them. Where it cannot (QEMU cannot hot-plug 9p shares, so a removed
+        user keeps access to the running guest) this call still succeeds, the
+        guest keeps the shares it has (describe().live_shares) and the new
+        ones take effect at its next power-on or reboot. NotFound if the
+        instance has no domain.
         """
         raise NotImplementedError
 
@@ -159,7 +178,8 @@ class Hypervisor:
         raise NotImplementedError
 
     def describe(self, instance_id: str) -> InstanceInfo:
-        """What the host holds for the instance. NotFound if it has neither a domain nor a disk."""
+        """What the host holds for the instance: the persistent definition and, while a
+        guest runs, its live shares. NotFound if it has neither a domain nor a disk."""
         raise NotImplementedError
 
 
@@ -338,6 +358,20 @@ def status_of(state: int, reason: int) -> str:
     if state == lv.VIR_DOMAIN_CRASHED:
         return "crashed"
     return "error"
+
+
+def _shares_of(filesystems: Iterable[domain_xml.Filesystem]) -> tuple[Share, ...]:
+    return tuple(sorted(Share(fs.target_dir, fs.source_dir) for fs in filesystems))
+
+
+def _definition_pending(dom) -> bool:
+    """Whether the running guest's shares differ from its persistent definition's (set_shares changes only those)."""
+    lv = _libvirt()
+
+    def key(xml: str):
+        return sorted((fs.target_dir, fs.source_dir, fs.accessmode) for fs in domain_xml.filesystems_of(xml))
+
+    return key(dom.XMLDesc(0)) != key(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))
 
 
 # Live device changes the driver may refuse; the persistent definition still holds them.
@@ -689,21 +723,49 @@ class LibvirtHypervisor(Hypervisor):
 
     def reboot(self, instance_id: str) -> None:
         _check_id(instance_id, "instance id")
+        cycling = False
 
         def op(conn):
+            nonlocal cycling
             lv = _libvirt()
             dom = self._existing_domain(conn, instance_id)
             not_running = Conflict(f"instance {instance_id} is not running")
-            if dom.state()[0] not in (lv.VIR_DOMAIN_RUNNING, lv.VIR_DOMAIN_BLOCKED):
+            if cycling:
+                # The connection was lost during the power cycle: finish it rather than start over.
+                if not dom.isActive():
+                    self._start_again(dom, instance_id)
+                    return
+                if not _definition_pending(dom):
+                    return
+            elif dom.state()[0] not in (lv.VIR_DOMAIN_RUNNING, lv.VIR_DOMAIN_BLOCKED):
                 raise not_running
             try:
-                dom.reset(0)
+                # A reset keeps the QEMU process, hence the shares it could not drop live.
+                if _definition_pending(dom):
+                    cycling = True
+                    dom.destroy()
+                    self._start_again(dom, instance_id)
+                else:
+                    dom.reset(0)
             except lv.libvirtError as e:
                 if _code(e) == lv.VIR_ERR_OPERATION_INVALID:
                     raise not_running from e
                 raise
 
         self._call(f"reboot instance {instance_id}", op)
+
+    @staticmethod
+    def _start_again(dom, instance_id: str) -> None:
+        lv = _libvirt()
+        try:
+            dom.create()
+        except lv.libvirtError as e:
+            if _connection_lost(e):
+                raise
+            raise HostError(
+                f"reboot instance {instance_id}: powered off to apply its changed definition, "
+                f"but cannot start it again (it is shut off): {_msg(e)}"
+            ) from e
 
     def status(self, instance_id: str) -> str:
         _check_id(instance_id, "instance id")
@@ -734,15 +796,20 @@ class LibvirtHypervisor(Hypervisor):
         lv = _libvirt()
         unsupported = {getattr(lv, name) for name in _LIVE_UNSUPPORTED if hasattr(lv, name)}
         live = domain_xml.filesystems_of(dom.XMLDesc(0))
-        changes = [(dom.detachDeviceFlags, fs) for fs in live if fs not in wanted]
-        changes += [(dom.attachDeviceFlags, fs) for fs in wanted if fs not in live]
-        for change, fs in changes:
+        changes = [(dom.detachDeviceFlags, "removed", fs) for fs in live if fs not in wanted]
+        changes += [(dom.attachDeviceFlags, "added", fs) for fs in wanted if fs not in live]
+        for change, done, fs in changes:
             try:
                 change(fs.to_xml(), lv.VIR_DOMAIN_AFFECT_LIVE)
             except lv.libvirtError as e:
                 if _code(e) not in unsupported:
                     raise
-                log.info("share %s of %s takes effect at next power-on: %s", fs.target_dir, dom.name(), _msg(e))
+                # Callers see the difference in describe().live_shares (reconcile reports
+                # it); reboot or a power cycle applies it.
+                log.warning(
+                    "share %s cannot be %s live on running domain %s; it will be at its next power-on or reboot: %s",
+                    fs.target_dir, done, dom.name(), _msg(e),
+                )
 
     def destroy(self, instance_id: str) -> None:
         _check_id(instance_id, "instance id")
@@ -770,14 +837,17 @@ class LibvirtHypervisor(Hypervisor):
             if dom is None and vol is None:
                 raise NotFound(f"instance {instance_id} has neither a domain nor a disk on the hypervisor")
             shares: tuple[Share, ...] = ()
+            live_shares: tuple[Share, ...] | None = None
             if dom is not None:
-                filesystems = domain_xml.filesystems_of(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))
-                shares = tuple(sorted(Share(fs.target_dir, fs.source_dir) for fs in filesystems))
+                shares = _shares_of(domain_xml.filesystems_of(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)))
+                if dom.isActive():
+                    live_shares = _shares_of(domain_xml.filesystems_of(dom.XMLDesc(0)))
             return InstanceInfo(
                 instance_id=instance_id,
                 status="error" if dom is None else status_of(*dom.state()),
                 defined=dom is not None,
                 shares=shares,
+                live_shares=live_shares,
                 disk_path=vol.path() if vol is not None else None,
             )
 
@@ -787,9 +857,17 @@ class LibvirtHypervisor(Hypervisor):
 # --- fake --------------------------------------------------------------------
 
 
+# Statuses in which a guest exists (QEMU runs): its live shares are those it started with.
+_FAKE_ACTIVE = ("running", "paused", "building")
+
+
 @dataclass
 class FakeInstance:
-    """A fake domain; tests may change `status` to any of STATUSES."""
+    """A fake domain; tests may change `status` to any of STATUSES.
+
+    `shares` is the persistent definition; `live_shares` what the guest got
+    when it last started (like QEMU, the fake cannot change them live).
+    """
 
     status: str
     shares: tuple[Share, ...]
@@ -797,6 +875,11 @@ class FakeInstance:
     vcpu: int
     memory_mb: int
     disk_gb: int
+    live_shares: tuple[Share, ...] = ()
+
+    def start(self) -> None:
+        self.live_shares = self.shares
+        self.status = "running"
 
 
 class FakeHypervisor(Hypervisor):
@@ -894,7 +977,7 @@ class FakeHypervisor(Hypervisor):
                 self._step("define")
                 self.instances[instance_id] = FakeInstance("shutoff", shares, base_image, vcpu, memory_mb, disk_gb)
                 self._step("start")
-                self.instances[instance_id].status = "running"
+                self.instances[instance_id].start()
             except BaseException:
                 self.instances.pop(instance_id, None)
                 self.disks.pop(instance_id, None)
@@ -905,7 +988,10 @@ class FakeHypervisor(Hypervisor):
         with self._lock:
             inst = self._existing(instance_id)
             self._step("power_on")
-            inst.status = "running"
+            if inst.status in _FAKE_ACTIVE:
+                inst.status = "running"  # resumed: the same guest
+            else:
+                inst.start()
 
     def power_off(self, instance_id: str) -> None:
         _check_id(instance_id, "instance id")
@@ -921,6 +1007,8 @@ class FakeHypervisor(Hypervisor):
             self._step("reboot")
             if inst.status != "running":
                 raise Conflict(f"instance {instance_id} is not running")
+            if inst.live_shares != inst.shares:
+                inst.start()  # the power cycle; a reset would keep the live shares
 
     def status(self, instance_id: str) -> str:
         _check_id(instance_id, "instance id")
@@ -958,5 +1046,6 @@ class FakeHypervisor(Hypervisor):
             status="error" if inst is None else inst.status,
             defined=inst is not None,
             shares=inst.shares if inst is not None else (),
+            live_shares=inst.live_shares if inst is not None and inst.status in _FAKE_ACTIVE else None,
             disk_path=f"{self.pool_path}/{self._names.disk(instance_id)}" if instance_id in self.disks else None,
         )

@@ -22,11 +22,12 @@ ADMIN=$STATE/admin.json
 if [ ! -f "$ADMIN" ]; then
   password=$(.venv/bin/python -c 'import secrets; print("Sbx-" + secrets.token_hex(8) + "-42")')
   umask 077
-  "$AGENT" --config "$CONFIG" --json user create-superuser --email admin@example.org \
-    --password "$password" > "$ADMIN.tmp"
-  .venv/bin/python - "$ADMIN.tmp" "$password" <<'PY'
-import json, sys
-path, password = sys.argv[1], sys.argv[2]
+  # The password travels on stdin and in the environment, never in argv (visible in ps).
+  printf '%s\n' "$password" | "$AGENT" --config "$CONFIG" --json user create-superuser \
+    --email admin@example.org --password-file - > "$ADMIN.tmp"
+  SANDBOX_PASSWORD=$password .venv/bin/python - "$ADMIN.tmp" <<'PY'
+import json, os, sys
+path, password = sys.argv[1], os.environ["SANDBOX_PASSWORD"]
 doc = json.load(open(path))
 doc.update(email="admin@example.org", password=password)
 json.dump(doc, open(path, "w"), indent=2)

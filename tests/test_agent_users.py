@@ -374,3 +374,30 @@ def test_user_and_setup_commands_show_an_example_and_explain_options(path):
     for param in command.params:
         if isinstance(param, click.Option):
             assert param.help, f"`cloud-agent {' '.join(path)}` option {param.opts[0]} has no help"
+
+
+def test_create_superuser_reads_the_password_from_a_file_or_stdin(tmp_path):
+    import subprocess
+
+    config = tmp_path / "c.ini"
+    subprocess.run([str(AGENT), "--config", str(config), "init", "--sandbox", str(tmp_path / "s")], check=True,
+                   capture_output=True)
+    pw = tmp_path / "pw"
+    pw.write_text("File-pass-2026!\n")
+    made = subprocess.run([str(AGENT), "--config", str(config), "--json", "user", "create-superuser",
+                           "--email", "f@example.org", "--password-file", str(pw)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    made = subprocess.run([str(AGENT), "--config", str(config), "--json", "user", "create-superuser",
+                           "--email", "s@example.org", "--password-file", "-"], input="Stdin-pass-2026!\n",
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    from controller.config import load_config
+    from controller.context import build_context
+
+    ctx = build_context(load_config(str(config)))
+    for email, password in (("f@example.org", "File-pass-2026!"), ("s@example.org", "Stdin-pass-2026!")):
+        assert ctx.passwords.verify(ctx.store.get_user_by_email(email)["password_hash"], password)
+    both = subprocess.run([str(AGENT), "--config", str(config), "user", "create-superuser", "--email",
+                           "b@example.org", "--password", "x", "--password-file", str(pw)], capture_output=True,
+                          text=True)
+    assert both.returncode != 0 and "not both" in both.stderr

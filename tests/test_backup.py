@@ -63,10 +63,11 @@ class Api:
     def __exit__(self, *exc):
         from waitress import wasyncore
 
-        # Closed from inside its own loop: closing the sockets under a running select fails.
+        # Workers first: a request finishing after the loop closed would write to its closed
+        # trigger pipe. Then the loop, closed from inside (closing sockets under select fails).
+        self.server.task_dispatcher.shutdown()
         self.server.trigger.pull_trigger(lambda: wasyncore.close_all(self.server._map, ignore_all=True))
         self.thread.join(timeout=10)
-        self.server.task_dispatcher.shutdown()
         self.ctx.store.close()
 
 

@@ -462,3 +462,21 @@ def test_btrfs_delete_with_nested_and_read_only_subvolumes(btrfs_homes):
     assert os.path.exists("/etc/passwd")
     assert not ours & _subvolume_ids(volumes.home_root)
     assert not {f"0/{sid}" for sid in ours} & _qgroup_ids(volumes.home_root)
+
+
+def test_check_refuses_a_home_root_others_can_write(tmp_path):
+    from controller.errors import HostUnavailable
+    from host_adapters.homes import DirectoryHomeVolumes
+    from host_adapters.quota import NoQuota
+
+    root = tmp_path / "homes"
+    root.mkdir(mode=0o755)
+    homes = DirectoryHomeVolumes(str(root), NoQuota())
+    homes.check()
+    root.chmod(0o777)
+    with pytest.raises(HostUnavailable, match="not writable by group or others"):
+        homes.check()
+    root.chmod(0o755)
+    os.chown(root, 12345, 0)
+    with pytest.raises(HostUnavailable, match="owned by root"):
+        homes.check()

@@ -72,6 +72,7 @@ class HypervisorContract:
         assert info.status == "running"
         assert info.defined is True
         assert info.shares == tuple(Share(tag, path) for tag, path in sorted(shares))
+        assert info.live_shares == info.shares
         assert info.disk_path and info.disk_path.endswith(".qcow2")
 
     def test_spawn_of_an_existing_instance_is_a_conflict_and_keeps_it(self, hv, base_image, shares):
@@ -130,10 +131,11 @@ class HypervisorContract:
         hv.power_on(instance_id)
         assert hv.status(instance_id) == "running"
 
-    def test_reboot_resets_a_running_instance_and_refuses_a_stopped_one(self, hv, base_image):
-        instance_id = self.spawn(hv, base_image)
+    def test_reboot_resets_a_running_instance_and_refuses_a_stopped_one(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image, shares)
         hv.reboot(instance_id)
         assert hv.status(instance_id) == "running"
+        assert hv.describe(instance_id).live_shares == tuple(Share(*s) for s in sorted(shares))
         hv.power_off(instance_id)
         with pytest.raises(Conflict, match="not running"):
             hv.reboot(instance_id)
@@ -156,17 +158,39 @@ class HypervisorContract:
         (tmp_path / "carol").mkdir()
         wanted = [shares[1], ("carol", str(tmp_path / "carol"))]
         hv.set_shares(instance_id, wanted)
-        assert hv.describe(instance_id).shares == tuple(Share(*s) for s in sorted(wanted))
+        info = hv.describe(instance_id)
+        assert info.shares == tuple(Share(*s) for s in sorted(wanted))
+        # Live where the hypervisor can hot-plug shares, else at the next start.
+        assert info.live_shares in (info.shares, (Share(*shares[0]),))
         assert hv.status(instance_id) == "running"
         hv.set_shares(instance_id, [])
         assert hv.describe(instance_id).shares == ()
+
+    def test_reboot_applies_shares_removed_from_a_running_instance(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image, shares)
+        hv.set_shares(instance_id, shares[1:])
+        hv.reboot(instance_id)
+        info = hv.describe(instance_id)
+        assert info.status == "running"
+        assert info.live_shares == info.shares == (Share(*shares[1]),)
+        hv.reboot(instance_id)
+        assert hv.describe(instance_id).live_shares == (Share(*shares[1]),)
+
+    def test_power_on_applies_shares_set_while_running(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image, shares[:1])
+        hv.set_shares(instance_id, shares)
+        hv.power_off(instance_id)
+        assert hv.describe(instance_id).live_shares is None
+        hv.power_on(instance_id)
+        assert hv.describe(instance_id).live_shares == tuple(Share(*s) for s in sorted(shares))
 
     def test_set_shares_on_a_stopped_instance(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image)
         hv.power_off(instance_id)
         hv.set_shares(instance_id, shares)
-        assert hv.describe(instance_id).shares == tuple(Share(*s) for s in sorted(shares))
-        assert hv.status(instance_id) == "shutoff"
+        info = hv.describe(instance_id)
+        assert info.shares == tuple(Share(*s) for s in sorted(shares))
+        assert (info.status, info.live_shares) == ("shutoff", None)
 
     def test_set_shares_refuses_bad_input(self, hv, base_image):
         instance_id = self.spawn(hv, base_image)
@@ -277,12 +301,28 @@ class TestFakeHypervisor(HypervisorContract):
         hv.power_on(instance_id)
         assert hv.status(instance_id) == "running"
 
+    def test_like_qemu_a_running_guest_keeps_its_shares_until_it_starts_again(self, hv, base_image, shares):
+        instance_id = self.spawn(hv, base_image, shares)
+        hv.set_shares(instance_id, shares[:1])
+        info = hv.describe(instance_id)
+        assert info.live_shares == tuple(Share(*s) for s in shares)
+        assert info.shares == (Share(*shares[0]),)
+        # Resuming a paused guest is no start either.
+        hv.instances[instance_id].status = "paused"
+        assert hv.describe(instance_id).live_shares == tuple(Share(*s) for s in shares)
+        hv.power_on(instance_id)
+        assert hv.describe(instance_id).live_shares == tuple(Share(*s) for s in shares)
+        hv.instances[instance_id].status = "crashed"
+        assert hv.describe(instance_id).live_shares is None
+        hv.power_on(instance_id)
+        assert hv.describe(instance_id).live_shares == (Share(*shares[0]),)
+
     def test_an_orphan_disk_is_listed_and_destroyed(self, hv, base_image):
         instance_id = self.spawn(hv, base_image)
         del hv.instances[instance_id]
         assert instance_id in hv.list_instances()
         info = hv.describe(instance_id)
-        assert (info.defined, info.status, info.shares) == (False, "error", ())
+        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
         assert info.disk_path
         hv.destroy(instance_id)
         self.assert_gone(hv, instance_id)
@@ -436,6 +476,75 @@ class TestLibvirtTestDriver(HypervisorContract):
             hv.reboot(instance_id)
         assert type(err.value) is HostError
 
+    @staticmethod
+    def live_tags(dom) -> list[str]:
+        filesystems = ET.fromstring(dom.XMLDesc(0)).findall("devices/filesystem")
+        return sorted(fs.find("target").get("dir") for fs in filesystems)
+
+    @staticmethod
+    def spy(monkeypatch, calls: list, *names):
+        import libvirt
+
+        for name in names:
+            real = getattr(libvirt.virDomain, name)
+
+            def call(self_, *args, _name=name, _real=real):
+                calls.append(_name)
+                return _real(self_, *args)
+
+            monkeypatch.setattr(libvirt.virDomain, name, call)
+
+    def test_reboot_power_cycles_a_guest_that_still_has_removed_shares(self, hv, base_image, shares, monkeypatch):
+        instance_id = self.spawn(hv, base_image, shares)
+        dom = self.domain(hv, instance_id)
+        hv.set_shares(instance_id, shares[:1])
+        # The test driver, like QEMU for 9p, cannot detach live: the guest keeps bob.
+        assert self.live_tags(dom) == ["alice", "bob"]
+        assert [s.tag for s in hv.describe(instance_id).live_shares] == ["alice", "bob"]
+        calls = []
+        self.spy(monkeypatch, calls, "reset", "destroy", "create")
+        hv.reboot(instance_id)
+        assert calls == ["destroy", "create"]
+        assert self.live_tags(dom) == ["alice"]
+        assert hv.status(instance_id) == "running"
+        calls.clear()
+        hv.reboot(instance_id)
+        assert calls == ["reset"]  # nothing pending: the same guest is reset
+
+    def test_a_failed_start_in_the_power_cycle_leaves_it_shut_off(self, hv, base_image, shares, monkeypatch):
+        import libvirt
+
+        instance_id = self.spawn(hv, base_image, shares)
+        hv.set_shares(instance_id, [])
+
+        def fail(*args):
+            raise _libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_QEMU, "no memory")
+
+        monkeypatch.setattr(libvirt.virDomain, "create", fail)
+        with pytest.raises(HostError, match="cannot start it again .*no memory"):
+            hv.reboot(instance_id)
+        assert hv.status(instance_id) == "shutoff"
+
+    def test_a_connection_lost_in_the_power_cycle_finishes_it_on_a_new_one(self, hv, base_image, shares, monkeypatch):
+        import libvirt
+
+        instance_id = self.spawn(hv, base_image, shares)
+        hv.set_shares(instance_id, shares[1:])
+        real_create = libvirt.virDomain.create
+        calls = []
+
+        def create_once_lost(self_, *args):
+            calls.append(1)
+            if len(calls) == 1:
+                raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
+            return real_create(self_, *args)
+
+        monkeypatch.setattr(libvirt.virDomain, "create", create_once_lost)
+        hv.reboot(instance_id)
+        assert len(calls) == 2
+        info = hv.describe(instance_id)
+        assert info.status == "running" and info.live_shares == info.shares == (Share(*shares[1]),)
+
     def test_paused_instance(self, hv, base_image):
         instance_id = self.spawn(hv, base_image)
         self.domain(hv, instance_id).suspend()
@@ -455,7 +564,7 @@ class TestLibvirtTestDriver(HypervisorContract):
         dom.undefine()
         assert instance_id in hv.list_instances()
         info = hv.describe(instance_id)
-        assert (info.defined, info.status, info.shares) == (False, "error", ())
+        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
         assert info.disk_path
         hv.destroy(instance_id)
         self.assert_gone(hv, instance_id)

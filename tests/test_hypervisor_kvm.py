@@ -50,6 +50,12 @@ def domstate(name: str) -> str:
     return virsh("domstate", name).stdout.strip()
 
 
+def share_tags(name: str, *flags: str) -> list[str]:
+    """Tags of the domain's shares: of the running guest, or with --inactive of its persistent definition."""
+    dom = ET.fromstring(virsh("dumpxml", *flags, name).stdout)
+    return sorted(fs.find("target").get("dir") for fs in dom.findall("devices/filesystem"))
+
+
 def qemu_img_info(path: str) -> dict:
     return json.loads(subp.run(["qemu-img", "info", "--force-share", "--output=json", path]).stdout)
 
@@ -104,16 +110,35 @@ def test_set_shares_on_a_running_instance_changes_the_next_boot(kvm, prefix, tmp
     instance_id = new_id()
     kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, shares=[("alice", str(tmp_path / "alice"))])
     kvm.set_shares(instance_id, [("bob", str(tmp_path / "bob"))])
-
-    def tags(*flags):
-        dom = ET.fromstring(virsh("dumpxml", *flags, prefix + instance_id).stdout)
-        return [fs.find("target").get("dir") for fs in dom.findall("devices/filesystem")]
-
-    assert tags("--inactive") == ["bob"]
-    assert tags() == ["alice"]  # QEMU cannot hot-plug 9p
+    name = prefix + instance_id
+    assert share_tags(name, "--inactive") == ["bob"]
+    assert share_tags(name) == ["alice"]  # QEMU cannot hot-plug 9p
     kvm.power_off(instance_id)
     kvm.power_on(instance_id)
-    assert tags() == ["bob"]
+    assert share_tags(name) == ["bob"]
+
+
+def test_reboot_applies_a_share_removed_from_a_running_instance(kvm, prefix, tmp_path):
+    shares = []
+    for user in ("alice", "bob"):
+        (tmp_path / user).mkdir()
+        shares.append((user, str(tmp_path / user)))
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    name = prefix + instance_id
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, shares=shares)
+    kvm.set_shares(instance_id, shares[:1])
+    # bob keeps his home in the running guest: QEMU cannot unplug a 9p share.
+    assert share_tags(name) == ["alice", "bob"]
+    assert [s.tag for s in kvm.describe(instance_id).live_shares] == ["alice", "bob"]
+    domid = virsh("domid", name).stdout.strip()
+
+    kvm.reboot(instance_id)
+    assert domstate(name) == "running"
+    assert share_tags(name) == ["alice"]
+    assert virsh("domid", name).stdout.strip() != domid  # a new QEMU process: a reset would keep the share
+    info = kvm.describe(instance_id)
+    assert info.live_shares == info.shares and [s.tag for s in info.shares] == ["alice"]
 
 
 def test_a_paused_instance(kvm, prefix):

@@ -182,3 +182,49 @@ def test_cli_in_the_sandbox_leaves_the_servers_domains_alone(service):
     assert json.loads(report.stdout) == {"drift": []}
     human = subprocess.run([AGENT, "reconcile"], capture_output=True, text=True, env=env)
     assert "no drift" in human.stdout and "sandbox profile" in human.stdout
+
+
+def test_access_removed_from_a_running_guest_is_reported_until_a_reboot(service):
+    """QEMU cannot unplug a 9p share: the guest keeps it, reconcile says so, reboot applies the record."""
+    from controller.instances import run_task
+    from controller.permissions import Requester
+
+    ctx, instance = service["ctx"], service["instance"]
+    hv = ctx.adapters.hypervisor
+    alice = Requester.from_user(ctx.store.get_user_by_email("alice@example.org"))
+    bob = ctx.store.account_of_user(ctx.store.get_user_by_email("bob@example.org")["id"], ctx.config.controller_id)
+
+    def task(**body):
+        return run_task(ctx, alice, instance["id"], body)
+
+    def live_drift():
+        return [d for d in reconcile(ctx, fix=True) if d["kind"] == "domain-live-shares"]
+
+    task(what="modify-users", how="add", users=[bob["uuid"]])
+    [added] = live_drift()  # the running guest does not have bob's home yet
+    assert "bob" in added["detail"] and "power-off" in added["detail"]
+    task(what="reboot")
+    assert reconcile(ctx) == []
+
+    task(what="modify-users", how="delete", users=[bob["uuid"]])
+    assert [s.tag for s in hv.describe(instance["id"]).shares] == ["alice"]
+    assert [s.tag for s in hv.describe(instance["id"]).live_shares] == ["alice", "bob"]
+    [removed] = live_drift()
+    assert (removed["target"], removed["fixable"], removed["fixed"]) == (instance["id"], False, False)
+    assert "reboot" in removed["detail"]
+    assert [s.tag for s in hv.describe(instance["id"]).live_shares] == ["alice", "bob"]  # --fix left it
+
+    task(what="reboot")
+    assert hv.status(instance["id"]) == "running"
+    assert [s.tag for s in hv.describe(instance["id"]).live_shares] == ["alice"]
+    assert reconcile(ctx) == []
+
+
+def test_a_home_without_a_volume_record_is_reported_not_removed(service):
+    ctx = service["ctx"]
+    bob = ctx.store.get_user_by_email("bob@example.org")
+    ctx.store.delete_volume(ctx.store.volume_of_user(bob["id"])["id"])  # the row lost, the home kept
+    drift = reconcile(ctx, fix=True)
+    [item] = [d for d in drift if d["kind"] == "home-without-volume"]
+    assert item["target"] == "bob" and not item["fixable"] and not item["fixed"]
+    assert ctx.adapters.homes.inspect("bob").exists
