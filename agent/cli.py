@@ -1,5 +1,8 @@
 """cloud-agent: the administrator's command for the cloud controller."""
 
+import json
+import sys
+
 import click
 
 from agent import controller_commands, ops_commands, setup_commands, user_commands
@@ -23,5 +26,16 @@ for _module in (setup_commands, user_commands, controller_commands, ops_commands
     _module.register(cli)
 
 
-def main() -> None:
-    cli(prog_name="cloud-agent")
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        cli.main(args=args, prog_name="cloud-agent", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as e:
+        # Usage errors too must keep --json's promise of one JSON document on stdout.
+        if "--json" in args:
+            click.echo(json.dumps({"error": e.format_message()}))
+        e.show()
+        sys.exit(e.exit_code)

@@ -8,7 +8,7 @@ waitress or any WSGI server.
 import falcon
 
 from api import errors, health, user_resources
-from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore
+from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions
 from controller.config import Config, load_config
 from controller.context import Context, build_context
 
@@ -20,6 +20,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
         middleware=[
             BodyLimit(ctx.config.get_int("server", "max_body_bytes")),
             NoStore(),
+            RefuseOptions(),
             AuditTrail(ctx),
             Authenticate(ctx),
         ],

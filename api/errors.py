@@ -62,6 +62,9 @@ def handle_http_error(req, resp, exc: falcon.HTTPError, params) -> None:
     # Falcon's own errors (unknown route, wrong method, bad header) in our envelope,
     # keeping headers such as Allow.
     for name, value in (exc.headers or {}).items():
+        if name.lower() == "allow":
+            # Falcon lists its default OPTIONS responder; OPTIONS is refused here too.
+            value = ", ".join(m for m in (v.strip() for v in value.split(",")) if m != "OPTIONS")
         resp.set_header(name, value)
     message = exc.title or "error"
     if exc.description:

@@ -1,10 +1,28 @@
 """Request-wide checks: body size and authentication."""
 
+import falcon
+
 from api.errors import PayloadTooLarge
 from api.envelopes import is_user_interface
 from controller import audit
 from controller.auth import authenticate
 from controller.context import Context
+
+
+_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+
+
+def allowed_methods(resource) -> list[str]:
+    """The methods a resource answers (its on_* responders)."""
+    return [m for m in _METHODS if hasattr(resource, f"on_{m.lower()}")]
+
+
+class RefuseOptions:
+    """OPTIONS is not among the methods the spec accepts on any path: 405 like any other."""
+
+    def process_resource(self, req, resp, resource, params):
+        if req.method == "OPTIONS" and resource is not None:
+            raise falcon.HTTPMethodNotAllowed(allowed_methods(resource))
 
 
 class BodyLimit:

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from controller.context import Context
 from controller.errors import InvalidInput, TooManyRequests, Unauthenticated
 from controller.permissions import Requester
-from controller.rules import is_uuid
+from controller.rules import as_uuid
 from controller.security import new_token, same, token_hash
 
 _BAD_CREDENTIALS = "invalid credentials"
@@ -101,7 +101,8 @@ def authenticate(ctx: Context, *, token: str | None, user_id: str | None) -> Req
     """The requester behind X-Auth-Token and X-Auth-Cloudauth-Id, or Unauthenticated."""
     if not token or not user_id:
         raise Unauthenticated("X-Auth-Token and X-Auth-Cloudauth-Id headers are required")
-    if not is_uuid(user_id):
+    user_id = as_uuid(user_id)
+    if user_id is None:
         raise Unauthenticated("X-Auth-Cloudauth-Id must be a user id (UUID)")
     user = ctx.store.token_owner(token_hash(token), now=int(time.time()))
     # The hash lookup already compared the token; the id comparison is constant-time too.

@@ -4,7 +4,7 @@ from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import is_uuid, new_id
+from controller.rules import as_uuid, new_id
 from controller.store import utc_now
 from host_adapters.names import check_group_name, check_username
 
@@ -27,14 +27,17 @@ def list_groups(
 ) -> list[dict]:
     if group_name is not None and cloudauth_id is not None:
         raise InvalidInput("group-name and cloudauth-id cannot be used together")
-    if cloudauth_id is not None and not is_uuid(cloudauth_id):
-        raise InvalidInput("cloudauth-id must be a UUID")
+    if cloudauth_id is not None:
+        cloudauth_id = as_uuid(cloudauth_id)
+        if cloudauth_id is None:
+            raise InvalidInput("cloudauth-id must be a UUID")
     rows = ctx.store.list_groups(visible_to=_visible_to(requester), owner_id=cloudauth_id, name=group_name)
     return [group_object(r) for r in rows]
 
 
 def _get_row(ctx: Context, requester: Requester, group_id: str) -> dict:
-    rows = ctx.store.list_groups(visible_to=_visible_to(requester), group_id=group_id) if is_uuid(group_id) else []
+    group_id = as_uuid(group_id)
+    rows = ctx.store.list_groups(visible_to=_visible_to(requester), group_id=group_id) if group_id else []
     if not rows:
         raise NotFound(f"group {group_id} not found")
     return rows[0]

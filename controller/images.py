@@ -3,7 +3,7 @@
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import is_uuid, new_id
+from controller.rules import as_uuid, new_id
 from controller.store import utc_now
 from controller.users import get_user_by_email_or_404
 
@@ -44,7 +44,8 @@ def list_images(ctx: Context, requester: Requester) -> list[dict]:
 
 
 def get_image(ctx: Context, requester: Requester, image_id: str) -> dict:
-    rows = ctx.store.list_images(usable_by=_usable_by(requester), image_id=image_id) if is_uuid(image_id) else []
+    image_id = as_uuid(image_id)
+    rows = ctx.store.list_images(usable_by=_usable_by(requester), image_id=image_id) if image_id else []
     if not rows:
         raise NotFound(f"server-image {image_id} not found")
     return image_object(rows[0])
@@ -97,6 +98,13 @@ def add_image(
     _positive("min-disk", min_disk)
     _positive("min-ram", min_ram)
     image_id = new_id()
+    if source is not None and ctx.config.is_sandbox:
+        from host_adapters.hypervisor import check_image_source
+
+        check_image_source(source, min_disk)
+        # The sandbox's libvirt test driver cannot store uploaded content and forgets its
+        # volumes when the process ends; a blank disk of the same size stands in.
+        source = None
     base = ctx.adapters.hypervisor.create_base_image(image_id, size_gb=min_disk, source=source, progress=progress)
     row = {
         "id": image_id,
@@ -120,7 +128,8 @@ def add_image(
 
 
 def _image_row(ctx: Context, image_id: str) -> dict:
-    row = ctx.store.get_image(image_id) if is_uuid(image_id) else None
+    canonical = as_uuid(image_id)
+    row = ctx.store.get_image(canonical) if canonical else None
     if row is None:
         raise NotFound(f"server-image {image_id} not found")
     return row

@@ -7,7 +7,7 @@ from controller.context import Context
 from controller.errors import Conflict, Forbidden, HostError, InvalidInput, NotFound
 from controller.images import get_flavor_row
 from controller.permissions import Requester
-from controller.rules import is_uuid, new_id
+from controller.rules import as_uuid, new_id
 from controller.store import utc_now
 
 log = logging.getLogger(__name__)
@@ -46,11 +46,8 @@ def _refresh_status(ctx: Context, row: dict) -> dict:
 
 
 def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
-    rows = (
-        ctx.store.list_instances(visible_to=_visible_to(requester), instance_id=instance_id)
-        if is_uuid(instance_id)
-        else []
-    )
+    instance_id = as_uuid(instance_id)
+    rows = ctx.store.list_instances(visible_to=_visible_to(requester), instance_id=instance_id) if instance_id else []
     if not rows:
         raise NotFound(f"server-instance {instance_id} not found")
     return rows[0]
@@ -62,8 +59,10 @@ def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
 
 
 def list_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
-    if cloudauth_id is not None and not is_uuid(cloudauth_id):
-        raise InvalidInput("cloudauth-id must be a UUID")
+    if cloudauth_id is not None:
+        cloudauth_id = as_uuid(cloudauth_id)
+        if cloudauth_id is None:
+            raise InvalidInput("cloudauth-id must be a UUID")
     rows = ctx.store.list_instances(visible_to=_visible_to(requester), owner_id=cloudauth_id)
     return [instance_object(_refresh_status(ctx, r)) for r in rows]
 
@@ -75,10 +74,10 @@ def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:
 # -- users with access ----------------------------------------------------------
 def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> list[dict]:
     """The accounts named by controller user ids, checked for the requester's authority to grant them."""
-    wanted = list(dict.fromkeys(uuids))
-    bad = [u for u in wanted if not is_uuid(u)]
+    bad = [u for u in uuids if as_uuid(u) is None]
     if bad:
         raise InvalidInput(f"unknown user ids: {', '.join(map(str, bad[:5]))}")
+    wanted = list(dict.fromkeys(as_uuid(u) for u in uuids))
     found = {a["uuid"]: a for a in ctx.store.accounts_with_owners(uuids=wanted)}
     unknown = [u for u in wanted if u not in found]
     if unknown:
@@ -110,7 +109,8 @@ def _owner_account(ctx: Context, user_id: str) -> dict:
 
 # -- create and delete ---------------------------------------------------------------
 def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
-    image = ctx.store.get_image(body["server-image"]) if is_uuid(body["server-image"]) else None
+    image_id = as_uuid(body["server-image"])
+    image = ctx.store.get_image(image_id) if image_id else None
     if image is None or not (
         requester.is_superuser
         or image["public"]
@@ -233,10 +233,11 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
     owner_account = ctx.store.account_of_user(row["owner_id"], ctx.config.controller_id)
     owner_uuid = owner_account["uuid"] if owner_account else None
     if how == "delete":
-        bad = [u for u in uuids if not is_uuid(u)]
+        bad = [u for u in uuids if as_uuid(u) is None]
         if bad:
             raise InvalidInput(f"unknown user ids: {', '.join(map(str, bad[:5]))}")
-        new = [u for u in current if u not in set(uuids)]
+        drop = {as_uuid(u) for u in uuids}
+        new = [u for u in current if u not in drop]
     else:
         granted = [a["uuid"] for a in resolve_grantable(ctx, requester, uuids)]
         base = current if how == "add" else []

@@ -38,13 +38,19 @@ def check_password(value: object) -> str:
     return value
 
 
-def is_uuid(value: object) -> bool:
-    if not isinstance(value, str):
-        return False
+def as_uuid(value: object) -> str | None:
+    """The canonical (lower-case) form of a UUID in its usual 36-character spelling, else None.
+
+    UUIDs compare case-insensitively (RFC 4122), and ids are stored lower-case, so
+    every id a client sends goes through here before a lookup.
+    """
+    if not isinstance(value, str) or len(value) != 36:
+        return None
     try:
-        return str(uuid.UUID(value)) == value.lower()
+        canonical = str(uuid.UUID(value))
     except ValueError:
-        return False
+        return None
+    return canonical if canonical == value.lower() else None
 
 
 def new_id() -> str:

@@ -6,7 +6,7 @@ from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import check_email, check_password, is_uuid, new_id
+from controller.rules import as_uuid, check_email, check_password, new_id
 from controller.security import new_api_key, new_api_secret
 from controller.store import utc_now
 
@@ -53,7 +53,8 @@ def user_object(ctx: Context, user: dict, *, superuser_view: bool) -> dict:
 
 # -- lookups ------------------------------------------------------------------
 def get_user_or_404(ctx: Context, userid: str) -> dict:
-    user = ctx.store.get_user(userid) if is_uuid(userid) else None
+    canonical = as_uuid(userid)
+    user = ctx.store.get_user(canonical) if canonical else None
     if user is None:
         raise NotFound(f"user {userid} does not exist")
     return user
@@ -118,12 +119,13 @@ def create_user(
         raise InvalidInput("active must be 0 (inactive) or greater (active)")
     if requester.is_superuser:
         if owner_userid is not None:
-            if not is_uuid(owner_userid):
+            owner_userid = as_uuid(owner_userid)
+            if owner_userid is None:
                 raise InvalidInput("owner_userid must be a UUID")
             if ctx.store.get_user(owner_userid) is None:
                 raise InvalidInput(f"owner_userid {owner_userid} does not exist")
     else:
-        if owner_userid is not None and owner_userid != requester.id:
+        if owner_userid is not None and as_uuid(owner_userid) != requester.id:
             raise Forbidden("a user without the superuser role can only create users it owns")
         # A non-superuser's new user is always its own managed user.
         owner_userid = requester.id
@@ -162,8 +164,10 @@ def list_users(
             raise Forbidden(f"{', '.join(given)} may only be used by a superuser")
         users = ctx.store.list_users(visible_to=requester.id)
     else:
-        if owner_userid is not None and not is_uuid(owner_userid):
-            raise InvalidInput("owner_userid must be a UUID")
+        if owner_userid is not None:
+            owner_userid = as_uuid(owner_userid)
+            if owner_userid is None:
+                raise InvalidInput("owner_userid must be a UUID")
         users = ctx.store.list_users(
             owner_userid=owner_userid,
             include_inactive=bool(show_inactive),

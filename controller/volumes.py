@@ -4,7 +4,7 @@ from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import is_uuid, new_id
+from controller.rules import as_uuid, new_id
 from controller.store import utc_now
 
 
@@ -31,14 +31,17 @@ def check_size(ctx: Context, size_gb: object) -> int:
 
 
 def list_volumes(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
-    if cloudauth_id is not None and not is_uuid(cloudauth_id):
-        raise InvalidInput("cloudauth-id must be a UUID")
+    if cloudauth_id is not None:
+        cloudauth_id = as_uuid(cloudauth_id)
+        if cloudauth_id is None:
+            raise InvalidInput("cloudauth-id must be a UUID")
     return [volume_object(r) for r in ctx.store.list_volumes(visible_to=_visible_to(requester), owner_id=cloudauth_id)]
 
 
 def _get_row(ctx: Context, requester: Requester | None, volume_id: str) -> dict:
     visible_to = None if requester is None else _visible_to(requester)
-    rows = ctx.store.list_volumes(visible_to=visible_to, volume_id=volume_id) if is_uuid(volume_id) else []
+    volume_id = as_uuid(volume_id)
+    rows = ctx.store.list_volumes(visible_to=visible_to, volume_id=volume_id) if volume_id else []
     if not rows:
         raise NotFound(f"storage-volume {volume_id} not found")
     return rows[0]

@@ -235,7 +235,7 @@ def _check_shares(shares: Iterable[tuple[str, str]]) -> tuple[Share, ...]:
     return tuple(result[tag] for tag in sorted(result))
 
 
-def _check_image_source(source: str, size_gb: int) -> int:
+def check_image_source(source: str, size_gb: int) -> int:
     """Size in bytes of a qcow2 file fit to become a base image; InvalidInput otherwise."""
     try:
         with open(source, "rb") as f:
@@ -521,7 +521,7 @@ class LibvirtHypervisor(Hypervisor):
     ) -> str:
         _check_id(image_id, "image id")
         _check_positive(size_gb=size_gb)
-        upload_size = _check_image_source(source, size_gb) if source is not None else None
+        upload_size = check_image_source(source, size_gb) if source is not None else None
         name = self._names.base(image_id)
         began = []  # past the existence check: from here a failure removes the volume by name
 
@@ -924,7 +924,7 @@ class FakeHypervisor(Hypervisor):
     ) -> str:
         _check_id(image_id, "image id")
         _check_positive(size_gb=size_gb)
-        size = _check_image_source(source, size_gb) if source is not None else None
+        size = check_image_source(source, size_gb) if source is not None else None
         name = self._names.base(image_id)
         with self._lock:
             self._step("create_base_image")

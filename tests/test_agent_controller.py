@@ -339,6 +339,28 @@ def test_image_add_usage_errors(sandbox, tmp_path):
     assert sandbox.rows("SELECT * FROM images") == []
 
 
+@pytest.mark.real_commands
+def test_image_add_with_a_source_on_the_sandbox(sandbox, api, tmp_path):
+    """The test driver cannot hold uploaded content: the file is checked, a blank disk stands in."""
+    import subprocess
+
+    source = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(source), "1G"], check=True)
+    out = add_image(sandbox, "--source", str(source))
+    assert out == api.get(f"/v1/server-image/{out['id']}")
+    raw = tmp_path / "raw.img"
+    raw.write_bytes(b"\0" * 4096)
+    assert "not a qcow2 file" in sandbox.error("image", "add", "--name", "X", "--os-name", "d", "--os-major", "1",
+                                               "--os-minor", "0", "--min-disk", "2", "--min-ram", "512",
+                                               "--source", str(raw))
+    big = tmp_path / "big.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(big), "5G"], check=True)
+    assert "virtual size" in sandbox.error("image", "add", "--name", "X", "--os-name", "d", "--os-major", "1",
+                                           "--os-minor", "0", "--min-disk", "2", "--min-ram", "512",
+                                           "--source", str(big))
+    assert len(sandbox.rows("SELECT * FROM images")) == 1
+
+
 def test_image_grant_lets_the_user_see_a_private_image(sandbox, api, bob):
     image = add_image(sandbox, "--private")
     bob_headers = login(api.client, {"email": "bob@example.org", "password": USER_PASSWORD})

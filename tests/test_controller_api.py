@@ -523,3 +523,39 @@ def test_volume_survives_a_share_update_failure(client, cctx, adapters, people, 
     # The running guest gets the new home at its next start, which reconcile also says.
     assert [d["kind"] for d in reconcile(cctx, fix=True)] == ["domain-shares", "domain-live-shares"]
     assert {s.tag for s in adapters.hypervisor.describe(inst["id"]).shares} == {"owner", "managed"}
+
+
+@pytest.mark.parametrize("path,allow", [
+    ("/v1/server-image", {"GET"}),
+    ("/v1/server-flavor/1", {"GET"}),
+    ("/v1/group", {"GET", "POST"}),
+    ("/v1/storage-volume/x", {"GET", "DELETE"}),
+    ("/v1/user/create", {"POST"}),
+])
+def test_options_is_refused_and_allow_names_only_real_methods(client, people, path, allow):
+    for method in ("OPTIONS", "PATCH"):
+        r = client.simulate_request(method, path, headers=people["owner"].headers)
+        assert r.status_code == 405, r.text
+        assert r.json["success"] is False
+        assert {m.strip() for m in r.headers["allow"].split(",")} == allow
+
+
+def test_ids_are_case_insensitive(client, cctx, people, catalog):
+    owner = people["owner"]
+    vol = give_volume(client, owner)
+    up = vol["volume-id"].upper()
+    [same] = ok(client.simulate_get(f"/v1/storage-volume/{up}", headers=owner.headers))
+    assert same["volume-id"] == vol["volume-id"]
+    listed = ok(client.simulate_get(f"/v1/storage-volume?cloudauth-id={owner.id.upper()}", headers=owner.headers))
+    assert [v["volume-id"] for v in listed] == [vol["volume-id"]]
+    headers = {"X-Auth-Token": owner.token, "X-Auth-Cloudauth-Id": owner.id.upper()}
+    assert ok(client.simulate_get("/v1/server-flavor", headers=headers))
+    body = {"server-image": catalog["public"]["id"].upper(), "server-flavor": catalog["small"]["id"],
+            "users": [people["accounts"]["managed"]["uuid"].upper()]}
+    [inst] = ok(client.simulate_post("/v1/server-instance", headers=owner.headers, json=body), 201)
+    assert inst["server-image"] == catalog["public"]["id"]
+    assert people["accounts"]["managed"]["uuid"] in inst["users"]
+    [g] = ok(make_group(client, owner, "upper"), 201)
+    ok(client.simulate_get(f"/v1/group/{g['group-id'].upper()}", headers=owner.headers))
+    r = client.simulate_get(f"/v1/user/view/{owner.id.upper()}", headers=owner.headers)
+    assert r.status_code == 200 and r.json["data"]["user"]["id"] == owner.id

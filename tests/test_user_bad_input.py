@@ -226,7 +226,7 @@ def test_body_overrides_query_string(ctx, user_client, admin, target):
 
 # -- ids in the path ----------------------------------------------------------
 NOT_UUIDS = [
-    "not-a-uuid", "123", "0", "{id_upper}", "{id_braces}", "{id_nodash}", "{id}x", "%20{id}",
+    "not-a-uuid", "123", "0", "{id_braces}", "{id_nodash}", "{id}x", "%20{id}",
     "00000000-0000-0000-0000-00000000000g", "..%2Flist", "%00",
 ]
 
@@ -237,12 +237,18 @@ NOT_UUIDS = [
     "/v1/user/view_api_secret/{}", "/v1/user/reset_api_secret/{}",
 ])
 def test_non_uuid_ids_are_404(ctx, user_client, admin, target, path, bad):
-    bad = bad.format(id=target.id, id_upper=target.id.upper(), id_braces="%7B" + target.id + "%7D",
+    bad = bad.format(id=target.id, id_braces="%7B" + target.id + "%7D",
                      id_nodash=target.id.replace("-", ""))
     before = snapshot(ctx)
     resp = post(user_client, admin, path.format(bad), json_body={"password": "Valid-password-1", "name": "x"})
     user_envelope(resp, 404)
     assert snapshot(ctx) == before
+
+
+def test_upper_case_ids_name_the_same_user(ctx, user_client, admin, target):
+    # UUIDs compare case-insensitively (RFC 4122).
+    resp = user_client.simulate_get(f"/v1/user/view/{target.id.upper()}", headers=admin.headers)
+    assert user_envelope(resp, 200, data=True)["user"]["id"] == target.id
 
 
 @pytest.mark.parametrize("email", ["nobody@example.org", "not-an-email", "%00", "a%40b"])
