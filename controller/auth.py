@@ -65,7 +65,9 @@ def issue_token(
             _PASSWORD_CHECKS.release()
         source = "password"
 
-    if not ok or user is None or user["active"] <= 0:
+    # A null API secret (reset_api_secret with set_to_null) shuts the user out of the
+    # cloud APIs entirely, whichever credential it offers.
+    if not ok or user is None or user["active"] <= 0 or user["api_secret_enc"] is None:
         ctx.throttle.failed(throttle_key)
         raise Unauthenticated(_BAD_CREDENTIALS)
     ctx.throttle.succeeded(throttle_key)

@@ -209,9 +209,13 @@ class Store:
             conn.execute("DELETE FROM tokens WHERE user_id = ? AND source = 'password'", (user_id,))
 
     def set_api_secret(self, user_id: str, api_secret_enc: str | None) -> None:
+        """A new secret kills the tokens issued from the key; a null one kills them all."""
         with self.write() as conn:
             conn.execute("UPDATE users SET api_secret_enc = ? WHERE id = ?", (api_secret_enc, user_id))
-            conn.execute("DELETE FROM tokens WHERE user_id = ? AND source = 'api_key'", (user_id,))
+            if api_secret_enc is None:
+                conn.execute("DELETE FROM tokens WHERE user_id = ?", (user_id,))
+            else:
+                conn.execute("DELETE FROM tokens WHERE user_id = ? AND source = 'api_key'", (user_id,))
 
     def delete_user(self, user_id: str) -> None:
         with self.write() as conn:
@@ -245,7 +249,8 @@ class Store:
         return self._user_row(
             self._one(
                 """SELECT u.* FROM tokens t JOIN users u ON u.id = t.user_id
-                   WHERE t.token_hash = ? AND t.expires_at > ? AND u.active > 0""",
+                   WHERE t.token_hash = ? AND t.expires_at > ? AND u.active > 0
+                   AND u.api_secret_enc IS NOT NULL""",
                 (token_hash, now),
             )
         )
