@@ -4,7 +4,6 @@ from api import schemas
 
 # Both headers go on every authenticated request; they are security schemes so that
 # clients and tools treat them as credentials, not as ordinary parameters.
-_AUTH_HEADERS: list = []
 _SECURITY_SCHEMES = {
     "token": {"type": "apiKey", "in": "header", "name": "X-Auth-Token"},
     "cloudauthId": {"type": "apiKey", "in": "header", "name": "X-Auth-Cloudauth-Id"},
@@ -61,7 +60,7 @@ def _user_op(summary: str, *, params: dict, data: dict | None, errors=(400, 401,
     errors = tuple(sorted(set(errors) | {400, 401, 413, 415}))
     return {
         "summary": summary,
-        "parameters": list(_AUTH_HEADERS),
+        "parameters": [],
         "requestBody": {
             "required": False,
             "content": {
@@ -173,7 +172,6 @@ def _user_paths() -> dict:
 
 def _controller_paths() -> dict:
     return schemas.controller_paths(
-        auth_headers=_AUTH_HEADERS,
         envelope=_controller_envelope,
         errors=_controller_errors,
         json=_json,

@@ -226,13 +226,13 @@ GROUP_OBJECT = {
 }
 
 
-def controller_paths(*, auth_headers, envelope, errors, json, path) -> dict:
+def controller_paths(*, envelope, errors, json, path) -> dict:
     """OpenAPI path items of the controller interface."""
 
     def op(summary, obj, *, status="200", body=None, params=(), errs=(400, 401, 403, 404, 409, 503)):
         o = {
             "summary": summary,
-            "parameters": list(auth_headers) + list(params),
+            "parameters": list(params),
             "responses": {status: {"description": "success", "content": json(envelope(obj))}, **errors(*errs)},
         }
         if body is not None:

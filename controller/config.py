@@ -80,9 +80,6 @@ class Config:
         except ValueError:
             raise InvalidInput(f"config [{section}] {key} must be an integer, got {raw!r}") from None
 
-    def get_bool(self, section: str, key: str) -> bool:
-        return self.get(section, key).strip().lower() in ("1", "true", "yes", "on")
-
     # Accessors for the keys the code reads most.
     @property
     def database_path(self) -> str:

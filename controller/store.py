@@ -289,12 +289,6 @@ class Store:
     def get_account_by_username(self, username: str) -> dict | None:
         return self._one("SELECT * FROM system_accounts WHERE username = ?", (username,))
 
-    def get_accounts_by_uuid(self, uuids: list[str]) -> list[dict]:
-        if not uuids:
-            return []
-        marks = ",".join("?" * len(uuids))
-        return self._all(f"SELECT * FROM system_accounts WHERE uuid IN ({marks})", uuids)
-
     def delete_account(self, account_id: int) -> None:
         with self.write() as conn:
             conn.execute("DELETE FROM system_accounts WHERE id = ?", (account_id,))
