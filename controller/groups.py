@@ -2,7 +2,7 @@
 
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
+from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
 from controller.store import utc_now
@@ -18,10 +18,6 @@ def group_object(row: dict) -> dict:
     }
 
 
-def _visible_to(requester: Requester) -> str | None:
-    return None if requester.is_superuser else requester.id
-
-
 def list_groups(
     ctx: Context, requester: Requester, *, group_name: str | None = None, cloudauth_id: str | None = None
 ) -> list[dict]:
@@ -31,13 +27,13 @@ def list_groups(
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
-    rows = ctx.store.list_groups(visible_to=_visible_to(requester), owner_id=cloudauth_id, name=group_name)
+    rows = ctx.store.list_groups(visible_to=perms.visible_to(requester), owner_id=cloudauth_id, name=group_name)
     return [group_object(r) for r in rows]
 
 
 def _get_row(ctx: Context, requester: Requester, group_id: str) -> dict:
-    group_id = as_uuid(group_id)
-    rows = ctx.store.list_groups(visible_to=_visible_to(requester), group_id=group_id) if group_id else []
+    canonical = as_uuid(group_id)
+    rows = ctx.store.list_groups(visible_to=perms.visible_to(requester), group_id=canonical) if canonical else []
     if not rows:
         raise NotFound(f"group {group_id} not found")
     return rows[0]
@@ -78,8 +74,8 @@ def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
 
 
 def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
-    if not perms.can_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"])):
-        raise Forbidden("only the owner, the owner's owner or a superuser may change this group")
+    perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
+                         what="this group")
 
 
 def update_group(ctx: Context, requester: Requester, group_id: str, body: dict) -> dict:

@@ -4,7 +4,7 @@ import logging
 
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import Conflict, Forbidden, HostError, InvalidInput, NotFound
+from controller.errors import Conflict, HostError, InvalidInput, NotFound
 from controller.images import get_flavor_row
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
@@ -29,10 +29,6 @@ def instance_object(row: dict) -> dict:
     return obj
 
 
-def _visible_to(requester: Requester) -> str | None:
-    return None if requester.is_superuser else requester.id
-
-
 def _refresh_status(ctx: Context, row: dict) -> dict:
     """The host's view of the power state wins; a host that cannot answer leaves the stored one."""
     try:
@@ -46,16 +42,16 @@ def _refresh_status(ctx: Context, row: dict) -> dict:
 
 
 def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
-    instance_id = as_uuid(instance_id)
-    rows = ctx.store.list_instances(visible_to=_visible_to(requester), instance_id=instance_id) if instance_id else []
+    canonical = as_uuid(instance_id)
+    rows = ctx.store.list_instances(visible_to=perms.visible_to(requester), instance_id=canonical) if canonical else []
     if not rows:
         raise NotFound(f"server-instance {instance_id} not found")
     return rows[0]
 
 
 def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
-    if not perms.can_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"])):
-        raise Forbidden("only the owner, the owner's owner or a superuser may change this server-instance")
+    perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
+                         what="this server-instance")
 
 
 def list_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
@@ -63,7 +59,7 @@ def list_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | No
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
-    rows = ctx.store.list_instances(visible_to=_visible_to(requester), owner_id=cloudauth_id)
+    rows = ctx.store.list_instances(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)
     return [instance_object(_refresh_status(ctx, r)) for r in rows]
 
 

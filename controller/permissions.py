@@ -55,12 +55,19 @@ def can_view_secret(requester: Requester, target: dict) -> bool:
 
 
 # -- controller resources (instances, volumes, groups) ---------------------
-# Visibility is applied in SQL (see Store); these decide mutation.
-def can_mutate(requester: Requester, *, owner_id: str, owner_owner_id: str | None) -> bool:
-    """Owner, the owner's owner, or a superuser may change a visible resource."""
-    return requester.is_superuser or requester.id == owner_id or (
-        owner_owner_id is not None and requester.id == owner_owner_id
-    )
+def visible_to(requester: Requester) -> str | None:
+    """The user whose own and managed resources the requester sees; None: everything.
+
+    The Store applies it in SQL (the spec's three visibility rules).
+    """
+    return None if requester.is_superuser else requester.id
+
+
+def require_mutate(requester: Requester, *, owner_id: str, owner_owner_id: str | None, what: str) -> None:
+    """Owner, the owner's owner, or a superuser may change a visible resource; else 403."""
+    if not (requester.is_superuser or requester.id == owner_id
+            or (owner_owner_id is not None and requester.id == owner_owner_id)):
+        raise Forbidden(f"only the owner, the owner's owner or a superuser may change {what}")
 
 
 def require_account_authority(requester: Requester, account: dict, message: str) -> None:

@@ -300,11 +300,18 @@ class Store:
     # A resource is visible to its owner and to the owner's owner; a superuser
     # passes visible_to=None and sees everything.
     @staticmethod
-    def _visible(column: str, visible_to: str | None, params: list) -> str:
-        if visible_to is None:
-            return "1"
-        params += [visible_to, visible_to]
-        return f"{column} IN (SELECT id FROM users WHERE id = ? OR owner_userid = ?)"
+    def _where(visible_to: str | None, **equal) -> tuple[str, list]:
+        """A WHERE clause: owner_id visible to visible_to (None: all), and column = value for each
+        filter that is not None."""
+        clauses, params = ["1"], []
+        if visible_to is not None:
+            clauses.append("owner_id IN (SELECT id FROM users WHERE id = ? OR owner_userid = ?)")
+            params += [visible_to, visible_to]
+        for column, value in equal.items():
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(clauses), params
 
     def owner_owner(self, owner_id: str) -> str | None:
         row = self._one("SELECT owner_userid FROM users WHERE id = ?", (owner_id,))
@@ -387,15 +394,8 @@ class Store:
 
     def list_instances(self, *, visible_to: str | None, owner_id: str | None = None,
                        instance_id: str | None = None) -> list[dict]:
-        params: list = []
-        where = [self._visible("owner_id", visible_to, params)]
-        if owner_id is not None:
-            where.append("owner_id = ?")
-            params.append(owner_id)
-        if instance_id is not None:
-            where.append("id = ?")
-            params.append(instance_id)
-        rows = self._all(f"SELECT * FROM instances WHERE {' AND '.join(where)} ORDER BY creation_date, id", params)
+        where, params = self._where(visible_to, owner_id=owner_id, id=instance_id)
+        rows = self._all(f"SELECT * FROM instances WHERE {where} ORDER BY creation_date, id", params)
         users = self.instance_users([r["id"] for r in rows])
         for r in rows:
             r["users"] = users.get(r["id"], [])
@@ -454,15 +454,8 @@ class Store:
 
     def list_volumes(self, *, visible_to: str | None, owner_id: str | None = None,
                      volume_id: str | None = None) -> list[dict]:
-        params: list = []
-        where = [self._visible("owner_id", visible_to, params)]
-        if owner_id is not None:
-            where.append("owner_id = ?")
-            params.append(owner_id)
-        if volume_id is not None:
-            where.append("id = ?")
-            params.append(volume_id)
-        return self._all(f"SELECT * FROM volumes WHERE {' AND '.join(where)} ORDER BY creation_date, id", params)
+        where, params = self._where(visible_to, owner_id=owner_id, id=volume_id)
+        return self._all(f"SELECT * FROM volumes WHERE {where} ORDER BY creation_date, id", params)
 
     def volume_of_user(self, user_id: str) -> dict | None:
         return self._one("SELECT * FROM volumes WHERE owner_id = ?", (user_id,))
@@ -509,13 +502,8 @@ class Store:
 
     def list_groups(self, *, visible_to: str | None, owner_id: str | None = None, name: str | None = None,
                     group_id: str | None = None) -> list[dict]:
-        params: list = []
-        where = [self._visible("owner_id", visible_to, params)]
-        for column, value in (("owner_id", owner_id), ("name", name), ("id", group_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        rows = self._all(f"SELECT * FROM groups WHERE {' AND '.join(where)} ORDER BY creation_date, name", params)
+        where, params = self._where(visible_to, owner_id=owner_id, name=name, id=group_id)
+        rows = self._all(f"SELECT * FROM groups WHERE {where} ORDER BY creation_date, name", params)
         if rows:
             marks = ",".join("?" * len(rows))
             members: dict[str, list[str]] = {}

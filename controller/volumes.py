@@ -2,7 +2,7 @@
 
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
+from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
 from controller.store import utc_now
@@ -19,10 +19,6 @@ def volume_object(row: dict) -> dict:
     }
 
 
-def _visible_to(requester: Requester) -> str | None:
-    return None if requester.is_superuser else requester.id
-
-
 def check_size(ctx: Context, size_gb: object) -> int:
     maximum = ctx.config.get_int("volumes", "max_size_gb")
     if not isinstance(size_gb, int) or isinstance(size_gb, bool) or not 1 <= size_gb <= maximum:
@@ -35,13 +31,13 @@ def list_volumes(ctx: Context, requester: Requester, *, cloudauth_id: str | None
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
-    return [volume_object(r) for r in ctx.store.list_volumes(visible_to=_visible_to(requester), owner_id=cloudauth_id)]
+    return [volume_object(r) for r in ctx.store.list_volumes(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)]
 
 
 def _get_row(ctx: Context, requester: Requester | None, volume_id: str) -> dict:
-    visible_to = None if requester is None else _visible_to(requester)
-    volume_id = as_uuid(volume_id)
-    rows = ctx.store.list_volumes(visible_to=visible_to, volume_id=volume_id) if volume_id else []
+    scope = None if requester is None else perms.visible_to(requester)
+    canonical = as_uuid(volume_id)
+    rows = ctx.store.list_volumes(visible_to=scope, volume_id=canonical) if canonical else []
     if not rows:
         raise NotFound(f"storage-volume {volume_id} not found")
     return rows[0]
@@ -91,8 +87,8 @@ def _account_of_volume(ctx: Context, row: dict) -> dict:
 
 def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
     row = _get_row(ctx, requester, volume_id)
-    if not perms.can_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"])):
-        raise Forbidden("only the owner, the owner's owner or a superuser may delete this volume")
+    perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
+                         what="this volume")
     account = _account_of_volume(ctx, row)
     ctx.adapters.homes.delete(account["username"], uid=account["uid"])
     ctx.store.delete_volume(row["id"])

@@ -559,3 +559,8 @@ def test_ids_are_case_insensitive(client, cctx, people, catalog):
     ok(client.simulate_get(f"/v1/group/{g['group-id'].upper()}", headers=owner.headers))
     r = client.simulate_get(f"/v1/user/view/{owner.id.upper()}", headers=owner.headers)
     assert r.status_code == 200 and r.json["data"]["user"]["id"] == owner.id
+
+
+@pytest.mark.parametrize("path", ["/v1/group/nope", "/v1/storage-volume/nope", "/v1/server-instance/nope"])
+def test_not_found_names_the_id_the_client_sent(client, people, path):
+    assert "nope" in err(client.simulate_get(path, headers=people["owner"].headers), 404)
