@@ -11,7 +11,7 @@ PACKAGES=(
   libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
   qemu-system-x86 qemu-utils
   libldap2-dev libsasl2-dev slapd ldap-utils openssl
-  btrfs-progs xfsprogs quota passwd util-linux
+  btrfs-progs xfsprogs quota passwd util-linux curl
 )
 
 missing=()
