@@ -31,6 +31,16 @@ class _Run:
         self.ctx, self.fix, self.progress = ctx, fix, progress or (lambda _msg: None)
         self.drift: list[Drift] = []
 
+    def probe(self, target: str, what: str, look: Callable[[], object]) -> tuple[bool, object]:
+        """Run one host look-up; one that fails is reported and the run goes on with the rest."""
+        try:
+            return True, look()
+        except NotFound:
+            raise
+        except ControllerError as e:
+            self.found("check-failed", target, f"could not read {what}: {e.message}")
+            return False, None
+
     def found(self, kind: str, target: str, detail: str, repair: Callable[[], None] | None = None) -> None:
         item = Drift(kind=kind, target=target, detail=detail, fixable=repair is not None)
         if self.fix and repair is not None:
@@ -70,7 +80,10 @@ def _accounts(run: _Run) -> None:
     accounts = run.ctx.store.list_accounts()
     for i, account in enumerate(accounts, 1):
         run.progress(f"accounts {i}/{len(accounts)}")
-        posix = directory.get_account(account["username"])
+        read, posix = run.probe(account["username"], "the directory entry",
+                                lambda a=account: directory.get_account(a["username"]))
+        if not read:
+            continue
         if posix is None:
             run.found(
                 "account-missing", account["username"],
@@ -90,7 +103,11 @@ def _homes(run: _Run) -> None:
     for account in ctx.store.list_accounts():
         # A home with no volume record: a create whose clean-up failed, or a volume row lost.
         # Its data may matter to someone, so it is only reported.
-        if account["user_id"] not in with_volume and homes.inspect(account["username"]).exists:
+        if account["user_id"] in with_volume:
+            continue
+        read, state = run.probe(account["username"], f"home {homes.path(account['username'])}",
+                                lambda a=account: homes.inspect(a["username"]))
+        if read and state.exists:
             run.found("home-without-volume", account["username"],
                       f"{homes.path(account['username'])} exists but no volume is recorded; left for the admin")
     for i, volume in enumerate(volumes, 1):
@@ -100,7 +117,9 @@ def _homes(run: _Run) -> None:
             run.found("volume-without-account", volume["id"], "the volume's owner has no system account")
             continue
         name, size = account["username"], volume["size_gb"]
-        state = homes.inspect(name)
+        read, state = run.probe(volume["id"], f"home {homes.path(name)}", lambda n=name: homes.inspect(n))
+        if not read:
+            continue
         if not state.exists:
             run.found(
                 "home-missing", volume["id"], f"home {homes.path(name)} is missing (its data is gone)",
@@ -124,6 +143,14 @@ def _homes(run: _Run) -> None:
                 "home-quota", volume["id"], f"no quota, recorded {size} GB",
                 lambda a=account, s=size: homes.resize(a["username"], uid=a["uid"], size_gb=s),
             )
+        # Removing them would lose the user's data, so they are only reported.
+        if state.nested_subvolumes:
+            run.found(
+                "home-nested-subvolume", volume["id"],
+                f"subvolumes nested in home {homes.path(name)}: "
+                f"{', '.join(repr(p) for p in state.nested_subvolumes)}; data in them escapes the "
+                f"{size} GB quota; left for the admin",
+            )
 
 
 # -- groups ------------------------------------------------------------------------------
@@ -132,7 +159,9 @@ def _groups(run: _Run) -> None:
     rows = run.ctx.store.list_groups(visible_to=None)
     for i, group in enumerate(rows, 1):
         run.progress(f"groups {i}/{len(rows)}")
-        members = groups_adapter.get(group["name"])
+        read, members = run.probe(group["name"], "the group", lambda g=group: groups_adapter.get(g["name"]))
+        if not read:
+            continue
         if members is None:
             run.found(
                 "group-missing", group["name"], "the group is not on the host",
@@ -172,10 +201,12 @@ def _instances(run: _Run) -> None:
     for i, row in enumerate(rows, 1):
         run.progress(f"instances {i}/{len(rows)}")
         try:
-            info = hypervisor.describe(row["id"])
+            read, info = run.probe(row["id"], "the domain", lambda r=row: hypervisor.describe(r["id"]))
         except NotFound:
             run.found("domain-missing", row["id"], "no domain and no disk on the host",
                       lambda r=row: respawn(ctx, r))
+            continue
+        if not read:
             continue
         if not info.defined:
             run.found("domain-missing", row["id"],

@@ -21,6 +21,8 @@ class HomeInfo:
 
     `limit_gb` is limit_bytes / GiB (so 2.0 == 2); `quota_expected` says whether
     the configured backend applies limits at all (False for quota_backend none).
+    `nested_subvolumes` are paths, relative to the home, of subvolumes a user
+    made inside it (btrfs only; () elsewhere): data there escapes the limit.
     """
 
     path: str
@@ -31,6 +33,7 @@ class HomeInfo:
     mode: int | None = None  # permission bits, e.g. 0o700
     limit_bytes: int | None = None
     quota_expected: bool = False
+    nested_subvolumes: tuple[str, ...] = ()
     limit_gb: float | None = field(init=False)
 
     def __post_init__(self):
@@ -76,7 +79,11 @@ class HomeVolumes:
         raise NotImplementedError
 
     def inspect(self, username: str) -> HomeInfo:
-        """What is at the home's path now (exists False when nothing is)."""
+        """What is at the home's path now (exists False when nothing is).
+
+        Changes nothing and follows no symlink; `nested_subvolumes` lists what
+        the quota backend finds nested in the home.
+        """
         raise NotImplementedError
 
     def repair_owner(self, username: str, *, uid: int, gid: int) -> None:
@@ -170,6 +177,7 @@ class DirectoryHomeVolumes(HomeVolumes):
             raise HostError(f"cannot inspect {path}: {e.strerror or e}") from e
         is_dir = stat.S_ISDIR(st.st_mode)
         limit = self.quota.get_limit(path, uid=st.st_uid) if is_dir else None
+        nested = self.quota.nested_subvolumes(path) if is_dir else ()
         return HomeInfo(
             path=path,
             exists=True,
@@ -179,6 +187,7 @@ class DirectoryHomeVolumes(HomeVolumes):
             mode=stat.S_IMODE(st.st_mode),
             limit_bytes=limit,
             quota_expected=self.quota.enforces_limits,
+            nested_subvolumes=nested,
         )
 
     def repair_owner(self, username: str, *, uid: int, gid: int) -> None:
@@ -196,13 +205,14 @@ class FakeHome:
     gid: int
     size_gb: int
     mode: int = 0o700
+    nested_subvolumes: tuple[str, ...] = ()
 
 
 class FakeHomeVolumes(HomeVolumes):
     """In-memory homes under a notional home_root; nothing touches the disk.
 
-    `homes` maps username -> FakeHome(uid, gid, size_gb, mode); tests may
-    change those to simulate drift. Set
+    `homes` maps username -> FakeHome(uid, gid, size_gb, mode,
+    nested_subvolumes); tests may change those to simulate drift. Set
     `fail_on[method_name] = exception` to make that method raise it (after
     validating its arguments, before changing anything).
     """
@@ -264,6 +274,7 @@ class FakeHomeVolumes(HomeVolumes):
             mode=home.mode,
             limit_bytes=home.size_gb * GIB,
             quota_expected=True,
+            nested_subvolumes=home.nested_subvolumes,
         )
 
     def repair_owner(self, username: str, *, uid: int, gid: int) -> None:

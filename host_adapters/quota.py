@@ -12,6 +12,8 @@ applies per subvolume) and must die as one. The calls, in the order
 - `get_limit(path, *, uid) -> int | None`: the hard limit in bytes, None if none.
 - `remove(path, *, uid)`: remove the tree without following symlinks out of
   it, then the quota.
+- `nested_subvolumes(path)`: subvolumes a user made inside the home (btrfs
+  only), whose data the home's limit does not count.
 
 Sizes: one "GB" is one GiB (2**30 bytes), the unit btrfs, xfs_quota and
 setquota mean by a `G`/`g` suffix; limits are hard limits only, no soft limit
@@ -71,6 +73,16 @@ class QuotaBackend:
         target) and refuses (HostError) to remove a tree with a mount point in it.
         """
         raise NotImplementedError
+
+    def nested_subvolumes(self, path: str) -> tuple[str, ...]:
+        """Paths, relative to the home at path, of subvolumes inside it whose data escapes its limit.
+
+        Parents come before their children. Changes nothing and follows no
+        symlink. () when nothing is at path, when it is not a subvolume, and
+        for every backend whose filesystem has no subvolumes (all but btrfs),
+        which is why this one method has a working default.
+        """
+        return ()
 
 
 # --- plain directories -----------------------------------------------------
@@ -187,8 +199,9 @@ class NoQuota(QuotaBackend):
 class FakeQuota(NoQuota):
     """Real directories (so DirectoryHomeVolumes can run on a temp dir) with in-memory limits.
 
-    `limits` maps path -> bytes. Set `fail_on[method_name] = exception` to make
-    that method raise it before changing anything.
+    `limits` maps path -> bytes; tests may set `nested` (path -> relative
+    paths) to stand for nested subvolumes. Set `fail_on[method_name] =
+    exception` to make that method raise it before changing anything.
     """
 
     name = "fake"
@@ -196,6 +209,7 @@ class FakeQuota(NoQuota):
 
     def __init__(self):
         self.limits: dict[str, int] = {}
+        self.nested: dict[str, tuple[str, ...]] = {}
         self.fail_on: dict[str, Exception] = {}
 
     def _maybe_fail(self, method: str) -> None:
@@ -227,6 +241,11 @@ class FakeQuota(NoQuota):
         self._maybe_fail("remove")
         remove_tree(path)
         self.limits.pop(path, None)
+        self.nested.pop(path, None)
+
+    def nested_subvolumes(self, path: str) -> tuple[str, ...]:
+        self._maybe_fail("nested_subvolumes")
+        return self.nested.get(path, ())
 
 
 # --- btrfs -----------------------------------------------------------------
@@ -346,7 +365,8 @@ class BtrfsQuota(QuotaBackend):
     destroys their qgroups, so no stale qgroup remains.
 
     Known limit of btrfs qgroups: data in a subvolume a user nests inside their
-    home is counted in that subvolume's own qgroup, not the home's.
+    home is counted in that subvolume's own qgroup, not the home's;
+    `nested_subvolumes` lists such subvolumes so reconcile can report them.
     """
 
     name = "btrfs"
@@ -434,7 +454,7 @@ class BtrfsQuota(QuotaBackend):
             with _host_errors(f"prepare {path} for deletion"):
                 home_id = _subvol_id(home_fd)
                 _clear_readonly(home_fd)
-                nested = self._nested_subvolumes(path, home_fd)
+                nested = [sid for sid, _rel in self._nested_subvolumes(path, home_fd, clear_readonly=True)]
         finally:
             os.close(home_fd)
         # Deepest first: btrfs refuses to delete a subvolume that still holds others.
@@ -448,15 +468,32 @@ class BtrfsQuota(QuotaBackend):
         subp.run(["btrfs", "subvolume", "sync", parent, *map(str, gone)], timeout=self.sync_timeout)
         self._destroy_qgroups(parent, gone)
 
-    def _nested_subvolumes(self, path: str, fd: int) -> list[int]:
-        """Ids of the subvolumes below fd's, parents before children, read-only flags cleared.
+    def nested_subvolumes(self, path: str) -> tuple[str, ...]:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return ()
+        if not stat.S_ISDIR(st.st_mode) or st.st_ino != _SUBVOL_ROOT_INO:
+            return ()
+        fd = self._open_subvolume(path)
+        try:
+            with _host_errors(f"list the subvolumes nested in {path}"):
+                return tuple(rel for _sid, rel in self._nested_subvolumes(path, fd, clear_readonly=False))
+        finally:
+            os.close(fd)
+
+    def _nested_subvolumes(
+        self, path: str, fd: int, *, clear_readonly: bool, prefix: str = ""
+    ) -> list[tuple[int, str]]:
+        """(id, path relative to the top) of the subvolumes below fd's, parents before children.
 
         Each is found through the kernel's root refs and opened below its
         parent one directory at a time, never through a symlink, and must have
         the id it was found under, so a user renaming things meanwhile can make
-        this fail but never point it elsewhere.
+        this fail but never point it elsewhere. With clear_readonly, each one's
+        read-only flag is cleared on the way (deletion needs that).
         """
-        order: list[int] = []
+        order: list[tuple[int, str]] = []
         for sid, dirid in _child_subvolumes(fd):
             rel = _child_path(fd, sid, dirid)
             child = _open_beneath(fd, rel)
@@ -465,9 +502,14 @@ class BtrfsQuota(QuotaBackend):
             try:
                 if os.fstat(child).st_ino != _SUBVOL_ROOT_INO or _subvol_id(child) != sid:
                     raise HostError(f"the subvolume {sid} nested in {path} moved; try again")
-                _clear_readonly(child)
-                order.append(sid)
-                order.extend(self._nested_subvolumes(os.path.join(path, rel), child))
+                if clear_readonly:
+                    _clear_readonly(child)
+                order.append((sid, prefix + rel))
+                order.extend(
+                    self._nested_subvolumes(
+                        os.path.join(path, rel), child, clear_readonly=clear_readonly, prefix=f"{prefix}{rel}/"
+                    )
+                )
             finally:
                 os.close(child)
         return order

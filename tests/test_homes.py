@@ -209,6 +209,14 @@ def test_fake_fails_on_demand_and_changes_nothing():
         fake.check()
 
 
+def test_fake_reports_nested_subvolumes_only_when_a_test_sets_them():
+    fake = FakeHomeVolumes("/srv/home")
+    fake.create("alice", uid=UID, gid=GID, size_gb=1)
+    assert fake.inspect("alice").nested_subvolumes == ()
+    fake.homes["alice"].nested_subvolumes = ("scratch", "scratch/deeper")
+    assert fake.inspect("alice").nested_subvolumes == ("scratch", "scratch/deeper")
+
+
 # --- real: what the fake cannot show ----------------------------------------
 
 
@@ -368,6 +376,23 @@ def test_inspect_reports_what_is_really_there(fake_quota_homes):
     assert info.limit_gb is None
 
 
+def test_inspect_takes_nested_subvolumes_from_the_backend(fake_quota_homes):
+    volumes, backend = fake_quota_homes
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    assert volumes.inspect("alice").nested_subvolumes == ()
+    backend.nested[path] = ("x",)
+    assert volumes.inspect("alice").nested_subvolumes == ("x",)
+
+
+def test_plain_directories_have_no_nested_subvolumes(tmp_path):
+    _needs_root()
+    (tmp_path / "home").mkdir()
+    volumes = DirectoryHomeVolumes(str(tmp_path / "home"), q.NoQuota())
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    os.mkdir(os.path.join(path, "d"))
+    assert volumes.inspect("alice").nested_subvolumes == ()
+
+
 # --- btrfs: the quota a user really hits ------------------------------------
 
 
@@ -464,6 +489,32 @@ def test_btrfs_delete_with_nested_and_read_only_subvolumes(btrfs_homes):
     assert not {f"0/{sid}" for sid in ours} & _qgroup_ids(volumes.home_root)
 
 
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_inspect_lists_nested_subvolumes_and_changes_nothing(btrfs_homes):
+    volumes = btrfs_homes
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    bob = volumes.create("bob", uid=UID + 1, gid=GID + 1, size_gb=1)
+    assert volumes.inspect("alice").nested_subvolumes == ()
+    _btrfs("subvolume", "create", f"{path}/escape")
+    _btrfs("subvolume", "create", f"{path}/escape/inner")
+    _btrfs("property", "set", f"{path}/escape", "ro", "true")
+    os.mkdir(f"{path}/d")
+    _btrfs("subvolume", "create", f"{path}/d/deep")
+    _btrfs("subvolume", "create", f"{bob}/theirs")
+    os.symlink(bob, f"{path}/to-bob")  # another home's subvolumes are not alice's
+
+    nested = volumes.inspect("alice").nested_subvolumes
+
+    assert sorted(nested) == ["d/deep", "escape", "escape/inner"]
+    assert nested.index("escape") < nested.index("escape/inner")
+    assert volumes.inspect("bob").nested_subvolumes == ("theirs",)
+    assert _btrfs("property", "get", f"{path}/escape", "ro").strip() == "ro=true"
+    volumes.delete("alice", uid=UID)
+    volumes.delete("bob", uid=UID + 1)
+    assert not os.path.lexists(path) and not os.path.lexists(bob)
+
+
 def test_check_refuses_a_home_root_others_can_write(tmp_path):
     from controller.errors import HostUnavailable
     from host_adapters.homes import DirectoryHomeVolumes
@@ -480,3 +531,56 @@ def test_check_refuses_a_home_root_others_can_write(tmp_path):
     os.chown(root, 12345, 0)
     with pytest.raises(HostUnavailable, match="owned by root"):
         homes.check()
+
+
+# --- reconcile reports what inspect finds -------------------------------------
+
+
+class _Store:
+    """The few store reads reconcile makes, over one account and its volume."""
+
+    def __init__(self, account: dict, volume: dict):
+        self.account, self.volume = account, volume
+
+    def list_accounts(self):
+        return [self.account]
+
+    def list_volumes(self, *, visible_to):
+        return [self.volume]
+
+    def account_of_user(self, user_id, controller_id):
+        return self.account if user_id == self.account["user_id"] else None
+
+    def list_groups(self, *, visible_to):
+        return []
+
+
+def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
+    from types import SimpleNamespace
+
+    from controller.reconcile import reconcile
+    from host_adapters.directory import FakeDirectory
+    from host_adapters.unix_groups import FakeUnixGroups
+
+    homes = FakeHomeVolumes("/srv/home")
+    directory = FakeDirectory()
+    directory.create_account("alice", home=homes.path("alice"), uid=UID)
+    account = {"user_id": "u-1", "username": "alice", "uid": UID, "gid": UID, "home": homes.path("alice")}
+    ctx = SimpleNamespace(
+        config=SimpleNamespace(controller_id=1, is_sandbox=True),
+        store=_Store(account, {"id": "vol-1", "owner_id": "u-1", "size_gb": 2}),
+        adapters=SimpleNamespace(directory=directory, homes=homes, groups=FakeUnixGroups(directory=directory)),
+    )
+    homes.create("alice", uid=UID, gid=UID, size_gb=2)
+    assert reconcile(ctx, hypervisor=False) == []
+
+    homes.homes["alice"].nested_subvolumes = ("scratch", "odd\nname")
+    drift = reconcile(ctx, fix=True, hypervisor=False)
+
+    assert [(d["kind"], d["target"], d["fixable"], d["fixed"]) for d in drift] == [
+        ("home-nested-subvolume", "vol-1", False, False)
+    ]
+    detail = drift[0]["detail"]
+    assert "'scratch'" in detail and "'odd\\nname'" in detail and "\n" not in detail
+    assert "escapes" in detail and "quota" in detail
+    assert homes.inspect("alice").nested_subvolumes == ("scratch", "odd\nname")

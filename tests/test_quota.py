@@ -318,6 +318,22 @@ def test_btrfs_remove_of_a_plain_directory_removes_the_tree(runner, tmp_path):
     assert not home.exists() and runner.calls == []
 
 
+def test_btrfs_nested_subvolumes_of_a_plain_directory_or_nothing(runner, tmp_path):
+    (tmp_path / "alice" / "d").mkdir(parents=True)
+    backend = q.BtrfsQuota()
+    assert backend.nested_subvolumes(str(tmp_path / "alice")) == ()
+    assert backend.nested_subvolumes(str(tmp_path / "missing")) == ()
+    (tmp_path / "link").symlink_to(tmp_path / "alice")
+    assert backend.nested_subvolumes(str(tmp_path / "link")) == ()
+    assert runner.calls == []
+
+
+@pytest.mark.parametrize("backend", [q.NoQuota(), q.XfsQuota(mount_point="/srv"), q.SetQuota(filesystem="/srv")])
+def test_backends_without_subvolumes_have_none_nested(runner, backend, tmp_path):
+    assert backend.nested_subvolumes(str(tmp_path)) == ()
+    assert runner.calls == []
+
+
 def test_btrfs_check_maps_a_failure_to_unavailable(runner):
     argv = ["btrfs", "filesystem", "df", "/srv/home"]
     runner.answer(argv, rc=1, stderr="ERROR: not a btrfs filesystem: /srv/home\n")
@@ -390,8 +406,15 @@ def test_fake_quota_keeps_limits_and_fails_on_demand(tmp_path):
     assert fake.get_limit(home, uid=1) == 2 * GIB
     with pytest.raises(InvalidInput):
         fake.set_limit(home, uid=1, size_gb=0)
+    assert fake.nested_subvolumes(home) == ()
+    fake.nested[home] = ("x", "x/y")
+    assert fake.nested_subvolumes(home) == ("x", "x/y")
+    fake.fail_on["nested_subvolumes"] = HostError("moved")
+    with pytest.raises(HostError, match="moved"):
+        fake.nested_subvolumes(home)
     fake.remove(home, uid=1)
     assert fake.get_limit(home, uid=1) is None and not os.path.exists(home)
+    assert fake.nested == {}
 
 
 # --- BtrfsQuota for real ---------------------------------------------------

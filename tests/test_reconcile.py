@@ -228,3 +228,23 @@ def test_a_home_without_a_volume_record_is_reported_not_removed(service):
     [item] = [d for d in drift if d["kind"] == "home-without-volume"]
     assert item["target"] == "bob" and not item["fixable"] and not item["fixed"]
     assert ctx.adapters.homes.inspect("bob").exists
+
+
+def test_a_host_read_that_fails_is_reported_and_the_run_goes_on(service, monkeypatch):
+    from controller.errors import HostError
+
+    ctx = service["ctx"]
+    real_inspect = ctx.adapters.homes.inspect
+
+    def flaky(name):
+        if name == "bob":
+            raise HostError("subvolume moved; try again")
+        return real_inspect(name)
+
+    monkeypatch.setattr(ctx.adapters.homes, "inspect", flaky)
+    shutil.rmtree(ctx.adapters.homes.path("alice"))
+    drift = reconcile(ctx)
+    kinds_found = {d["kind"] for d in drift}
+    assert "check-failed" in kinds_found and "home-missing" in kinds_found
+    [failed] = [d for d in drift if d["kind"] == "check-failed"]
+    assert "moved" in failed["detail"] and not failed["fixable"]
