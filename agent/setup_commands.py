@@ -10,9 +10,26 @@ import click
 
 from agent.common import Options, command_options, emit
 from controller.config import load_config, sandbox_values, write_config
-from controller.errors import InvalidInput
+from controller.errors import ControllerError, InvalidInput
 from controller.security import generate_key_file
 from controller.store import Store
+
+
+def _ensure_network(config) -> str:
+    """Create, start and autostart the private network when missing; what happened, in words.
+
+    A hypervisor that cannot be reached is not fatal here (init also runs before the
+    service starts): `cloud-agent check` reports it.
+    """
+    from host_adapters.factory import build_hypervisor
+
+    name = config.get("network", "name")
+    try:
+        made = build_hypervisor(config).ensure_network()
+    except ControllerError as e:
+        logging.getLogger("cloud_agent").warning("network %s not checked: %s", name, e.message)
+        return f"not checked ({e.message})"
+    return "created" if made else "present"
 
 
 def _prepare(config) -> tuple[str, bool]:
@@ -51,11 +68,16 @@ def init(opts: Options, sandbox_dir):
 
         make_sysroot(str(values["unix"]["root"]))
         write_config(values, opts.path)
-        _prepare(load_config(opts.path))
+        config = load_config(opts.path)
+        _prepare(config)
+        _ensure_network(config)
         emit(opts, {"config": str(Path(opts.path).resolve())}, f"wrote sandbox config {opts.path}")
         return
-    path, _ = _prepare(opts.config())
-    emit(opts, {"database": str(Path(path).resolve())}, f"database ready: {path}")
+    config = opts.config()
+    path, _ = _prepare(config)
+    network = _ensure_network(config)
+    emit(opts, {"database": str(Path(path).resolve())},
+         f"database ready: {path}\nnetwork {config.get('network', 'name')}: {network}")
 
 
 def _sd_notify(message: str) -> None:

@@ -16,6 +16,8 @@ CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
 
 QUOTA_BACKENDS = ("none", "btrfs", "xfs", "setquota")
 DIRECTORY_BACKENDS = ("local", "ldap")
+VIRT_TYPES = ("kvm", "qemu")
+GUEST_SUDO = ("none", "owner")
 
 DEFAULTS: dict[str, dict[str, str]] = {
     "database": {"path": "/var/lib/cloud-controller/controller.db"},
@@ -40,6 +42,26 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "uri": "qemu:///system",
         "storage_pool": "cloud-controller",
         "domain_prefix": "cc-",
+        # kvm, or qemu (software emulation) where KVM cannot boot a guest.
+        "virt_type": "kvm",
+        # host-passthrough, host-model, or a named CPU model (e.g. qemu64).
+        "cpu_mode": "host-passthrough",
+    },
+    "network": {
+        # The libvirt network of every instance's private NIC; `cloud-agent init`
+        # creates it (NAT on subnet) when missing.
+        "name": "cc-private",
+        "subnet": "10.213.0.0/16",
+        # A second NIC on this host bridge with a static address from public_pool.
+        "public_bridge": "",
+        "public_pool": "",
+        "public_prefix": "",
+        "public_gateway": "",
+        "public_dns": "",
+    },
+    "guest": {
+        # none, or owner: the instance's owner gets root (sudo) in the guest.
+        "sudo": "none",
     },
     "volumes": {
         "home_root": "/home",
@@ -100,6 +122,13 @@ class Config:
         directory = self.get("directory", "backend")
         if directory not in DIRECTORY_BACKENDS:
             raise InvalidInput(f"config [directory] backend must be one of {', '.join(DIRECTORY_BACKENDS)}")
+        if self.get("libvirt", "virt_type") not in VIRT_TYPES:
+            raise InvalidInput(f"config [libvirt] virt_type must be one of {', '.join(VIRT_TYPES)}")
+        if self.get("guest", "sudo") not in GUEST_SUDO:
+            raise InvalidInput(f"config [guest] sudo must be one of {', '.join(GUEST_SUDO)}")
+        from controller.addresses import network_plan
+
+        network_plan(self)  # raises InvalidInput naming the bad [network] key
         for section, key in (("controller", "id"), ("volumes", "max_size_gb"), ("server", "max_body_bytes")):
             self.get_int(section, key)
 
@@ -156,7 +185,12 @@ def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
             "failure_window_seconds": 300,
             "lockout_seconds": 60,
         },
-        "libvirt": {"uri": "test:///default", "storage_pool": "default-pool", "domain_prefix": "cc-"},
+        "libvirt": {"uri": "test:///default", "storage_pool": "default-pool", "domain_prefix": "cc-",
+                    "virt_type": "kvm", "cpu_mode": "host-passthrough"},
+        # The test driver's own network: it exists in every process, as the sandbox's
+        # agent commands and server are separate processes with separate test drivers.
+        "network": {"name": "default", "subnet": "10.213.0.0/16"},
+        "guest": {"sudo": "none"},
         "volumes": {"home_root": d / "home", "quota_backend": "none", "max_size_gb": 100},
         "unix": {"root": d / "sysroot"},
         "directory": {"backend": "local", "default_shell": "/bin/bash"},

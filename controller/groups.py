@@ -70,7 +70,15 @@ def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
     except BaseException:
         ctx.store.delete_group(row["id"])
         raise
+    _refresh_guests(ctx, members)
     return group_object(dict(row, members=members))
+
+
+def _refresh_guests(ctx: Context, usernames) -> None:
+    """Guests of the instances these users can access get their new group lists at next boot."""
+    from controller.instances import refresh_guests_of_usernames
+
+    refresh_guests_of_usernames(ctx, sorted(set(usernames)))
 
 
 def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
@@ -109,6 +117,7 @@ def update_group(ctx: Context, requester: Requester, group_id: str, body: dict) 
         except BaseException:
             undo()
             raise
+        _refresh_guests(ctx, set(new) ^ set(current))
     return group_object(dict(row, members=new))
 
 
@@ -117,6 +126,7 @@ def delete_group(ctx: Context, requester: Requester, group_id: str) -> None:
     _require_mutate(ctx, requester, row)
     ctx.adapters.groups.delete(row["name"])
     ctx.store.delete_group(row["id"])
+    _refresh_guests(ctx, row["members"])
 
 
 def drop_member_everywhere(ctx: Context, username: str) -> None:

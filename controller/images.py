@@ -98,13 +98,6 @@ def add_image(
     _positive("min-disk", min_disk)
     _positive("min-ram", min_ram)
     image_id = new_id()
-    if source is not None and ctx.config.is_sandbox:
-        from host_adapters.hypervisor import check_image_source
-
-        check_image_source(source, min_disk)
-        # The sandbox's libvirt test driver cannot store uploaded content and forgets its
-        # volumes when the process ends; a blank disk of the same size stands in.
-        source = None
     base = ctx.adapters.hypervisor.create_base_image(image_id, size_gb=min_disk, source=source, progress=progress)
     row = {
         "id": image_id,

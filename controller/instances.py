@@ -5,10 +5,12 @@ import logging
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, HostError, InvalidInput, NotFound
+from controller.addresses import allocate, network_plan
 from controller.images import get_flavor_row
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
 from controller.store import utc_now
+from host_adapters.guest import GuestGroup, GuestSpec, GuestUser
 
 log = logging.getLogger(__name__)
 
@@ -83,17 +85,42 @@ def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> l
     return [found[u] for u in wanted]
 
 
-def expected_shares(ctx: Context, account_uuids: list[str]) -> list[tuple[str, str]]:
-    """One (tag, home) share per user with access whose home volume exists."""
-    accounts = ctx.store.accounts_with_owners(uuids=account_uuids)
-    with_volume = ctx.store.volume_owners([a["user_id"] for a in accounts])
-    homes = ctx.adapters.homes
-    order = {u: i for i, u in enumerate(account_uuids)}
-    return [
-        (a["username"], homes.path(a["username"]))
-        for a in sorted(accounts, key=lambda a: order[a["uuid"]])
-        if a["user_id"] in with_volume
+def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) -> GuestSpec:
+    """What the instance's guest is told: its name and NICs, and every user with access
+    (`account_uuids`, default the row's users) with uid, gid, groups and home."""
+    from controller.addresses import hostname_for, network_plan, nics_of
+
+    uuids = row["users"] if account_uuids is None else account_uuids
+    accounts = ctx.store.accounts_with_owners(uuids=list(uuids))
+    mounts = ctx.store.volume_mount_points([a["user_id"] for a in accounts])
+    memberships = ctx.store.group_names_of_members([a["username"] for a in accounts])
+    sudo_owner = ctx.config.get("guest", "sudo") == "owner"
+    group_names = sorted({g for names in memberships.values() for g in names})
+    groups = []
+    for name in group_names:
+        gid = ctx.adapters.groups.gid(name)
+        if gid is None:  # missing on the host; reconcile reports the group
+            continue
+        groups.append(GuestGroup(name=name, gid=gid))
+    known = {g.name for g in groups}
+    users = [
+        GuestUser(
+            username=a["username"],
+            uid=a["uid"],
+            gid=a["gid"],
+            home=mounts.get(a["user_id"], a["home"]),
+            mounted=a["user_id"] in mounts,
+            groups=tuple(g for g in memberships.get(a["username"], []) if g in known),
+            sudo=sudo_owner and a["user_id"] == row["owner_id"],
+        )
+        for a in accounts
     ]
+    return GuestSpec(
+        hostname=row.get("hostname") or hostname_for(row["id"], set()),
+        nics=nics_of(network_plan(ctx.config), row),
+        users=tuple(users),
+        groups=tuple(groups),
+    )
 
 
 def _owner_account(ctx: Context, user_id: str) -> dict:
@@ -140,12 +167,13 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         "private_ip": None,
         "creation_date": utc_now(),
     }
-    _ensure_base_image(ctx, image)
+    plan = network_plan(ctx.config)
     # The row comes first so a crash mid-way leaves a "building" record reconcile can see;
-    # any failure below removes whatever was made.
-    ctx.store.insert_instance(row, uuids)
+    # any failure below removes whatever was made. Its addresses are picked in the
+    # same transaction.
+    row = ctx.store.insert_instance(row, uuids, allocate=lambda used: allocate(plan, row["id"], used))
     try:
-        _spawn(ctx, row["id"], image=image, flavor=flavor, account_uuids=uuids)
+        _spawn(ctx, dict(row, users=uuids), image=image, flavor=flavor)
     except BaseException:
         ctx.store.delete_instance(row["id"])
         raise
@@ -157,36 +185,22 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
     return get_instance(ctx, requester, row["id"])
 
 
-def _spawn(ctx: Context, instance_id: str, *, image: dict, flavor: dict, account_uuids: list[str]) -> None:
+def _spawn(ctx: Context, row: dict, *, image: dict, flavor: dict) -> None:
     ctx.adapters.hypervisor.spawn(
-        instance_id,
+        row["id"],
         base_image=image["base_volume"],
         vcpu=flavor["vcpu"],
         memory_mb=flavor["memory"],
         disk_gb=flavor["disk"],
-        shares=expected_shares(ctx, account_uuids),
+        guest=guest_spec(ctx, row),
     )
-
-
-def _ensure_base_image(ctx: Context, image: dict) -> None:
-    hypervisor = ctx.adapters.hypervisor
-    if image["id"] in hypervisor.list_base_images():
-        return
-    if not ctx.config.is_sandbox:
-        raise HostError(
-            f"the base disk of server-image {image['id']} is missing on the host; "
-            "see `cloud-agent reconcile`"
-        )
-    # The sandbox's libvirt test driver keeps its volumes per process, so an image
-    # the agent added in another process has no disk here yet: a blank one stands in.
-    hypervisor.create_base_image(image["id"], size_gb=image["min_disk"])
 
 
 def respawn(ctx: Context, row: dict) -> None:
     """Build the domain of a recorded instance again (reconcile, after the host lost it)."""
     image = ctx.store.get_image(row["image_id"])
     flavor = ctx.store.get_flavor(row["flavor_id"])
-    _spawn(ctx, row["id"], image=image, flavor=flavor, account_uuids=row["users"])
+    _spawn(ctx, row, image=image, flavor=flavor)
     if row["status"] == "shutoff":
         ctx.adapters.hypervisor.power_off(row["id"])
 
@@ -242,35 +256,44 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
         new.insert(0, owner_uuid)
     if new == current:
         return
-    ctx.adapters.hypervisor.set_shares(row["id"], expected_shares(ctx, new))
+    ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row, new))
     try:
         ctx.store.set_instance_users(row["id"], new)
     except BaseException:
-        ctx.adapters.hypervisor.set_shares(row["id"], expected_shares(ctx, current))
+        ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row, current))
         raise
 
 
-def refresh_shares_of_account(ctx: Context, account_uuid: str) -> None:
-    """Re-apply the shares of every instance the account can access (its volume came or went).
+def refresh_guests(ctx: Context, account_uuids: list[str]) -> None:
+    """Rebuild the guest (shares, seed) of every instance these accounts can access,
+    after their volumes, groups or accounts changed.
 
-    The volume change this follows has happened and stays; a share that cannot be
+    The change this follows has happened and stays; a guest that cannot be
     updated now is logged, and `cloud-agent reconcile` reports and repairs it.
     """
-    for instance_id in ctx.store.instances_with_account(account_uuid):
-        users = ctx.store.instance_users([instance_id]).get(instance_id, [])
+    instance_ids = ctx.store.instances_with_accounts(account_uuids)
+    if not instance_ids:
+        return
+    for row in ctx.store.list_instances(visible_to=None, instance_ids=instance_ids):
         try:
-            ctx.adapters.hypervisor.set_shares(instance_id, expected_shares(ctx, users))
+            ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row))
         except (NotFound, HostError) as e:
-            log.warning("shares of instance %s not updated (reconcile will): %s", instance_id, e.message)
+            log.warning("guest of instance %s not updated (reconcile will): %s", row["id"], e.message)
+
+
+def refresh_guests_of_usernames(ctx: Context, usernames: list[str]) -> None:
+    """refresh_guests for the accounts with these usernames (their groups changed)."""
+    accounts = ctx.store.accounts_with_owners(usernames=list(usernames))
+    refresh_guests(ctx, [a["uuid"] for a in accounts])
 
 
 def drop_account_everywhere(ctx: Context, account: dict) -> None:
-    """Remove an account from the user lists (and shares) of every instance before it is disabled."""
-    for instance_id in ctx.store.instances_with_account(account["uuid"]):
-        users = [u for u in ctx.store.instance_users([instance_id]).get(instance_id, []) if u != account["uuid"]]
+    """Remove an account from the user lists (and guests) of every instance before it is disabled."""
+    for row in ctx.store.list_instances(visible_to=None,
+                                        instance_ids=ctx.store.instances_with_account(account["uuid"])):
+        users = [u for u in row["users"] if u != account["uuid"]]
         try:
-            ctx.adapters.hypervisor.set_shares(instance_id, expected_shares(ctx, users))
+            ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row, users))
         except NotFound:
             pass
-        ctx.store.set_instance_users(instance_id, users)
-
+        ctx.store.set_instance_users(row["id"], users)

@@ -141,7 +141,19 @@ _M3_AUDIT = """
 """
 
 
-MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT]
+_M4_INSTANCE_ADDRESSES = """
+        ALTER TABLE instances ADD COLUMN mac TEXT;
+        ALTER TABLE instances ADD COLUMN public_mac TEXT;
+        -- Addresses and names are unique among live instances; a deleted row frees them.
+        CREATE UNIQUE INDEX instances_private_ip ON instances(private_ip) WHERE private_ip IS NOT NULL;
+        CREATE UNIQUE INDEX instances_public_ip ON instances(public_ip) WHERE public_ip IS NOT NULL;
+        CREATE UNIQUE INDEX instances_hostname ON instances(hostname) WHERE hostname IS NOT NULL;
+        CREATE UNIQUE INDEX instances_mac ON instances(mac) WHERE mac IS NOT NULL;
+        CREATE UNIQUE INDEX instances_public_mac ON instances(public_mac) WHERE public_mac IS NOT NULL;
+"""
+
+
+MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -69,6 +69,7 @@ def reconcile(
     _homes(run)
     _groups(run)
     if hypervisor:
+        _network(run)
         _base_images(run)
         _instances(run)
     return [d.as_dict() for d in run.drift]
@@ -192,14 +193,26 @@ def _base_images(run: _Run) -> None:
         run.found("base-image-missing", image["id"], f"base disk of image {image['name']!r} is missing", repair)
 
 
+def _network(run: _Run) -> None:
+    hypervisor = run.ctx.adapters.hypervisor
+    read, state = run.probe("network", "the private network", hypervisor.network_status)
+    if read and state != "active":
+        run.found("network-missing", run.ctx.config.get("network", "name"),
+                  f"the private network is {state}", hypervisor.ensure_network)
+
+
 def _instances(run: _Run) -> None:
-    from controller.instances import expected_shares, respawn
+    from controller.instances import guest_spec, respawn
+    from host_adapters import seed as seeds
+    from host_adapters.hypervisor import nic_devices_for, reservations_for
 
     ctx, hypervisor = run.ctx, run.ctx.adapters.hypervisor
     rows = ctx.store.all_instances()
     known = {r["id"] for r in rows}
+    macs = set()
     for i, row in enumerate(rows, 1):
         run.progress(f"instances {i}/{len(rows)}")
+        macs |= {m for m in (row.get("mac"), row.get("public_mac")) if m}
         try:
             read, info = run.probe(row["id"], "the domain", lambda r=row: hypervisor.describe(r["id"]))
         except NotFound:
@@ -214,20 +227,35 @@ def _instances(run: _Run) -> None:
             continue
         if info.disk_path is None:
             run.found("disk-missing", row["id"], "the domain has lost its disk; left for the admin")
-        shares = expected_shares(ctx, row["users"])
-        if sorted(tuple(s) for s in info.shares) != sorted(shares):
-            run.found(
-                "domain-shares", row["id"],
-                f"shares {[s[0] for s in info.shares]}, expected {[s[0] for s in shares]}",
-                lambda r=row, s=shares: hypervisor.set_shares(r["id"], s),
-            )
-        # QEMU cannot hot-plug 9p shares: a user removed from a running guest keeps
-        # access until it is power-cycled. Doing that here would lose the guest's state.
-        if info.live_shares is not None and sorted(tuple(s) for s in info.live_shares) != sorted(shares):
+        read, guest = run.probe(row["id"], "what the guest should get", lambda r=row: guest_spec(ctx, r))
+        if not read:
+            continue
+        update = lambda r=row, g=guest: hypervisor.set_guest(r["id"], g)  # noqa: E731
+        tags = lambda shares: [s.tag for s in sorted(shares)]  # noqa: E731
+        if tuple(sorted(info.shares)) != tuple(sorted(guest.shares)):
+            run.found("domain-shares", row["id"],
+                      f"virtiofs shares {tags(info.shares)}, expected {tags(guest.shares)}", update)
+        if info.nics != tuple(sorted(nic_devices_for(guest), key=lambda n: n.mac)):
+            run.found("domain-nics", row["id"],
+                      f"NICs {[n.mac for n in info.nics]}, expected {[n.mac for n in guest.nics]}", update)
+        if info.reservations != reservations_for(guest):
+            run.found("network-reservation", row["id"],
+                      f"DHCP reservations {[(r.mac, r.address) for r in info.reservations]}, "
+                      f"expected {[(r.mac, r.address) for r in reservations_for(guest)]}", update)
+        if info.seed is None:
+            run.found("seed-missing", row["id"], "the instance has no seed disk", update)
+        elif info.seed != seeds.render(row["id"], guest):
+            changed = sorted(k for k in set(info.seed) | set(seeds.render(row["id"], guest))
+                             if info.seed.get(k) != seeds.render(row["id"], guest).get(k))
+            run.found("seed-content", row["id"], f"the seed's {', '.join(changed)} differ from the record", update)
+        # A guest keeps the devices it booted with: a user removed from a running
+        # guest keeps the home mounted until it is power-cycled, and doing that here
+        # would lose the guest's state.
+        if info.live_shares is not None and tuple(sorted(info.live_shares)) != tuple(sorted(guest.shares)):
             run.found(
                 "domain-live-shares", row["id"],
                 f"user access in the running guest differs from the record: it has shares "
-                f"{[s[0] for s in info.live_shares]}, expected {[s[0] for s in shares]}; "
+                f"{tags(info.live_shares)}, expected {tags(guest.shares)}; "
                 "power-off then power-on (or reboot) applies the record; left for the admin "
                 "because a power cycle loses the guest's state",
             )
@@ -237,4 +265,10 @@ def _instances(run: _Run) -> None:
                 lambda r=row, s=info.status: ctx.store.set_instance_status(r["id"], s),
             )
     for orphan in sorted(set(hypervisor.list_instances()) - known):
-        run.found("domain-orphan", orphan, "a domain or disk with no database record; left for the admin")
+        run.found("domain-orphan", orphan, "a domain, disk or seed with no database record; left for the admin")
+    read, reservations = run.probe("network", "the DHCP reservations", hypervisor.list_reservations)
+    for r in reservations if read else ():
+        if r.mac not in macs:
+            run.found("reservation-orphan", r.mac,
+                      f"DHCP reservation of {r.address} ({r.hostname or 'no name'}) for no instance",
+                      lambda m=r.mac: hypervisor.drop_reservations([m]))

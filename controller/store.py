@@ -379,22 +379,43 @@ class Store:
         )
 
     # -- instances --------------------------------------------------------------
-    def insert_instance(self, instance: dict, account_uuids: list[str]) -> None:
+    def insert_instance(self, instance: dict, account_uuids: list[str], *, allocate=None) -> dict:
+        """Insert the instance and its users; return the row as stored.
+
+        allocate(used) -> {column: value} picks the address columns inside the same
+        write transaction, given what live instances use (keys private_ip,
+        public_ip, mac, hostname: sets), so concurrent creates never share one.
+        """
         with self.write() as conn:
+            if allocate is not None:
+                used: dict[str, set[str]] = {"private_ip": set(), "public_ip": set(), "mac": set(), "hostname": set()}
+                for r in conn.execute("SELECT private_ip, public_ip, mac, public_mac, hostname FROM instances"):
+                    for key, value in (("private_ip", r[0]), ("public_ip", r[1]), ("mac", r[2]), ("mac", r[3]),
+                                       ("hostname", r[4])):
+                        if value is not None:
+                            used[key].add(value)
+                instance = dict(instance, **allocate(used))
+            row = {"mac": None, "public_mac": None, **instance}
             conn.execute(
                 """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
-                   private_ip, creation_date) VALUES (:id, :owner_id, :image_id, :flavor_id, :status,
-                   :hostname, :public_ip, :private_ip, :creation_date)""",
-                instance,
+                   private_ip, mac, public_mac, creation_date) VALUES (:id, :owner_id, :image_id, :flavor_id,
+                   :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date)""",
+                row,
             )
             conn.executemany(
                 "INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)",
                 [(instance["id"], u) for u in account_uuids],
             )
+        return row
 
     def list_instances(self, *, visible_to: str | None, owner_id: str | None = None,
-                       instance_id: str | None = None) -> list[dict]:
+                       instance_id: str | None = None, instance_ids: list[str] | None = None) -> list[dict]:
         where, params = self._where(visible_to, owner_id=owner_id, id=instance_id)
+        if instance_ids is not None:
+            if not instance_ids:
+                return []
+            where += f" AND id IN ({','.join('?' * len(instance_ids))})"
+            params += list(instance_ids)
         rows = self._all(f"SELECT * FROM instances WHERE {where} ORDER BY creation_date, id", params)
         users = self.instance_users([r["id"] for r in rows])
         for r in rows:
@@ -466,6 +487,16 @@ class Store:
         marks = ",".join("?" * len(user_ids))
         return {r["owner_id"] for r in self._all(f"SELECT owner_id FROM volumes WHERE owner_id IN ({marks})", user_ids)}
 
+    def volume_mount_points(self, user_ids: list[str]) -> dict[str, str]:
+        """user id -> mount point of its volume, for the users that have one."""
+        if not user_ids:
+            return {}
+        marks = ",".join("?" * len(user_ids))
+        return {
+            r["owner_id"]: r["mount_point"]
+            for r in self._all(f"SELECT owner_id, mount_point FROM volumes WHERE owner_id IN ({marks})", user_ids)
+        }
+
     def set_volume_size(self, volume_id: str, size_gb: int) -> None:
         with self.write() as conn:
             conn.execute("UPDATE volumes SET size_gb = ? WHERE id = ?", (size_gb, volume_id))
@@ -519,6 +550,33 @@ class Store:
     def delete_group(self, group_id: str) -> None:
         with self.write() as conn:
             conn.execute("DELETE FROM groups WHERE id = ?", (group_id,))
+
+    def group_names_of_members(self, usernames: list[str]) -> dict[str, list[str]]:
+        """username -> names of the API-made groups it is a member of, sorted."""
+        if not usernames:
+            return {}
+        marks = ",".join("?" * len(usernames))
+        out: dict[str, list[str]] = {}
+        for r in self._all(
+            f"""SELECT m.username, g.name FROM group_members m JOIN groups g ON g.id = m.group_id
+                WHERE m.username IN ({marks}) ORDER BY g.name""",
+            usernames,
+        ):
+            out.setdefault(r["username"], []).append(r["name"])
+        return out
+
+    def instances_with_accounts(self, account_uuids: list[str]) -> list[str]:
+        """Ids of the instances any of these accounts can access."""
+        if not account_uuids:
+            return []
+        marks = ",".join("?" * len(account_uuids))
+        return [
+            r["instance_id"]
+            for r in self._all(
+                f"SELECT DISTINCT instance_id FROM instance_users WHERE account_uuid IN ({marks}) ORDER BY instance_id",
+                account_uuids,
+            )
+        ]
 
     def groups_with_member(self, username: str) -> list[dict]:
         return self._all(

@@ -72,9 +72,9 @@ def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
     except BaseException:
         ctx.store.delete_volume(row["id"])
         raise
-    from controller.instances import refresh_shares_of_account
+    from controller.instances import refresh_guests
 
-    refresh_shares_of_account(ctx, account["uuid"])
+    refresh_guests(ctx, [account["uuid"]])
     return volume_object(row)
 
 
@@ -92,10 +92,10 @@ def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
     account = _account_of_volume(ctx, row)
     ctx.adapters.homes.delete(account["username"], uid=account["uid"])
     ctx.store.delete_volume(row["id"])
-    from controller.instances import refresh_shares_of_account
+    from controller.instances import refresh_guests
 
     # Instances the user can access lose the share of the home that is gone.
-    refresh_shares_of_account(ctx, account["uuid"])
+    refresh_guests(ctx, [account["uuid"]])
 
 
 def resize_volume(ctx: Context, volume_id: str, size_gb: int) -> dict:

@@ -7,7 +7,7 @@ host_adapters/ldap_directory.py, and `FakeDirectory` for fast tests.
 
 from dataclasses import dataclass
 
-from controller.errors import Conflict, InvalidInput
+from common.errors import Conflict, InvalidInput
 from host_adapters.names import check_username
 
 

@@ -1,7 +1,7 @@
 """libvirt XML documents as small objects.
 
-Each object writes exactly what it is given: which disk, which shares, which
-CPU mode a domain gets is decided one level up, in host_adapters/hypervisor.py.
+Each object writes exactly what it is given: which disk, which shares, which NICs, which
+CPU mode a domain gets is decided one level up, in host_adapters/libvirt_hypervisor.py.
 """
 
 import xml.etree.ElementTree as ET
@@ -28,12 +28,15 @@ class Disk:
     format: str = "qcow2"
     target_dev: str = "vda"
     bus: str = "virtio"
+    readonly: bool = False
 
     def to_element(self) -> ET.Element:
         el = ET.Element("disk", type="file", device="disk")
         _sub(el, "driver", name="qemu", type=self.format)
         _sub(el, "source", file=self.path)
         _sub(el, "target", dev=self.target_dev, bus=self.bus)
+        if self.readonly:
+            _sub(el, "readonly")
         return el
 
     def to_xml(self) -> str:
@@ -42,18 +45,22 @@ class Disk:
 
 @dataclass(frozen=True)
 class Filesystem:
-    """A host directory shared with the guest: `<filesystem type='mount'>`.
+    """A host directory shared with the guest by virtiofs: `<filesystem type='mount'>`.
 
-    The guest mounts it by its tag (`target_dir`), e.g.
-    `mount -t 9p -o trans=virtio TAG /mnt`.
+    The guest mounts it by its tag (`target_dir`):
+    `mount -t virtiofs TAG DIR`. virtiofs needs the domain's memory shared
+    (Domain.shared_memory).
     """
 
     source_dir: str
     target_dir: str
-    accessmode: str = "mapped"
+    driver: str = "virtiofs"
+    accessmode: str = "passthrough"
 
     def to_element(self) -> ET.Element:
         el = ET.Element("filesystem", type="mount", accessmode=self.accessmode)
+        if self.driver:
+            _sub(el, "driver", type=self.driver)
         _sub(el, "source", dir=self.source_dir)
         _sub(el, "target", dir=self.target_dir)
         return el
@@ -65,10 +72,51 @@ class Filesystem:
     def from_element(cls, el: ET.Element) -> "Filesystem":
         source = el.find("source")
         target = el.find("target")
+        driver = el.find("driver")
         return cls(
             source_dir=source.get("dir", "") if source is not None else "",
             target_dir=target.get("dir", "") if target is not None else "",
+            # libvirt's default driver for type='mount' is 9p ("path").
+            driver=driver.get("type", "path") if driver is not None else "path",
             accessmode=el.get("accessmode", "passthrough"),
+        )
+
+
+@dataclass(frozen=True)
+class Interface:
+    """A virtio NIC with a fixed MAC on a libvirt network or, with `bridge`, on a host bridge."""
+
+    mac: str
+    network: str | None = None
+    bridge: str | None = None
+    model: str = "virtio"
+
+    def to_element(self) -> ET.Element:
+        el = ET.Element("interface", type="network" if self.network is not None else "bridge")
+        _sub(el, "mac", address=self.mac)
+        if self.network is not None:
+            _sub(el, "source", network=self.network)
+        else:
+            _sub(el, "source", bridge=self.bridge or "")
+        _sub(el, "model", type=self.model)
+        return el
+
+    def to_xml(self) -> str:
+        return _to_xml(self.to_element())
+
+    @classmethod
+    def from_element(cls, el: ET.Element) -> "Interface":
+        mac = el.find("mac")
+        source = el.find("source")
+        model = el.find("model")
+        network = bridge = None
+        if source is not None:
+            network, bridge = source.get("network"), source.get("bridge")
+        return cls(
+            mac=(mac.get("address", "") if mac is not None else "").lower(),
+            network=network,
+            bridge=bridge,
+            model=model.get("type", "") if model is not None else "",
         )
 
 
@@ -84,8 +132,12 @@ class Domain:
     os_type: str = "hvm"
     disks: tuple[Disk, ...] = ()
     filesystems: tuple[Filesystem, ...] = ()
+    interfaces: tuple[Interface, ...] = ()
     features: tuple[str, ...] = ()
+    # Guest RAM as a shared memfd: virtiofsd must map it.
+    shared_memory: bool = False
     cpu_mode: str | None = None
+    cpu_model: str | None = None  # with cpu_mode "custom"
     serial_console: bool = False
 
     def to_element(self) -> ET.Element:
@@ -94,6 +146,10 @@ class Domain:
         _sub(dom, "uuid", self.uuid)
         _sub(dom, "memory", str(self.memory_mb), unit="MiB")
         _sub(dom, "vcpu", str(self.vcpu))
+        if self.shared_memory:
+            backing = _sub(dom, "memoryBacking")
+            _sub(backing, "source", type="memfd")
+            _sub(backing, "access", mode="shared")
         os_el = _sub(dom, "os")
         _sub(os_el, "type", self.os_type)
         _sub(os_el, "boot", dev="hd")
@@ -101,13 +157,18 @@ class Domain:
             feats = _sub(dom, "features")
             for name in self.features:
                 _sub(feats, name)
-        if self.cpu_mode:
+        if self.cpu_mode == "custom":
+            cpu = _sub(dom, "cpu", mode="custom", match="exact")
+            _sub(cpu, "model", self.cpu_model or "", fallback="allow")
+        elif self.cpu_mode:
             _sub(dom, "cpu", mode=self.cpu_mode)
         devices = _sub(dom, "devices")
         for disk in self.disks:
             devices.append(disk.to_element())
         for fs in self.filesystems:
             devices.append(fs.to_element())
+        for nic in self.interfaces:
+            devices.append(nic.to_element())
         if self.serial_console:
             _sub(devices, "serial", type="pty")
             _sub(devices, "console", type="pty")
@@ -157,20 +218,105 @@ def filesystems_of(domain_xml: str) -> list[Filesystem]:
     return [Filesystem.from_element(el) for el in devices.findall("filesystem")]
 
 
-def replace_filesystems(domain_xml: str, filesystems: list[Filesystem]) -> str:
-    """The domain document with its `<filesystem>` devices replaced by `filesystems`.
+def replace_devices(domain_xml: str, tag: str, devices: list) -> str:
+    """The domain document with its `<tag>` devices replaced by `devices` (objects with to_element).
 
     Every other element is kept as it was.
     """
     dom = ET.fromstring(domain_xml)
-    devices = dom.find("devices")
-    if devices is None:
-        devices = _sub(dom, "devices")
-    for el in devices.findall("filesystem"):
-        devices.remove(el)
-    for fs in filesystems:
-        devices.append(fs.to_element())
+    parent = dom.find("devices")
+    if parent is None:
+        parent = _sub(dom, "devices")
+    for el in parent.findall(tag):
+        parent.remove(el)
+    for device in devices:
+        parent.append(device.to_element())
     return _to_xml(dom)
+
+
+def normalized(domain_xml: str) -> str:
+    """The document as replace_devices writes it, to tell whether a replacement changed anything."""
+    return _to_xml(ET.fromstring(domain_xml))
+
+
+def interfaces_of(domain_xml: str) -> list[Interface]:
+    """The `<interface>` devices of a domain document, in document order."""
+    devices = ET.fromstring(domain_xml).find("devices")
+    if devices is None:
+        return []
+    return [Interface.from_element(el) for el in devices.findall("interface")]
+
+
+def disk_sources_of(domain_xml: str) -> list[str]:
+    """The source files of a domain's file-backed disks, in document order."""
+    devices = ET.fromstring(domain_xml).find("devices")
+    if devices is None:
+        return []
+    return [src.get("file", "") for src in devices.findall("disk/source") if src.get("file")]
+
+
+@dataclass(frozen=True)
+class DhcpHost:
+    """A DHCP reservation of a libvirt network: `<host mac name ip/>` (virNetworkUpdate input)."""
+
+    mac: str
+    ip: str
+    name: str = ""
+
+    def to_element(self) -> ET.Element:
+        attrs = {"mac": self.mac}
+        if self.name:
+            attrs["name"] = self.name
+        attrs["ip"] = self.ip
+        return ET.Element("host", attrs)
+
+    def to_xml(self) -> str:
+        return _to_xml(self.to_element())
+
+
+@dataclass(frozen=True)
+class Network:
+    """A NAT network on a bridge libvirt names itself; `hosts` are DHCP reservations.
+
+    Guests get their address from the seed's network config; the reservations
+    keep dnsmasq from leasing those addresses to anyone else and name the guests
+    in its DNS.
+    """
+
+    name: str
+    gateway: str
+    netmask: str
+    hosts: tuple[DhcpHost, ...] = ()
+    forward: str = "nat"
+
+    def to_element(self) -> ET.Element:
+        net = ET.Element("network")
+        _sub(net, "name", self.name)
+        _sub(net, "forward", mode=self.forward)
+        ip = _sub(net, "ip", address=self.gateway, netmask=self.netmask)
+        dhcp = _sub(ip, "dhcp")
+        for host in self.hosts:
+            dhcp.append(host.to_element())
+        return net
+
+    def to_xml(self) -> str:
+        return _to_xml(self.to_element())
+
+
+def dhcp_hosts_of(network_xml: str) -> list[DhcpHost]:
+    """The DHCP reservations of a network document."""
+    return [
+        DhcpHost(mac=h.get("mac", "").lower(), ip=h.get("ip", ""), name=h.get("name", ""))
+        for h in ET.fromstring(network_xml).findall("ip/dhcp/host")
+    ]
+
+
+def network_ip_of(network_xml: str) -> tuple[str, str] | None:
+    """(address, netmask or prefix) of a network's first IPv4 `<ip>`, or None."""
+    for ip in ET.fromstring(network_xml).findall("ip"):
+        if ip.get("family", "ipv4") == "ipv4" and ip.get("address"):
+            return ip.get("address"), ip.get("netmask") or ip.get("prefix", "")
+    return None
 
 
 def backing_path_of(volume_xml: str) -> str | None:

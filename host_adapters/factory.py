@@ -2,12 +2,15 @@
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from controller.config import Config
 from host_adapters.directory import Directory, FakeDirectory
 from host_adapters.homes import FakeHomeVolumes, HomeVolumes
 from host_adapters.hypervisor import FakeHypervisor, Hypervisor
 from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
+
+if TYPE_CHECKING:  # the config is handed in; host_adapters never imports controller/
+    from controller.config import Config
 
 
 @dataclass
@@ -25,7 +28,7 @@ class Adapters:
         yield "system_root", self.groups.check
 
 
-def build_quota(config: Config):
+def build_quota(config: "Config"):
     from host_adapters import quota
 
     backend = config.get("volumes", "quota_backend")
@@ -38,7 +41,7 @@ def build_quota(config: Config):
     return quota.make_quota_backend(backend, home_root=config.get("volumes", "home_root"))
 
 
-def build_directory(config: Config) -> Directory:
+def build_directory(config: "Config") -> Directory:
     if config.get("directory", "backend") == "ldap":
         from host_adapters.ldap_directory import ldap_directory_from_config
 
@@ -48,17 +51,34 @@ def build_directory(config: Config) -> Directory:
     return LocalDirectory(config.get("unix", "root") or None, shell=config.get("directory", "default_shell"))
 
 
-def build_adapters(config: Config) -> Adapters:
+def build_hypervisor(config: "Config") -> Hypervisor:
+    from host_adapters.libvirt_hypervisor import LibvirtHypervisor
+    from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
+
+    uri = config.get("libvirt", "uri")
+    # libvirt's test driver (the sandbox) has no volume streams and keeps its
+    # volumes only while the process lives: contents stay in memory and a missing
+    # base disk gets a blank stand-in. Every other driver is a real host.
+    test_driver = uri.startswith("test:")
+    return LibvirtHypervisor(
+        uri,
+        storage_pool=config.get("libvirt", "storage_pool"),
+        domain_prefix=config.get("libvirt", "domain_prefix"),
+        network=config.get("network", "name"),
+        subnet=config.get("network", "subnet"),
+        virt_type=config.get("libvirt", "virt_type"),
+        cpu_mode=config.get("libvirt", "cpu_mode"),
+        volume_io=InProcessVolumeIO() if test_driver else StreamVolumeIO(),
+        stand_in_base_images=test_driver,
+    )
+
+
+def build_adapters(config: "Config") -> Adapters:
     from host_adapters.homes import DirectoryHomeVolumes
-    from host_adapters.hypervisor import LibvirtHypervisor
     from host_adapters.unix_groups import CommandUnixGroups
 
     return Adapters(
-        hypervisor=LibvirtHypervisor(
-            config.get("libvirt", "uri"),
-            storage_pool=config.get("libvirt", "storage_pool"),
-            domain_prefix=config.get("libvirt", "domain_prefix"),
-        ),
+        hypervisor=build_hypervisor(config),
         homes=DirectoryHomeVolumes(config.get("volumes", "home_root"), build_quota(config)),
         groups=CommandUnixGroups(config.get("unix", "root") or None),
         directory=build_directory(config),

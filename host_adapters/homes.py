@@ -10,7 +10,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from controller.errors import Conflict, HostError, HostUnavailable, NotFound
+from common.errors import Conflict, HostError, HostUnavailable, NotFound
 from host_adapters.names import check_username
 from host_adapters.quota import GIB, QuotaBackend, check_id, check_size_gb
 

@@ -61,7 +61,7 @@ import ldap.filter
 import ldap.modlist
 from ldap.controls import SimplePagedResultsControl
 
-from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput
+from common.errors import Conflict, HostError, HostUnavailable, InvalidInput
 from host_adapters.directory import Directory, PosixAccount, check_home, check_uid
 from host_adapters.names import check_username
 

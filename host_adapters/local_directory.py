@@ -7,7 +7,7 @@ by the volume adapter, so `useradd -M` never creates one.
 
 import logging
 
-from controller.errors import CommandError, Conflict, ControllerError, HostError, InvalidInput
+from common.errors import CommandError, Conflict, ControllerError, HostError, InvalidInput
 from host_adapters import subp, sysroot
 from host_adapters.directory import Directory, PosixAccount, check_home, check_uid
 from host_adapters.names import check_username

@@ -6,7 +6,7 @@ here before any command runs.
 
 import re
 
-from controller.errors import InvalidInput
+from common.errors import InvalidInput
 
 # POSIX portable user and group names, as CONTRACT.md section 5 fixes them.
 _POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")

@@ -32,7 +32,7 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
+from common.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
 from host_adapters import subp
 
 GIB = 1 << 30

@@ -9,7 +9,7 @@ import logging
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from controller.errors import CommandError, HostUnavailable
+from common.errors import CommandError, HostUnavailable
 
 log = logging.getLogger(__name__)
 

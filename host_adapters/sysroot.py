@@ -13,7 +13,7 @@ import shutil
 import threading
 from dataclasses import dataclass
 
-from controller.errors import HostError, HostUnavailable
+from common.errors import HostError, HostUnavailable
 
 # Reads in host mode start here; tests point it at a scratch directory.
 HOST_ROOT = "/"

@@ -7,7 +7,7 @@ system root `root` (see host_adapters/sysroot.py).
 import logging
 from collections.abc import Iterable
 
-from controller.errors import (
+from common.errors import (
     CommandError,
     Conflict,
     ControllerError,
@@ -39,6 +39,10 @@ class UnixGroups:
 
     def get(self, name: str) -> list[str] | None:
         """The members of the group, or None if there is no such group."""
+        raise NotImplementedError
+
+    def gid(self, name: str) -> int | None:
+        """The group's number, or None if there is no such group (guests get the same number)."""
         raise NotImplementedError
 
     def create(self, name: str, *, members: Iterable[str] = ()) -> None:
@@ -122,6 +126,10 @@ class CommandUnixGroups(UnixGroups):
     def get(self, name: str) -> list[str] | None:
         entry = sysroot.find_group(self.root, check_group_name(name))
         return None if entry is None else list(entry.members)
+
+    def gid(self, name: str) -> int | None:
+        entry = sysroot.find_group(self.root, check_group_name(name))
+        return None if entry is None else entry.gid
 
     def _existing(self, name: str) -> list[str]:
         members = self.get(name)
@@ -230,6 +238,7 @@ class FakeUnixGroups(UnixGroups):
         self.directory = directory if directory is not None else FakeDirectory()
         self.users = set(users)
         self.fail_on: dict[str, Exception] = {}
+        self.gids: dict[str, int] = {}  # numbers of groups made here, as groupadd would pick them
 
     @property
     def groups(self) -> dict[str, list[str]]:
@@ -258,6 +267,16 @@ class FakeUnixGroups(UnixGroups):
         self._maybe_fail("get")
         members = self.groups.get(name)
         return None if members is None else list(members)
+
+    def gid(self, name: str) -> int | None:
+        check_group_name(name)
+        self._maybe_fail("gid")
+        if name not in self.groups:
+            return None
+        account = self.directory.accounts.get(name)
+        if account is not None:
+            return account.gid
+        return self.gids.setdefault(name, 20000 + len(self.gids))
 
     def create(self, name: str, *, members: Iterable[str] = ()) -> None:
         check_group_name(name)

@@ -12,6 +12,7 @@ PACKAGES=(
   qemu-system-x86 qemu-utils
   libldap2-dev libsasl2-dev slapd ldap-utils openssl
   btrfs-progs xfsprogs quota passwd util-linux curl
+  mmdebstrap fdisk e2fsprogs mount tar extlinux syslinux-common openssh-client dnsmasq-base
 )
 
 missing=()

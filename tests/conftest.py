@@ -9,6 +9,7 @@ pytest_plugins = [
     "tests.fixtures.btrfs",
     "tests.fixtures.libvirtd",
     "tests.fixtures.slapd",
+    "tests.fixtures.guest_image",
 ]
 
 

@@ -198,7 +198,7 @@ def test_instance_create_runs_the_domain_with_the_owners_share(client, cctx, ada
                          "hostname", "public-ip", "private-ip"}
     info = adapters.hypervisor.describe(inst["id"])
     assert info.status == "running"
-    assert [tuple(s) for s in info.shares] == [("owner", adapters.homes.path("owner"))]
+    assert [(s.tag, s.source_dir) for s in info.shares] == [("owner", adapters.homes.path("owner"))]
     assert [r["id"] for r in cctx.store.all_instances()] == [inst["id"]]
 
 
@@ -492,36 +492,26 @@ def test_host_unavailable_is_503(client, adapters, people):
         json={"volume-size": 1, "volume-type": {"visibility": "cluster"}}), 503)
 
 
-def test_missing_base_disk_is_503_outside_the_sandbox(client, cctx, adapters, people, catalog, monkeypatch):
+def test_missing_base_disk_is_503_and_leaves_no_row(client, cctx, adapters, people, catalog):
     give_volume(client, people["owner"])
     adapters.hypervisor.delete_base_image(catalog["public"]["id"])
-    monkeypatch.setattr(type(cctx.config), "is_sandbox", property(lambda self: False))
-    assert "base disk" in err(boot(client, people["owner"], catalog), 503)
+    assert "base image" in err(boot(client, people["owner"], catalog), 503)
     assert cctx.store.all_instances() == []
-
-
-def test_sandbox_makes_a_missing_base_disk_on_first_use(client, cctx, adapters, people, catalog):
-    # An image added by `cloud-agent image add` in another process has no disk in this one.
-    give_volume(client, people["owner"])
-    adapters.hypervisor.delete_base_image(catalog["public"]["id"])
-    assert cctx.config.is_sandbox
-    ok(boot(client, people["owner"], catalog), 201)
-    assert catalog["public"]["id"] in adapters.hypervisor.list_base_images()
 
 
 def test_volume_survives_a_share_update_failure(client, cctx, adapters, people, catalog):
     give_volume(client, people["owner"])
     [inst] = ok(boot(client, people["owner"], catalog, users=[people["accounts"]["managed"]["uuid"]]), 201)
-    adapters.hypervisor.fail_on["set_shares"] = HostError("libvirt busy")
+    adapters.hypervisor.fail_on["set_guest"] = HostError("libvirt busy")
     vol = give_volume(client, people["managed"])  # 201 although the share could not be added yet
     assert cctx.store.volume_of_user(people["managed"].id)["id"] == vol["volume-id"]
     assert adapters.homes.inspect("managed").exists
     assert {s.tag for s in adapters.hypervisor.describe(inst["id"]).shares} == {"owner"}
-    del adapters.hypervisor.fail_on["set_shares"]
+    del adapters.hypervisor.fail_on["set_guest"]
     from controller.reconcile import reconcile
 
     # The running guest gets the new home at its next start, which reconcile also says.
-    assert [d["kind"] for d in reconcile(cctx, fix=True)] == ["domain-shares", "domain-live-shares"]
+    assert [d["kind"] for d in reconcile(cctx, fix=True)] == ["domain-shares", "seed-content", "domain-live-shares"]
     assert {s.tag for s in adapters.hypervisor.describe(inst["id"]).shares} == {"owner", "managed"}
 
 

@@ -1,5 +1,7 @@
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from host_adapters import domain_xml as dx
 
 
@@ -27,14 +29,62 @@ def test_disk():
     )
 
 
-def test_filesystem_is_a_mapped_mount_tagged_with_the_target():
+def test_filesystem_is_a_virtiofs_mount_tagged_with_the_target():
     fs = dx.Filesystem(source_dir="/home/alice", target_dir="alice")
     assert _shape(_tree(fs.to_xml())) == _expected(
-        """<filesystem type='mount' accessmode='mapped'>
+        """<filesystem type='mount' accessmode='passthrough'>
+             <driver type='virtiofs'/>
              <source dir='/home/alice'/>
              <target dir='alice'/>
            </filesystem>"""
     )
+
+
+def test_read_only_raw_disk():
+    disk = dx.Disk(path="/pool/cc-seed-1.iso", format="raw", target_dev="vdb", readonly=True)
+    assert _shape(_tree(disk.to_xml())) == _expected(
+        """<disk type='file' device='disk'>
+             <driver name='qemu' type='raw'/>
+             <source file='/pool/cc-seed-1.iso'/>
+             <target dev='vdb' bus='virtio'/>
+             <readonly/>
+           </disk>"""
+    )
+
+
+@pytest.mark.parametrize("nic, expected", [
+    (dx.Interface(mac="52:54:00:01:02:03", network="cc-private"),
+     """<interface type='network'><mac address='52:54:00:01:02:03'/><source network='cc-private'/>
+        <model type='virtio'/></interface>"""),
+    (dx.Interface(mac="52:54:00:01:02:04", bridge="br-public"),
+     """<interface type='bridge'><mac address='52:54:00:01:02:04'/><source bridge='br-public'/>
+        <model type='virtio'/></interface>"""),
+])
+def test_interface(nic, expected):
+    assert _shape(_tree(nic.to_xml())) == _expected(expected)
+    assert dx.Interface.from_element(nic.to_element()) == nic
+
+
+def test_network_with_reservations():
+    net = dx.Network(name="cc-private", gateway="10.213.0.1", netmask="255.255.0.0",
+                     hosts=(dx.DhcpHost(mac="52:54:00:01:02:03", ip="10.213.0.2", name="vm-1"),))
+    assert _shape(_tree(net.to_xml())) == _expected(
+        """<network>
+             <name>cc-private</name>
+             <forward mode='nat'/>
+             <ip address='10.213.0.1' netmask='255.255.0.0'>
+               <dhcp><host mac='52:54:00:01:02:03' name='vm-1' ip='10.213.0.2'/></dhcp>
+             </ip>
+           </network>"""
+    )
+    assert dx.dhcp_hosts_of(net.to_xml()) == list(net.hosts)
+    assert dx.network_ip_of(net.to_xml()) == ("10.213.0.1", "255.255.0.0")
+
+
+def test_custom_cpu_model():
+    dom = dx.Domain(name="d", uuid="u", memory_mb=1, vcpu=1, cpu_mode="custom", cpu_model="qemu64")
+    cpu = _tree(dom.to_xml()).find("cpu")
+    assert (cpu.get("mode"), cpu.findtext("model")) == ("custom", "qemu64")
 
 
 def test_filesystem_round_trips_through_its_element():
@@ -56,7 +106,7 @@ def test_minimal_domain():
     )
 
 
-def test_full_domain_has_disk_one_share_per_user_and_no_interface():
+def test_full_domain_has_disks_one_share_per_user_a_nic_and_shared_memory():
     dom = dx.Domain(
         name="cc-1",
         uuid="6c277a3b-68b0-42f6-8958-29890748ab96",
@@ -68,6 +118,8 @@ def test_full_domain_has_disk_one_share_per_user_and_no_interface():
             dx.Filesystem(source_dir="/home/alice", target_dir="alice"),
             dx.Filesystem(source_dir="/home/bob", target_dir="bob"),
         ),
+        interfaces=(dx.Interface(mac="52:54:00:00:00:01", network="cc-private"),),
+        shared_memory=True,
         features=("acpi", "apic"),
         cpu_mode="host-passthrough",
         serial_console=True,
@@ -78,6 +130,7 @@ def test_full_domain_has_disk_one_share_per_user_and_no_interface():
              <uuid>6c277a3b-68b0-42f6-8958-29890748ab96</uuid>
              <memory unit='MiB'>512</memory>
              <vcpu>1</vcpu>
+             <memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>
              <os><type>hvm</type><boot dev='hd'/></os>
              <features><acpi/><apic/></features>
              <cpu mode='host-passthrough'/>
@@ -87,18 +140,20 @@ def test_full_domain_has_disk_one_share_per_user_and_no_interface():
                  <source file='/pool/d.qcow2'/>
                  <target dev='vda' bus='virtio'/>
                </disk>
-               <filesystem type='mount' accessmode='mapped'>
-                 <source dir='/home/alice'/><target dir='alice'/>
+               <filesystem type='mount' accessmode='passthrough'>
+                 <driver type='virtiofs'/><source dir='/home/alice'/><target dir='alice'/>
                </filesystem>
-               <filesystem type='mount' accessmode='mapped'>
-                 <source dir='/home/bob'/><target dir='bob'/>
+               <filesystem type='mount' accessmode='passthrough'>
+                 <driver type='virtiofs'/><source dir='/home/bob'/><target dir='bob'/>
                </filesystem>
+               <interface type='network'>
+                 <mac address='52:54:00:00:00:01'/><source network='cc-private'/><model type='virtio'/>
+               </interface>
                <serial type='pty'/>
                <console type='pty'/>
              </devices>
            </domain>"""
     )
-    assert _tree(dom.to_xml()).find("devices/interface") is None
 
 
 def test_values_are_escaped_not_injected():
@@ -165,13 +220,15 @@ LIBVIRT_DOMAIN = """<domain type='kvm' id='3'>
 
 
 def test_filesystems_of_reads_libvirt_output():
-    assert dx.filesystems_of(LIBVIRT_DOMAIN) == [dx.Filesystem(source_dir="/home/alice", target_dir="alice")]
+    assert dx.filesystems_of(LIBVIRT_DOMAIN) == [
+        dx.Filesystem(source_dir="/home/alice", target_dir="alice", driver="path", accessmode="mapped")
+    ]
     assert dx.filesystems_of("<domain><name>x</name></domain>") == []
 
 
 def test_replace_filesystems_keeps_everything_else():
     wanted = [dx.Filesystem(source_dir="/home/bob", target_dir="bob")]
-    out = _tree(dx.replace_filesystems(LIBVIRT_DOMAIN, wanted))
+    out = _tree(dx.replace_devices(LIBVIRT_DOMAIN, "filesystem", wanted))
     assert dx.filesystems_of(ET.tostring(out, encoding="unicode")) == wanted
     before = _tree(LIBVIRT_DOMAIN)
     assert [_shape(e) for e in out.find("devices") if e.tag != "filesystem"] == [
@@ -181,5 +238,5 @@ def test_replace_filesystems_keeps_everything_else():
 
 
 def test_replace_filesystems_with_none_removes_all():
-    out = dx.replace_filesystems(LIBVIRT_DOMAIN, [])
+    out = dx.replace_devices(LIBVIRT_DOMAIN, "filesystem", [])
     assert dx.filesystems_of(out) == []

@@ -5,7 +5,7 @@ import pytest
 from controller.config import config_from_dict, sandbox_values
 from host_adapters import factory, quota
 from host_adapters.homes import DirectoryHomeVolumes
-from host_adapters.hypervisor import LibvirtHypervisor
+from host_adapters.libvirt_hypervisor import LibvirtHypervisor
 from host_adapters.local_directory import LocalDirectory
 from host_adapters.unix_groups import CommandUnixGroups
 
@@ -24,6 +24,18 @@ def test_sandbox_builds_real_adapters_without_touching_the_host(tmp_path):
     assert isinstance(adapters.groups, CommandUnixGroups)
     assert isinstance(adapters.directory, LocalDirectory)
     assert [name for name, _ in adapters.checks()] == ["libvirt", "directory", "quota_backend", "system_root"]
+
+
+def test_the_test_driver_gets_in_process_volumes_and_stand_in_base_disks(tmp_path):
+    from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
+
+    hv = factory.build_hypervisor(config(tmp_path))
+    assert isinstance(hv._io, InProcessVolumeIO) and hv._stand_in
+    hv = factory.build_hypervisor(config(tmp_path, libvirt={"uri": "qemu:///system", "virt_type": "qemu",
+                                                            "cpu_mode": "qemu64"},
+                                         network={"name": "cc-net", "subnet": "10.50.0.0/24"}))
+    assert isinstance(hv._io, StreamVolumeIO) and not hv._stand_in
+    assert (hv.virt_type, hv.cpu_mode, hv.network, str(hv.subnet)) == ("qemu", "qemu64", "cc-net", "10.50.0.0/24")
 
 
 @pytest.mark.parametrize("backend,cls", [

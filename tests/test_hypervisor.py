@@ -6,15 +6,15 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
+from host_adapters.guest import GuestSpec, GuestUser, Nic, Reservation, Share
 from host_adapters.hypervisor import (
     STATUSES,
     FakeHypervisor,
     Hypervisor,
     InstanceInfo,
-    LibvirtHypervisor,
-    Share,
-    status_of,
 )
+from host_adapters.libvirt_hypervisor import LibvirtHypervisor, status_of
+from host_adapters.volume_io import InProcessVolumeIO
 from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
 
 GiB = 1024**3
@@ -22,6 +22,32 @@ GiB = 1024**3
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+_ADDRESSES = iter(range(2, 60000))
+
+
+def nic_for(hv) -> Nic:
+    """A private NIC on the adapter's network with a fresh MAC and address."""
+    n = next(_ADDRESSES)
+    return Nic(mac=f"52:54:00:7f:{n >> 8:02x}:{n & 255:02x}", address=f"10.213.{n >> 8}.{n & 255}", prefix=16,
+               gateway="10.213.0.1", network=hv.network)
+
+
+def guest_for(hv, shares=(), *, nics=None, hostname=None) -> GuestSpec:
+    """A guest whose users are the share tags, each with its home (the share's directory) mounted."""
+    if isinstance(shares, (str, bytes)):
+        raise InvalidInput("shares must be (tag, dir) pairs")
+    users = []
+    for i, item in enumerate(shares):
+        try:
+            tag, path = item
+        except (TypeError, ValueError):
+            raise InvalidInput(f"invalid share {item!r}") from None
+        users.append(GuestUser(username=tag, uid=10000 + i, gid=10000 + i, home=path, mounted=True))
+    nics = (nic_for(hv),) if nics is None else tuple(nics)
+    hostname = hostname or (f"vm-{nics[0].mac.replace(':', '')}" if nics else "vm-test")
+    return GuestSpec(hostname=hostname, users=tuple(users), nics=nics)
 
 
 def qcow2_header(*, virtual_size: int = GiB, backing_offset: int = 0, incompatible: int = 0) -> bytes:
@@ -49,9 +75,18 @@ class HypervisorContract:
 
     def spawn(self, hv, base_image, shares=(), **overrides) -> str:
         instance_id = overrides.pop("instance_id", new_id())
-        args = dict(base_image=base_image, vcpu=1, memory_mb=self.memory_mb, disk_gb=1, shares=shares)
+        if "shares" in overrides:
+            shares = overrides.pop("shares")
+        guest = overrides.pop("guest") if "guest" in overrides else guest_for(hv, shares)
+        if isinstance(guest, GuestSpec):
+            self.__dict__.setdefault("nics", {})[instance_id] = guest.nics
+        args = dict(base_image=base_image, vcpu=1, memory_mb=self.memory_mb, disk_gb=1, guest=guest)
         hv.spawn(instance_id, **{**args, **overrides})
         return instance_id
+
+    def guest_of(self, hv, instance_id, shares):
+        """A guest with these shares and the NICs the instance was spawned with."""
+        return guest_for(hv, shares, nics=self.__dict__.get("nics", {}).get(instance_id, ()))
 
     def assert_gone(self, hv, instance_id):
         assert instance_id not in hv.list_instances()
@@ -110,6 +145,8 @@ class HypervisorContract:
             {"shares": [("alice", "/home/a"), ("alice", "/home/b")]},
             {"shares": [("alice",)]},
             {"shares": "alice"},
+            {"guest": "not a guest"},
+            {"guest": None},
         ],
     )
     def test_spawn_refuses_bad_input_before_touching_the_host(self, hv, base_image, overrides):
@@ -150,25 +187,25 @@ class HypervisorContract:
         instance_id = new_id()
         self.assert_gone(hv, instance_id)
         with pytest.raises(NotFound):
-            hv.set_shares(instance_id, [])
+            hv.set_guest(instance_id, self.guest_of(hv, instance_id, []))
         hv.destroy(instance_id)
 
     def test_set_shares_replaces_them_and_keeps_the_instance_running(self, hv, base_image, shares, tmp_path):
         instance_id = self.spawn(hv, base_image, shares[:1])
         (tmp_path / "carol").mkdir()
         wanted = [shares[1], ("carol", str(tmp_path / "carol"))]
-        hv.set_shares(instance_id, wanted)
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, wanted))
         info = hv.describe(instance_id)
         assert info.shares == tuple(Share(*s) for s in sorted(wanted))
         # Live where the hypervisor can hot-plug shares, else at the next start.
         assert info.live_shares in (info.shares, (Share(*shares[0]),))
         assert hv.status(instance_id) == "running"
-        hv.set_shares(instance_id, [])
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, []))
         assert hv.describe(instance_id).shares == ()
 
     def test_reboot_applies_shares_removed_from_a_running_instance(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image, shares)
-        hv.set_shares(instance_id, shares[1:])
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[1:]))
         hv.reboot(instance_id)
         info = hv.describe(instance_id)
         assert info.status == "running"
@@ -178,7 +215,7 @@ class HypervisorContract:
 
     def test_power_on_applies_shares_set_while_running(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image, shares[:1])
-        hv.set_shares(instance_id, shares)
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares))
         hv.power_off(instance_id)
         assert hv.describe(instance_id).live_shares is None
         hv.power_on(instance_id)
@@ -187,7 +224,7 @@ class HypervisorContract:
     def test_set_shares_on_a_stopped_instance(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image)
         hv.power_off(instance_id)
-        hv.set_shares(instance_id, shares)
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares))
         info = hv.describe(instance_id)
         assert info.shares == tuple(Share(*s) for s in sorted(shares))
         assert (info.status, info.live_shares) == ("shutoff", None)
@@ -195,7 +232,7 @@ class HypervisorContract:
     def test_set_shares_refuses_bad_input(self, hv, base_image):
         instance_id = self.spawn(hv, base_image)
         with pytest.raises(InvalidInput):
-            hv.set_shares(instance_id, [("root;x", "/home/x")])
+            hv.set_guest(instance_id, self.guest_of(hv, instance_id, [("root;x", "/home/x")]))
         assert hv.describe(instance_id).shares == ()
 
     def test_destroy_removes_domain_and_disk_and_may_be_repeated(self, hv, base_image):
@@ -303,7 +340,7 @@ class TestFakeHypervisor(HypervisorContract):
 
     def test_like_qemu_a_running_guest_keeps_its_shares_until_it_starts_again(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image, shares)
-        hv.set_shares(instance_id, shares[:1])
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[:1]))
         info = hv.describe(instance_id)
         assert info.live_shares == tuple(Share(*s) for s in shares)
         assert info.shares == (Share(*shares[0]),)
@@ -368,13 +405,24 @@ class TestLibvirtTestDriver(HypervisorContract):
         assert dom.findtext("uuid") == instance_id
         assert dom.find("memory").text == str(96 * 1024) and dom.find("memory").get("unit") == "KiB"
         assert dom.findtext("vcpu") == "2"
-        assert dom.find("devices/disk/source").get("file") == hv.describe(instance_id).disk_path
-        assert dom.find("devices/interface") is None
+        disk, seed = dom.findall("devices/disk")
+        assert disk.find("source").get("file") == hv.describe(instance_id).disk_path
+        assert seed.find("source").get("file").endswith(f"seed-{instance_id}.iso")
+        assert (seed.find("target").get("bus"), seed.find("driver").get("type")) == ("virtio", "raw")
+        assert seed.find("readonly") is not None
+        [nic] = dom.findall("devices/interface")
+        assert nic.get("type") == "network" and nic.find("source").get("network") == hv.network
+        assert nic.find("mac").get("address") == self.guest_of(hv, instance_id, []).nics[0].mac
+        assert nic.find("model").get("type") == "virtio"
         found = {
-            (fs.get("type"), fs.get("accessmode"), fs.find("target").get("dir"), fs.find("source").get("dir"))
+            (fs.get("type"), fs.get("accessmode"), fs.find("driver").get("type"), fs.find("target").get("dir"),
+             fs.find("source").get("dir"))
             for fs in dom.findall("devices/filesystem")
         }
-        assert found == {("mount", "mapped", tag, path) for tag, path in shares}
+        assert found == {("mount", "passthrough", "virtiofs", tag, path) for tag, path in shares}
+        # virtiofsd maps the guest's RAM: it must be shared.
+        assert dom.find("memoryBacking/access").get("mode") == "shared"
+        assert dom.find("memoryBacking/source").get("type") == "memfd"
         assert self.domain(hv, instance_id).isPersistent()
 
     def test_disk_is_an_overlay_on_the_base_image(self, hv, base_image):
@@ -497,7 +545,7 @@ class TestLibvirtTestDriver(HypervisorContract):
     def test_reboot_power_cycles_a_guest_that_still_has_removed_shares(self, hv, base_image, shares, monkeypatch):
         instance_id = self.spawn(hv, base_image, shares)
         dom = self.domain(hv, instance_id)
-        hv.set_shares(instance_id, shares[:1])
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[:1]))
         # The test driver, like QEMU for 9p, cannot detach live: the guest keeps bob.
         assert self.live_tags(dom) == ["alice", "bob"]
         assert [s.tag for s in hv.describe(instance_id).live_shares] == ["alice", "bob"]
@@ -515,7 +563,7 @@ class TestLibvirtTestDriver(HypervisorContract):
         import libvirt
 
         instance_id = self.spawn(hv, base_image, shares)
-        hv.set_shares(instance_id, [])
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, []))
 
         def fail(*args):
             raise _libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_QEMU, "no memory")
@@ -529,7 +577,7 @@ class TestLibvirtTestDriver(HypervisorContract):
         import libvirt
 
         instance_id = self.spawn(hv, base_image, shares)
-        hv.set_shares(instance_id, shares[1:])
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[1:]))
         real_create = libvirt.virDomain.create
         calls = []
 
@@ -569,13 +617,42 @@ class TestLibvirtTestDriver(HypervisorContract):
         hv.destroy(instance_id)
         self.assert_gone(hv, instance_id)
 
-    def test_upload_is_unsupported_by_the_test_driver_and_leaves_no_volume(self, hv, tmp_path):
+    def test_a_checked_source_stands_in_as_a_blank_disk_on_the_test_driver(self, hv, tmp_path):
+        # The test driver has no upload streams (the sandbox boots no real guest).
         source = tmp_path / "image.qcow2"
         source.write_bytes(qcow2_header())
         image_id = new_id()
-        with pytest.raises(HostError, match="not supported"):
-            hv.create_base_image(image_id, size_gb=1, source=str(source))
-        assert image_id not in hv.list_base_images()
+        name = hv.create_base_image(image_id, size_gb=1, source=str(source))
+        assert image_id in hv.list_base_images()
+        pool = self.conn().storagePoolLookupByName(TEST_POOL)
+        assert pool.storageVolLookupByName(name).info()[1] == GiB
+
+    def test_a_stand_in_base_disk_is_made_on_first_use(self, libvirt_test_driver):
+        # The sandbox: an image the agent added in another process has no disk in this one.
+        hv = libvirt_test_driver
+        hv._stand_in = True
+        instance_id = self.spawn(hv, hv._names.base(new_id()))
+        assert hv.status(instance_id) == "running"
+        assert len(hv.list_base_images()) == 1
+
+    def test_the_seed_is_written_and_read_back(self, hv, base_image, shares):
+        from host_adapters import seed as seeds
+
+        instance_id = self.spawn(hv, base_image, shares)
+        guest = self.guest_of(hv, instance_id, shares)
+        assert hv.describe(instance_id).seed == seeds.render(instance_id, guest)
+        hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[:1]))
+        assert hv.describe(instance_id).seed == seeds.render(instance_id, self.guest_of(hv, instance_id, shares[:1]))
+
+    def test_reservations_follow_the_guest_and_go_with_it(self, hv, base_image):
+        instance_id = self.spawn(hv, base_image)
+        guest = self.guest_of(hv, instance_id, [])
+        [nic] = guest.nics
+        expected = (Reservation(mac=nic.mac, address=nic.address, hostname=guest.hostname),)
+        assert hv.describe(instance_id).reservations == expected
+        assert [r.mac for r in hv.list_reservations()] == [nic.mac]
+        hv.destroy(instance_id)
+        assert hv.list_reservations() == []
 
 
 def test_check_of_an_unreachable_hypervisor_is_host_unavailable(tmp_path):
@@ -599,11 +676,12 @@ def test_bad_domain_prefix(prefix):
 
 
 def test_adapters_with_other_prefixes_do_not_see_each_other(libvirt_test_driver):
-    other = LibvirtHypervisor(TEST_URI, storage_pool=TEST_POOL, domain_prefix=unique_prefix())
+    other = LibvirtHypervisor(TEST_URI, storage_pool=TEST_POOL, domain_prefix=unique_prefix(),
+                              network=libvirt_test_driver.network, volume_io=InProcessVolumeIO())
     try:
         base = other.create_base_image(new_id(), size_gb=1)
         instance_id = new_id()
-        other.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1)
+        other.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest_for(other, nics=()))
         assert libvirt_test_driver.list_instances() == []
         assert libvirt_test_driver.list_base_images() == []
         assert libvirt_test_driver.status(instance_id) == "error"
@@ -660,5 +738,8 @@ def test_public_methods_match_the_interface(impl):
 
 
 def test_constructor_signatures():
-    assert str(inspect.signature(LibvirtHypervisor)) == "(uri: str, *, storage_pool: str, domain_prefix: str = 'cc-')"
-    assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-')"
+    assert list(inspect.signature(LibvirtHypervisor).parameters) == [
+        "uri", "storage_pool", "domain_prefix", "network", "subnet", "virt_type", "cpu_mode", "volume_io",
+        "stand_in_base_images",
+    ]
+    assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-', network: str = 'cc-private')"

@@ -10,7 +10,7 @@ import pytest
 
 from controller.errors import CommandError, HostError
 from host_adapters import subp
-from host_adapters.hypervisor import LibvirtHypervisor
+from host_adapters.libvirt_hypervisor import LibvirtHypervisor
 from tests.fixtures.libvirtd import SYSTEM_URI, cleanup_hypervisor, unique_prefix
 from tests.test_hypervisor import HypervisorContract, new_id
 

@@ -1,0 +1,804 @@
+"""Instances as libvirt domains (the Hypervisor of host_adapters/hypervisor.py).
+
+Disks, seeds and base images are volumes of one storage pool; the private
+NIC is on one libvirt network, whose DHCP reservations name the instances'
+addresses; homes are virtiofs shares. Everything goes through the libvirt
+connection, so a remote URI (qemu+ssh://, qemu+tls://) works as a local one.
+"""
+
+import functools
+import ipaddress
+import logging
+import threading
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+
+from common.errors import Conflict, ControllerError, HostError, HostUnavailable, InvalidInput, NotFound
+from host_adapters import domain_xml
+from host_adapters import seed as seeds
+from host_adapters.guest import GuestSpec, Reservation, Share
+from host_adapters.hypervisor import (
+    GiB,
+    Hypervisor,
+    InstanceInfo,
+    Names,
+    NicDevice,
+    Progress,
+    check_guest,
+    check_id,
+    check_image_source,
+    check_positive,
+    check_volume_name,
+    domain_uuid,
+    nic_devices_for,
+    reservations_for,
+)
+from host_adapters.volume_io import StreamVolumeIO, VolumeIO
+
+log = logging.getLogger(__name__)
+
+# A seed is padded to this fixed size, so a running guest reads a rewritten seed
+# after a reset without its disk changing size.
+SEED_BYTES = 4 * 1024 * 1024
+
+VIRT_TYPES = ("kvm", "qemu")
+
+
+# --- libvirt -----------------------------------------------------------------
+
+
+@functools.cache
+def _libvirt():
+    import libvirt
+
+    # libvirt prints every error on stderr unless a handler takes it; ours are raised.
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    return libvirt
+
+
+def _code(err) -> int:
+    return err.get_error_code()
+
+
+def _msg(err) -> str:
+    return err.get_error_message() or str(err)
+
+
+def _connection_lost(err) -> bool:
+    lv = _libvirt()
+    code, domain = err.get_error_code(), err.get_error_domain()
+    if code == lv.VIR_ERR_INVALID_CONN:
+        return True
+    return code in (lv.VIR_ERR_SYSTEM_ERROR, lv.VIR_ERR_INTERNAL_ERROR, lv.VIR_ERR_RPC) and domain in (
+        lv.VIR_FROM_REMOTE,
+        lv.VIR_FROM_RPC,
+    )
+
+
+def status_of(state: int, reason: int) -> str:
+    """Map a libvirt (state, reason) pair to one of STATUSES."""
+    lv = _libvirt()
+    if state == lv.VIR_DOMAIN_NOSTATE:
+        return "building"
+    if state in (lv.VIR_DOMAIN_RUNNING, lv.VIR_DOMAIN_BLOCKED):
+        return "running"
+    if state == lv.VIR_DOMAIN_PAUSED:
+        # QEMU domains are paused while they start, before the vCPUs run.
+        return "building" if reason == lv.VIR_DOMAIN_PAUSED_STARTING_UP else "paused"
+    if state == lv.VIR_DOMAIN_PMSUSPENDED:
+        return "paused"
+    if state == lv.VIR_DOMAIN_SHUTDOWN:
+        return "shutoff"
+    if state == lv.VIR_DOMAIN_SHUTOFF:
+        if reason == lv.VIR_DOMAIN_SHUTOFF_CRASHED:
+            return "crashed"
+        if reason == lv.VIR_DOMAIN_SHUTOFF_FAILED:
+            return "error"
+        return "shutoff"
+    if state == lv.VIR_DOMAIN_CRASHED:
+        return "crashed"
+    return "error"
+
+
+def _shares_of(filesystems: Iterable[domain_xml.Filesystem]) -> tuple[Share, ...]:
+    return tuple(sorted(Share(fs.target_dir, fs.source_dir) for fs in filesystems))
+
+
+def _device_key(xml: str):
+    filesystems = sorted((fs.target_dir, fs.source_dir, fs.driver) for fs in domain_xml.filesystems_of(xml))
+    nics = sorted((n.mac, n.network, n.bridge) for n in domain_xml.interfaces_of(xml))
+    return filesystems, nics
+
+
+def _definition_pending(dom) -> bool:
+    """Whether the running guest's devices differ from its persistent definition's (set_guest changes only those)."""
+    lv = _libvirt()
+    return _device_key(dom.XMLDesc(0)) != _device_key(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))
+
+
+def _netmask(subnet: str) -> tuple[ipaddress.IPv4Network, str]:
+    try:
+        net = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError as e:
+        raise InvalidInput(f"invalid network subnet {subnet!r}: {e}") from None
+    if net.num_addresses < 8:
+        raise InvalidInput(f"network subnet {subnet} is too small")
+    return net, str(net.netmask)
+
+
+def gateway_of(subnet: str) -> str:
+    """The host's address on a private network: the subnet's first address."""
+    net, _ = _netmask(subnet)
+    return str(net.network_address + 1)
+
+
+class LibvirtHypervisor(Hypervisor):
+    """Instances as libvirt domains, disks and seeds as volumes of one storage pool.
+
+    One connection per adapter (libvirt connections are thread-safe), opened
+    on first use and opened again, once per call, when it was lost.
+
+    `network` and `subnet` name the private network (made by ensure_network);
+    `virt_type` and `cpu_mode` shape every domain ("kvm"/"host-passthrough" on a
+    head node; "qemu" where KVM cannot boot a guest). `volume_io` writes and
+    reads volume content (libvirt streams; the test driver has none).
+    `stand_in_base_images` makes spawn create a blank base disk that is
+    missing (the sandbox: its test driver forgets volumes between processes).
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        storage_pool: str,
+        domain_prefix: str = "cc-",
+        network: str = "cc-private",
+        subnet: str = "10.213.0.0/16",
+        virt_type: str = "kvm",
+        cpu_mode: str | None = "host-passthrough",
+        volume_io: VolumeIO | None = None,
+        stand_in_base_images: bool = False,
+    ):
+        if virt_type not in VIRT_TYPES:
+            raise InvalidInput(f"virt_type must be one of {', '.join(VIRT_TYPES)}, not {virt_type!r}")
+        self.uri = uri
+        self.storage_pool = storage_pool
+        self.network = network
+        self.subnet, self._netmask = _netmask(subnet)
+        self.virt_type = virt_type
+        self.cpu_mode = cpu_mode or None
+        self._names = Names(domain_prefix)
+        self._io = volume_io or StreamVolumeIO()
+        self._stand_in = stand_in_base_images
+        self._conn = None
+        self._lock = threading.Lock()
+
+    # connection
+
+    def _connection(self):
+        lv = _libvirt()
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    if self._conn.isAlive():
+                        return self._conn
+                except lv.libvirtError:
+                    pass
+                self._conn = None
+            try:
+                self._conn = lv.open(self.uri)
+            except lv.libvirtError as e:
+                raise HostUnavailable(f"cannot connect to libvirt at {self.uri}: {_msg(e)}") from e
+            return self._conn
+
+    def _forget(self, conn) -> None:
+        # Dropped, not closed: another thread may still be using it; the
+        # binding closes it when the last reference goes.
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+
+    def _call(self, what: str, op, *, retry: bool = True):
+        """op(conn), with libvirt errors turned into HostError/HostUnavailable.
+
+        A lost connection is opened again and op repeated once when `retry`
+        (for operations that are safe to repeat).
+        """
+        lv = _libvirt()
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                return op(conn)
+            except lv.libvirtError as e:
+                if not _connection_lost(e):
+                    raise HostError(f"{what}: {_msg(e)}") from e
+                self._forget(conn)
+                if not retry or attempt == 2:
+                    raise HostUnavailable(f"{what}: lost the connection to libvirt at {self.uri}: {_msg(e)}") from e
+                log.warning("connection to libvirt at %s lost (%s); reconnecting", self.uri, _msg(e))
+
+    def _is_test_driver(self, conn) -> bool:
+        return conn.getType().lower() == "test"
+
+    # lookups (inside op)
+
+    def _pool(self, conn):
+        lv = _libvirt()
+        try:
+            pool = conn.storagePoolLookupByName(self.storage_pool)
+        except lv.libvirtError as e:
+            if _code(e) == lv.VIR_ERR_NO_STORAGE_POOL:
+                raise HostUnavailable(f"libvirt storage pool {self.storage_pool!r} not found at {self.uri}") from e
+            raise
+        if not pool.isActive():
+            raise HostUnavailable(f"libvirt storage pool {self.storage_pool!r} is not active")
+        return pool
+
+    def _network(self, conn, name: str | None = None, *, required: bool = True):
+        lv = _libvirt()
+        name = name or self.network
+        try:
+            return conn.networkLookupByName(name)
+        except lv.libvirtError as e:
+            if _code(e) != lv.VIR_ERR_NO_NETWORK:
+                raise
+            if required:
+                raise HostUnavailable(
+                    f"libvirt network {name!r} not found at {self.uri}: run `cloud-agent init`"
+                ) from e
+            return None
+
+    @staticmethod
+    def _volume(pool, name: str):
+        lv = _libvirt()
+        try:
+            return pool.storageVolLookupByName(name)
+        except lv.libvirtError as e:
+            if _code(e) == lv.VIR_ERR_NO_STORAGE_VOL:
+                return None
+            raise
+
+    def _domain(self, conn, instance_id: str):
+        lv = _libvirt()
+        try:
+            return conn.lookupByName(self._names.domain(instance_id))
+        except lv.libvirtError as e:
+            if _code(e) == lv.VIR_ERR_NO_DOMAIN:
+                return None
+            raise
+
+    def _existing_domain(self, conn, instance_id: str):
+        dom = self._domain(conn, instance_id)
+        if dom is None:
+            raise NotFound(f"instance {instance_id} has no domain on the hypervisor")
+        return dom
+
+    @staticmethod
+    def _delete_volume(vol) -> None:
+        lv = _libvirt()
+        try:
+            vol.delete(0)
+        except lv.libvirtError as e:
+            if _code(e) != lv.VIR_ERR_NO_STORAGE_VOL:
+                raise
+
+    @staticmethod
+    def _remove_domain(dom) -> None:
+        lv = _libvirt()
+        try:
+            if dom.isActive():
+                try:
+                    dom.destroy()
+                except lv.libvirtError as e:
+                    if _code(e) != lv.VIR_ERR_OPERATION_INVALID:  # else it stopped meanwhile
+                        raise
+            if dom.isPersistent():
+                dom.undefineFlags(lv.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | lv.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+        except lv.libvirtError as e:
+            if _code(e) != lv.VIR_ERR_NO_DOMAIN:  # else it went away meanwhile
+                raise
+
+    # network and DHCP reservations
+
+    def _network_definition(self) -> domain_xml.Network:
+        return domain_xml.Network(
+            name=self.network, gateway=str(self.subnet.network_address + 1), netmask=self._netmask
+        )
+
+    def ensure_network(self) -> bool:
+        def op(conn):
+            net = self._network(conn, required=False)
+            changed = False
+            if net is None:
+                net = conn.networkDefineXML(self._network_definition().to_xml())
+                changed = True
+            if not net.isActive():
+                net.create()
+                changed = True
+            if not net.autostart():
+                net.setAutostart(1)
+            return changed
+
+        return self._call(f"create network {self.network}", op)
+
+    def _reservations(self, conn, macs: set[str]) -> list[Reservation]:
+        lv = _libvirt()
+        net = self._network(conn, required=False)
+        if net is None or not macs:
+            return []
+        hosts = domain_xml.dhcp_hosts_of(net.XMLDesc(0))
+        return sorted(
+            (Reservation(mac=h.mac, address=h.ip, hostname=h.name) for h in hosts if h.mac in macs),
+            key=lambda r: r.mac,
+        )
+
+    def _update_hosts(self, conn, *, add: Iterable[Reservation] = (), remove: Iterable[str] = ()) -> None:
+        """Drop the reservations of the MACs in `remove`, then add `add` (replacing any of the same MAC)."""
+        lv = _libvirt()
+        add = list(add)
+        remove = {*remove, *(r.mac for r in add)}
+        net = self._network(conn, required=bool(add))
+        if net is None:
+            return
+        flags = lv.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+        if net.isActive():
+            flags |= lv.VIR_NETWORK_UPDATE_AFFECT_LIVE
+        existing = domain_xml.dhcp_hosts_of(net.XMLDesc(0))
+        wanted = {domain_xml.DhcpHost(mac=r.mac, ip=r.address, name=r.hostname) for r in add}
+
+        def clashes(host) -> bool:
+            # libvirt refuses an entry sharing a MAC, an address or a name with another;
+            # the controller owns these, so a stale one gives way.
+            return any(host.ip == w.ip or (host.name and host.name == w.name) for w in wanted)
+
+        for host in existing:
+            if host not in wanted and (host.mac in remove or clashes(host)):
+                net.update(lv.VIR_NETWORK_UPDATE_COMMAND_DELETE, lv.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1,
+                           host.to_xml(), flags)
+        for host in wanted - set(existing):
+            net.update(lv.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, lv.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1,
+                       host.to_xml(), flags)
+
+    # seeds
+
+    def _write_seed(self, conn, pool, instance_id: str, guest: GuestSpec) -> None:
+        name = self._names.seed(instance_id)
+        data = seeds.build_iso(seeds.render(instance_id, guest))
+        if len(data) > SEED_BYTES:
+            raise HostError(f"the seed of instance {instance_id} is {len(data)} bytes, more than {SEED_BYTES}")
+        vol = self._volume(pool, name)
+        if vol is None:
+            vol = pool.createXML(domain_xml.Volume(name=name, capacity_bytes=SEED_BYTES, format="raw").to_xml(), 0)
+        self._io.write(conn, vol, data.ljust(SEED_BYTES, b"\0"))
+
+    def _read_seed(self, conn, vol) -> dict[str, str] | None:
+        data = self._io.read(conn, vol)
+        try:
+            return seeds.read_iso(data)
+        except InvalidInput:
+            return None
+
+    # interface
+
+    def check(self) -> None:
+        def op(conn):
+            self._pool(conn)
+            net = self._network(conn)
+            if not net.isActive():
+                raise HostUnavailable(f"libvirt network {self.network!r} is not active: run `cloud-agent init`")
+            if not self._is_test_driver(conn):
+                self._check_subnet(net)
+                self._check_virt_type(conn)
+
+        self._call("check libvirt", op)
+
+    def _check_subnet(self, net) -> None:
+        """The network's own address is the configured subnet's gateway: guests' static
+        addresses and routes come from the subnet."""
+        found = domain_xml.network_ip_of(net.XMLDesc(0))
+        gateway = str(self.subnet.network_address + 1)
+        if found is None:
+            raise HostUnavailable(f"libvirt network {self.network!r} has no IPv4 address; expected {gateway}")
+        address, mask = found
+        try:
+            actual = ipaddress.IPv4Interface(f"{address}/{mask}")
+        except ValueError:
+            actual = None
+        if actual is None or actual.network != self.subnet or address != gateway:
+            raise HostUnavailable(
+                f"libvirt network {self.network!r} is {address}/{mask}, but [network] subnet is {self.subnet} "
+                f"(gateway {gateway}); make them agree"
+            )
+
+    def _check_virt_type(self, conn) -> None:
+        """The configured virt_type and cpu_mode are what this host's QEMU offers."""
+        lv = _libvirt()
+        hint = "set [libvirt] virt_type = qemu (software emulation) where KVM cannot run guests"
+        try:
+            caps = ET.fromstring(conn.getDomainCapabilities(None, None, None, self.virt_type, 0))
+        except lv.libvirtError as e:
+            raise HostUnavailable(f"virt_type {self.virt_type} is not available on {self.uri}: {_msg(e)}; {hint}") from e
+        if self.cpu_mode in ("host-passthrough", "host-model"):
+            mode = caps.find(f"cpu/mode[@name='{self.cpu_mode}']")
+            if mode is None or mode.get("supported") != "yes":
+                raise HostUnavailable(
+                    f"cpu_mode {self.cpu_mode} is not supported with virt_type {self.virt_type} on {self.uri}; "
+                    "set [libvirt] cpu_mode to host-model or a named model (e.g. qemu64)"
+                )
+
+    def create_base_image(
+        self,
+        image_id: str,
+        *,
+        size_gb: int,
+        source: str | None = None,
+        progress: Progress | None = None,
+    ) -> str:
+        check_id(image_id, "image id")
+        check_positive(size_gb=size_gb)
+        upload_size = check_image_source(source, size_gb) if source is not None else None
+        name = self._names.base(image_id)
+        began = []  # past the existence check: from here a failure removes the volume by name
+
+        def op(conn):
+            pool = self._pool(conn)
+            if self._volume(pool, name) is not None:
+                raise Conflict(f"base image of image {image_id} already exists")
+            began.append(True)
+            if source is None or not self._io.keeps_content:
+                # Without content streams (the test driver) the checked source stands
+                # in as a blank disk of the image's size.
+                volume = domain_xml.Volume(name=name, capacity_bytes=size_gb * GiB)
+                pool.createXML(volume.to_xml(), 0)
+                if source is not None and progress is not None:
+                    progress(upload_size, upload_size)
+                return
+            # Upload writes over the file without truncating it: start from
+            # an empty file of the exact size; libvirt probes it as qcow2 after.
+            volume = domain_xml.Volume(name=name, capacity_bytes=upload_size, format="raw")
+            vol = pool.createXML(volume.to_xml(), 0)
+            self._io.upload_file(conn, vol, source, upload_size, progress)
+
+        try:
+            self._call(f"create base image of image {image_id}", op, retry=False)
+        except BaseException as err:  # a progress callback may raise anything
+            if began:
+                self._undo(err, f"volume {name}", lambda conn: self._remove(conn, volumes=[name]))
+            raise
+        return name
+
+    def _undo(self, err: BaseException, what: str, undo) -> None:
+        """Run undo(conn) after a failed create; if that fails too, raise an error naming what is left."""
+        try:
+            self._call(f"clean up {what}", undo)
+        except ControllerError as undo_err:
+            message = err.message if isinstance(err, ControllerError) else repr(err)
+            raise HostError(f"{message}; cleanup failed, {what} may remain: {undo_err.message}") from err
+
+    def delete_base_image(self, image_id: str) -> None:
+        check_id(image_id, "image id")
+        name = self._names.base(image_id)
+
+        def op(conn):
+            pool = self._pool(conn)
+            vol = self._volume(pool, name)
+            if vol is None:
+                return
+            path = vol.path()
+            for other in pool.listAllVolumes(0):
+                if other.name() != name and domain_xml.backing_path_of(other.XMLDesc(0)) == path:
+                    raise Conflict(f"base image of image {image_id} is in use by volume {other.name()}")
+            self._delete_volume(vol)
+
+        self._call(f"delete base image of image {image_id}", op)
+
+    def list_base_images(self) -> list[str]:
+        def op(conn):
+            names = (v.name() for v in self._pool(conn).listAllVolumes(0))
+            return sorted({i for i in map(self._names.image_of_base, names) if i})
+
+        return self._call("list base images", op)
+
+    def spawn(
+        self,
+        instance_id: str,
+        *,
+        base_image: str,
+        vcpu: int,
+        memory_mb: int,
+        disk_gb: int,
+        guest: GuestSpec,
+    ) -> None:
+        check_id(instance_id, "instance id")
+        check_volume_name(base_image)
+        check_positive(vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb)
+        check_guest(guest)
+        disk_name, seed_name = self._names.disk(instance_id), self._names.seed(instance_id)
+        began = []  # past the existence checks: from here a failure removes what spawn makes, by name
+
+        def op(conn):
+            pool = self._pool(conn)
+            base = self._volume(pool, base_image)
+            if base is None and self._stand_in and self._names.image_of_base(base_image):
+                base = pool.createXML(domain_xml.Volume(name=base_image, capacity_bytes=GiB).to_xml(), 0)
+            if base is None:
+                raise HostError(
+                    f"spawn instance {instance_id}: base image volume {base_image}"
+                    f" is missing from storage pool {self.storage_pool}; see `cloud-agent reconcile`"
+                )
+            if any((self._domain(conn, instance_id), self._volume(pool, disk_name), self._volume(pool, seed_name))):
+                raise Conflict(f"instance {instance_id} already exists on the hypervisor")
+            if base.info()[1] > disk_gb * GiB:
+                raise InvalidInput(f"disk of {disk_gb} GiB is smaller than base image {base_image}")
+            began.append(True)
+            overlay = domain_xml.Volume(
+                name=disk_name,
+                capacity_bytes=disk_gb * GiB,
+                backing=domain_xml.BackingStore(path=base.path(), format="qcow2"),
+            )
+            vol = step("create disk volume", pool.createXML, overlay.to_xml(), 0)
+            step("write seed", self._write_seed, conn, pool, instance_id, guest)
+            step("reserve addresses", self._update_hosts, conn, add=reservations_for(guest))
+            seed_path = self._volume(pool, seed_name).path()
+            definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu, memory_mb=memory_mb,
+                                          guest=guest)
+            dom = step("define domain", conn.defineXML, definition.to_xml())
+            step("start domain", dom.create)
+
+        def step(what, call, *args, **kwargs):
+            lv = _libvirt()
+            try:
+                return call(*args, **kwargs)
+            except lv.libvirtError as e:
+                if _connection_lost(e):
+                    raise
+                raise HostError(f"spawn instance {instance_id}: cannot {what}: {_msg(e)}") from e
+
+        try:
+            self._call(f"spawn instance {instance_id}", op, retry=False)
+        except BaseException as err:
+            if began:
+                what = f"domain, disk, seed and reservations of instance {instance_id}"
+                macs = [n.mac for n in guest.nics]
+                self._undo(err, what, lambda conn: self._remove(
+                    conn, instance_id=instance_id, volumes=[disk_name, seed_name], macs=macs))
+            raise
+
+    def _remove(self, conn, *, instance_id: str | None = None, volumes: Iterable[str] = (),
+                macs: Iterable[str] = ()) -> None:
+        """Remove the instance's domain, the volumes and the reservations of its MACs, by name
+        (on a possibly new connection)."""
+        lv = _libvirt()
+        macs = set(macs)
+        dom = self._domain(conn, instance_id) if instance_id is not None else None
+        if dom is not None:
+            macs |= {n.mac for n in domain_xml.interfaces_of(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))}
+            self._remove_domain(dom)
+        if macs:
+            self._update_hosts(conn, remove=macs)
+        volumes = list(volumes)
+        if volumes:
+            pool = self._pool(conn)
+            for name in volumes:
+                vol = self._volume(pool, name)
+                if vol is not None:
+                    self._delete_volume(vol)
+
+    def _cpu(self) -> tuple[str | None, str | None]:
+        if self.cpu_mode in (None, "", "host-passthrough", "host-model"):
+            # QEMU's own default model where software emulation has no host CPU to pass.
+            if self.virt_type == "qemu" and self.cpu_mode == "host-passthrough":
+                return None, None
+            return self.cpu_mode, None
+        return "custom", self.cpu_mode
+
+    def _definition(self, conn, instance_id, disk_path, seed_path, *, vcpu, memory_mb, guest) -> domain_xml.Domain:
+        name = self._names.domain(instance_id)
+        # The test driver only accepts its own domain type.
+        virt_type = "test" if self._is_test_driver(conn) else self.virt_type
+        cpu_mode, cpu_model = self._cpu()
+        return domain_xml.Domain(
+            name=name,
+            uuid=domain_uuid(instance_id, name),
+            memory_mb=memory_mb,
+            vcpu=vcpu,
+            virt_type=virt_type,
+            disks=(
+                domain_xml.Disk(path=disk_path),
+                domain_xml.Disk(path=seed_path, format="raw", target_dev="vdb", readonly=True),
+            ),
+            filesystems=self._filesystems(guest),
+            interfaces=tuple(domain_xml.Interface(mac=n.mac, network=n.network, bridge=n.bridge) for n in guest.nics),
+            shared_memory=True,
+            features=("acpi", "apic"),
+            cpu_mode=cpu_mode,
+            cpu_model=cpu_model,
+            serial_console=True,
+        )
+
+    @staticmethod
+    def _filesystems(guest: GuestSpec) -> tuple[domain_xml.Filesystem, ...]:
+        return tuple(domain_xml.Filesystem(source_dir=s.source_dir, target_dir=s.tag) for s in guest.shares)
+
+    def power_on(self, instance_id: str) -> None:
+        check_id(instance_id, "instance id")
+
+        def op(conn):
+            lv = _libvirt()
+            dom = self._existing_domain(conn, instance_id)
+            state = dom.state()[0]
+            if not dom.isActive():
+                dom.create()
+            elif state == lv.VIR_DOMAIN_PAUSED:
+                dom.resume()
+            elif state == lv.VIR_DOMAIN_PMSUSPENDED:
+                dom.pMWakeup(0)
+
+        self._call(f"power on instance {instance_id}", op)
+
+    def power_off(self, instance_id: str) -> None:
+        check_id(instance_id, "instance id")
+
+        def op(conn):
+            lv = _libvirt()
+            dom = self._existing_domain(conn, instance_id)
+            try:
+                if dom.isActive():
+                    dom.destroy()
+            except lv.libvirtError as e:
+                if _code(e) != lv.VIR_ERR_OPERATION_INVALID or dom.isActive():
+                    raise
+
+        self._call(f"power off instance {instance_id}", op)
+
+    def reboot(self, instance_id: str) -> None:
+        check_id(instance_id, "instance id")
+        cycling = False
+
+        def op(conn):
+            nonlocal cycling
+            lv = _libvirt()
+            dom = self._existing_domain(conn, instance_id)
+            not_running = Conflict(f"instance {instance_id} is not running")
+            if cycling:
+                # The connection was lost during the power cycle: finish it rather than start over.
+                if not dom.isActive():
+                    self._start_again(dom, instance_id)
+                    return
+                if not _definition_pending(dom):
+                    return
+            elif dom.state()[0] not in (lv.VIR_DOMAIN_RUNNING, lv.VIR_DOMAIN_BLOCKED):
+                raise not_running
+            try:
+                # A reset keeps the QEMU process, hence the devices it started with.
+                if _definition_pending(dom):
+                    cycling = True
+                    dom.destroy()
+                    self._start_again(dom, instance_id)
+                else:
+                    dom.reset(0)
+            except lv.libvirtError as e:
+                if _code(e) == lv.VIR_ERR_OPERATION_INVALID:
+                    raise not_running from e
+                raise
+
+        self._call(f"reboot instance {instance_id}", op)
+
+    @staticmethod
+    def _start_again(dom, instance_id: str) -> None:
+        lv = _libvirt()
+        try:
+            dom.create()
+        except lv.libvirtError as e:
+            if _connection_lost(e):
+                raise
+            raise HostError(
+                f"reboot instance {instance_id}: powered off to apply its changed definition, "
+                f"but cannot start it again (it is shut off): {_msg(e)}"
+            ) from e
+
+    def status(self, instance_id: str) -> str:
+        check_id(instance_id, "instance id")
+
+        def op(conn):
+            dom = self._domain(conn, instance_id)
+            return "error" if dom is None else status_of(*dom.state())
+
+        return self._call(f"status of instance {instance_id}", op)
+
+    def set_guest(self, instance_id: str, guest: GuestSpec) -> None:
+        check_id(instance_id, "instance id")
+        check_guest(guest)
+
+        def op(conn):
+            lv = _libvirt()
+            dom = self._existing_domain(conn, instance_id)
+            persistent = dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)
+            old_macs = {n.mac for n in domain_xml.interfaces_of(persistent)}
+            nics = [domain_xml.Interface(mac=n.mac, network=n.network, bridge=n.bridge) for n in guest.nics]
+            xml = domain_xml.replace_devices(persistent, "filesystem", list(self._filesystems(guest)))
+            xml = domain_xml.replace_devices(xml, "interface", nics)
+            if xml != domain_xml.normalized(persistent):
+                conn.defineXML(xml)
+            self._write_seed(conn, self._pool(conn), instance_id, guest)
+            self._update_hosts(conn, add=reservations_for(guest), remove=old_macs)
+
+        self._call(f"update the guest of instance {instance_id}", op)
+
+    def destroy(self, instance_id: str) -> None:
+        check_id(instance_id, "instance id")
+
+        self._call(
+            f"destroy instance {instance_id}",
+            lambda conn: self._remove(
+                conn, instance_id=instance_id, volumes=[self._names.disk(instance_id), self._names.seed(instance_id)]
+            ),
+        )
+
+    def list_instances(self) -> list[str]:
+        def op(conn):
+            found = {self._names.instance_of_domain(d.name()) for d in conn.listAllDomains(0)}
+            for v in self._pool(conn).listAllVolumes(0):
+                found |= {self._names.instance_of_disk(v.name()), self._names.instance_of_seed(v.name())}
+            return sorted(i for i in found if i)
+
+        return self._call("list instances", op)
+
+    def network_status(self) -> str:
+        def op(conn):
+            net = self._network(conn, required=False)
+            return "missing" if net is None else ("active" if net.isActive() else "inactive")
+
+        return self._call(f"state of network {self.network}", op)
+
+    def list_reservations(self) -> list[Reservation]:
+        return self._call("list reservations", lambda conn: sorted(self._reservations_all(conn), key=lambda r: r.mac))
+
+    def drop_reservations(self, macs: list[str]) -> None:
+        self._call("drop reservations", lambda conn: self._update_hosts(conn, remove=set(macs)))
+
+    def _reservations_all(self, conn) -> list[Reservation]:
+        lv = _libvirt()
+        net = self._network(conn, required=False)
+        if net is None:
+            return []
+        hosts = domain_xml.dhcp_hosts_of(net.XMLDesc(0))
+        return [Reservation(mac=h.mac, address=h.ip, hostname=h.name) for h in hosts]
+
+    def describe(self, instance_id: str) -> InstanceInfo:
+        check_id(instance_id, "instance id")
+
+        def op(conn):
+            lv = _libvirt()
+            dom = self._domain(conn, instance_id)
+            pool = self._pool(conn)
+            vol = self._volume(pool, self._names.disk(instance_id))
+            seed_vol = self._volume(pool, self._names.seed(instance_id))
+            if dom is None and vol is None and seed_vol is None:
+                raise NotFound(f"instance {instance_id} has neither a domain nor a disk on the hypervisor")
+            shares: tuple[Share, ...] = ()
+            live_shares: tuple[Share, ...] | None = None
+            nics: tuple[NicDevice, ...] = ()
+            if dom is not None:
+                persistent = dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)
+                shares = _shares_of(domain_xml.filesystems_of(persistent))
+                nics = tuple(sorted(
+                    (NicDevice(mac=n.mac, network=n.network, bridge=n.bridge)
+                     for n in domain_xml.interfaces_of(persistent)),
+                    key=lambda n: n.mac,
+                ))
+                if dom.isActive():
+                    live_shares = _shares_of(domain_xml.filesystems_of(dom.XMLDesc(0)))
+            return InstanceInfo(
+                instance_id=instance_id,
+                status="error" if dom is None else status_of(*dom.state()),
+                defined=dom is not None,
+                shares=shares,
+                live_shares=live_shares,
+                disk_path=vol.path() if vol is not None else None,
+                nics=nics,
+                reservations=tuple(self._reservations(conn, {n.mac for n in nics})),
+                seed=self._read_seed(conn, seed_vol) if seed_vol is not None else None,
+            )
+
+        return self._call(f"describe instance {instance_id}", op)

@@ -1,0 +1,118 @@
+"""Writing and reading the content of libvirt storage volumes.
+
+Real drivers move bytes with libvirt streams (virStorageVolUpload/Download),
+which work the same over a remote connection. The test driver has no streams:
+InProcessVolumeIO keeps small contents (seeds) in memory for the life of the
+process, which is as long as the test driver keeps its volumes anyway.
+"""
+
+import threading
+
+from host_adapters.hypervisor import Progress
+
+
+class VolumeIO:
+    """How volume content is written and read. `keeps_content` is False where the
+    content of a large upload (a base image) cannot be stored."""
+
+    keeps_content = True
+
+    def write(self, conn, vol, data: bytes) -> None:
+        """Overwrite the volume from offset 0 with data (no longer than its capacity)."""
+        raise NotImplementedError
+
+    def read(self, conn, vol) -> bytes:
+        """The volume's content (of its capacity)."""
+        raise NotImplementedError
+
+    def upload_file(self, conn, vol, source: str, size: int, progress: Progress | None) -> None:
+        """Write the first `size` bytes of the file at `source`, calling progress(sent, size)."""
+        raise NotImplementedError
+
+
+class StreamVolumeIO(VolumeIO):
+    def write(self, conn, vol, data: bytes) -> None:
+        view = memoryview(data)
+        sent = 0
+
+        def chunk(_stream, nbytes, _opaque):
+            nonlocal sent
+            piece = bytes(view[sent : sent + nbytes])
+            sent += len(piece)
+            return piece
+
+        self._send(conn, vol, len(data), chunk)
+
+    def upload_file(self, conn, vol, source: str, size: int, progress: Progress | None) -> None:
+        sent = 0
+        with open(source, "rb") as f:
+
+            def chunk(_stream, nbytes, _opaque):
+                nonlocal sent
+                data = f.read(min(nbytes, size - sent))
+                sent += len(data)
+                if progress is not None and data:
+                    progress(sent, size)
+                return data
+
+            self._send(conn, vol, size, chunk)
+
+    @staticmethod
+    def _send(conn, vol, size: int, chunk) -> None:
+        import libvirt
+
+        stream = conn.newStream(0)
+        try:
+            vol.upload(stream, 0, size, 0)
+            stream.sendAll(chunk, None)
+            stream.finish()
+        except BaseException:
+            try:
+                stream.abort()
+            except libvirt.libvirtError:
+                pass
+            raise
+
+    def read(self, conn, vol) -> bytes:
+        import libvirt
+
+        size = vol.info()[1]
+        parts: list[bytes] = []
+        stream = conn.newStream(0)
+        try:
+            vol.download(stream, 0, size, 0)
+            stream.recvAll(lambda _stream, data, _opaque: parts.append(data) or len(data), None)
+            stream.finish()
+        except BaseException:
+            try:
+                stream.abort()
+            except libvirt.libvirtError:
+                pass
+            raise
+        return b"".join(parts)
+
+
+class InProcessVolumeIO(VolumeIO):
+    """For libvirt's test driver: contents in memory, keyed by volume path.
+
+    Uploaded base images are not kept (keeps_content False): the sandbox
+    boots no real guest, so a checked source stands in as a blank disk.
+    """
+
+    keeps_content = False
+
+    def __init__(self):
+        self._data: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def write(self, conn, vol, data: bytes) -> None:
+        with self._lock:
+            self._data[vol.path()] = bytes(data)
+
+    def read(self, conn, vol) -> bytes:
+        with self._lock:
+            return self._data.get(vol.path(), b"")
+
+    def upload_file(self, conn, vol, source: str, size: int, progress: Progress | None) -> None:
+        if progress is not None:
+            progress(size, size)
