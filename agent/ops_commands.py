@@ -100,11 +100,12 @@ def backup(opts: Options, dest):
 @click.command("check")
 @command_options
 def check(opts: Options):
-    """Check the database, libvirt, the directory, the quota backend and the system root.
+    """Check the database, libvirt (pool, network, virt_type), the directory, the quota backend,
+    the system root, and that QEMU starts a guest with [libvirt] virt_type and cpu_mode.
 
     Example: cloud-agent check
     """
-    checks = run_checks(opts.context(adapters=True, require_database=False))
+    checks = run_checks(opts.context(adapters=True, require_database=False), thorough=True)
     ok = all(c["ok"] for c in checks)
     lines = [f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}" + (f": {c['detail']}" if c["detail"] else "")
              for c in checks]

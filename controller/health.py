@@ -7,8 +7,12 @@ from controller.errors import ControllerError
 from controller.security import SecretBox
 
 
-def run_checks(ctx: Context) -> list[dict]:
-    """Every check the service depends on, each {"name", "ok", "detail"}."""
+def run_checks(ctx: Context, *, thorough: bool = False) -> list[dict]:
+    """Every check the service depends on, each {"name", "ok", "detail"}.
+
+    thorough (the agent's `check`) adds what costs a real guest start: whether
+    QEMU starts a guest with the configured virt_type and cpu_mode.
+    """
     results = []
 
     def record(name, fn):
@@ -25,4 +29,6 @@ def run_checks(ctx: Context) -> list[dict]:
     if ctx.adapters is not None:
         for name, check in ctx.adapters.checks():
             record(name, check)
+        if thorough:
+            record("guest_start", ctx.adapters.hypervisor.probe_guest)
     return results

@@ -111,7 +111,9 @@ class Interface:
         model = el.find("model")
         network = bridge = None
         if source is not None:
-            network, bridge = source.get("network"), source.get("bridge")
+            network = source.get("network")
+            # A running domain's NIC on a network also names the network's bridge.
+            bridge = None if network is not None else source.get("bridge")
         return cls(
             mac=(mac.get("address", "") if mac is not None else "").lower(),
             network=network,

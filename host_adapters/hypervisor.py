@@ -66,6 +66,12 @@ class Hypervisor:
         the private network and the configured virtualization type can be used."""
         raise NotImplementedError
 
+    def probe_guest(self) -> None:
+        """Start and stop a small diskless guest with the configured virtualization type and CPU
+        mode; HostUnavailable, saying which setting to change, when QEMU cannot start one.
+        Slower than check(): for `cloud-agent check`, not for every health probe."""
+        raise NotImplementedError
+
     def ensure_network(self) -> bool:
         """The private network exists, runs and starts with the host. True when this call
         had to create or start it."""
@@ -391,6 +397,9 @@ class FakeHypervisor(Hypervisor):
         self._step("check")
         if self.network not in self.networks:
             raise HostError(f"network {self.network} is missing: run `cloud-agent init`")
+
+    def probe_guest(self) -> None:
+        self._step("probe_guest")
 
     def network_status(self) -> str:
         self._step("network_status")

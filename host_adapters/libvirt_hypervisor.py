@@ -10,6 +10,7 @@ import functools
 import ipaddress
 import logging
 import threading
+import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
@@ -391,6 +392,37 @@ class LibvirtHypervisor(Hypervisor):
                 self._check_virt_type(conn)
 
         self._call("check libvirt", op)
+
+    def probe_guest(self) -> None:
+        lv = _libvirt()
+        cpu_mode, cpu_model = self._cpu()
+
+        def op(conn):
+            if self._is_test_driver(conn):
+                return
+            name = f"{self._names.prefix}probe-{uuid.uuid4().hex[:8]}"
+            probe = domain_xml.Domain(name=name, uuid=str(uuid.uuid4()), memory_mb=32, vcpu=1,
+                                      virt_type=self.virt_type, cpu_mode=cpu_mode, cpu_model=cpu_model)
+            try:
+                dom = conn.createXML(probe.to_xml(), 0)
+            except lv.libvirtError as e:
+                if _connection_lost(e):
+                    raise
+                hints = []
+                if self.cpu_mode == "host-passthrough":
+                    hints.append("[libvirt] cpu_mode = host-model (or a named model such as qemu64)")
+                if self.virt_type == "kvm":
+                    hints.append("[libvirt] virt_type = qemu (software emulation)")
+                raise HostUnavailable(
+                    f"QEMU cannot start a guest with virt_type {self.virt_type} and cpu_mode {self.cpu_mode}: "
+                    f"{_msg(e)}; set " + " or ".join(hints or ["another [libvirt] cpu_mode"])
+                ) from e
+            try:
+                dom.destroy()
+            except lv.libvirtError:
+                pass
+
+        self._call("start a probe guest", op, retry=False)
 
     def _check_subnet(self, net) -> None:
         """The network's own address is the configured subnet's gateway: guests' static

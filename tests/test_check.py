@@ -10,7 +10,7 @@ from controller.config import load_config
 from controller.context import build_context
 from tests.test_agent_controller import Sandbox, copy_sandbox, make_sandbox, run_agent
 
-CHECKS = ["database", "secret_key", "libvirt", "directory", "quota_backend", "system_root"]
+CHECKS = ["database", "secret_key", "libvirt", "directory", "quota_backend", "system_root", "guest_start"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 import inspect
+import ipaddress
 import struct
 import uuid
 import xml.etree.ElementTree as ET
@@ -28,10 +29,12 @@ _ADDRESSES = iter(range(2, 60000))
 
 
 def nic_for(hv) -> Nic:
-    """A private NIC on the adapter's network with a fresh MAC and address."""
+    """A private NIC on the adapter's network with a fresh MAC and an address of its subnet."""
     n = next(_ADDRESSES)
-    return Nic(mac=f"52:54:00:7f:{n >> 8:02x}:{n & 255:02x}", address=f"10.213.{n >> 8}.{n & 255}", prefix=16,
-               gateway="10.213.0.1", network=hv.network)
+    subnet = getattr(hv, "subnet", ipaddress.IPv4Network("10.213.0.0/16"))
+    address = subnet.network_address + 2 + n % (subnet.num_addresses - 3)
+    return Nic(mac=f"52:54:00:7f:{n >> 8:02x}:{n & 255:02x}", address=str(address), prefix=subnet.prefixlen,
+               gateway=str(subnet.network_address + 1), network=hv.network)
 
 
 def guest_for(hv, shares=(), *, nics=None, hostname=None) -> GuestSpec:

@@ -12,7 +12,7 @@ from controller.errors import CommandError, HostError
 from host_adapters import subp
 from host_adapters.libvirt_hypervisor import LibvirtHypervisor
 from tests.fixtures.libvirtd import SYSTEM_URI, cleanup_hypervisor, unique_prefix
-from tests.test_hypervisor import HypervisorContract, new_id
+from tests.test_hypervisor import HypervisorContract, guest_for, new_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -26,8 +26,12 @@ def prefix() -> str:
 
 
 @pytest.fixture
-def kvm(libvirt_dir_pool, prefix):
-    hv = LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=prefix)
+def kvm(libvirt_dir_pool, libvirt_private_network, guest_virt, prefix):
+    hv = LibvirtHypervisor(
+        libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=prefix,
+        network=libvirt_private_network.name, subnet=libvirt_private_network.subnet,
+        virt_type=guest_virt.virt_type, cpu_mode=guest_virt.cpu_mode,
+    )
     yield hv
     cleanup_hypervisor(hv)
     for log in glob.glob(f"{QEMU_LOG_DIR}/{glob.escape(prefix)}*.log"):
@@ -70,15 +74,30 @@ def test_instance_lifecycle(kvm, prefix, libvirt_dir_pool, tmp_path):
     base = kvm.create_base_image(new_id(), size_gb=1)
     instance_id = new_id()
     name = prefix + instance_id
-    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=128, disk_gb=2, shares=[("alice", str(home))])
+    guest = guest_for(kvm, [("alice", str(home))])
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=128, disk_gb=2, guest=guest)
     assert domstate(name) == "running"
 
     dom = ET.fromstring(virsh("dumpxml", "--inactive", name).stdout)
     [fs] = dom.findall("devices/filesystem")
-    assert (fs.get("type"), fs.get("accessmode")) == ("mount", "mapped")
+    assert (fs.get("type"), fs.get("accessmode"), fs.find("driver").get("type")) == ("mount", "passthrough", "virtiofs")
     assert fs.find("target").get("dir") == "alice"
     assert fs.find("source").get("dir") == str(home)
     assert dom.findtext("uuid") == instance_id
+    [nic] = dom.findall("devices/interface")
+    assert nic.find("mac").get("address") == guest.nics[0].mac
+    assert nic.find("source").get("network") == kvm.network
+    # The reservation is in the running network, where dnsmasq reads it.
+    net = ET.fromstring(virsh("net-dumpxml", kvm.network).stdout)
+    hosts = {(h.get("mac"), h.get("ip"), h.get("name")) for h in net.findall("ip/dhcp/host")}
+    assert (guest.nics[0].mac, guest.nics[0].address, guest.hostname) in hosts
+    # The seed is a read-only virtio disk holding the guest's documents.
+    from host_adapters import seed as seeds
+
+    seed_disk = [d for d in dom.findall("devices/disk") if d.find("target").get("dev") == "vdb"][0]
+    assert seed_disk.find("readonly") is not None
+    with open(seed_disk.find("source").get("file"), "rb") as f:
+        assert seeds.read_iso(f.read()) == seeds.render(instance_id, guest)
 
     disk = kvm.describe(instance_id).disk_path
     assert os.path.dirname(disk) == libvirt_dir_pool.path
@@ -103,16 +122,17 @@ def test_instance_lifecycle(kvm, prefix, libvirt_dir_pool, tmp_path):
     assert not os.path.exists(disk)
 
 
-def test_set_shares_on_a_running_instance_changes_the_next_boot(kvm, prefix, tmp_path):
+def test_set_guest_on_a_running_instance_changes_the_next_boot(kvm, prefix, tmp_path):
     for user in ("alice", "bob"):
         (tmp_path / user).mkdir()
     base = kvm.create_base_image(new_id(), size_gb=1)
     instance_id = new_id()
-    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, shares=[("alice", str(tmp_path / "alice"))])
-    kvm.set_shares(instance_id, [("bob", str(tmp_path / "bob"))])
+    guest = guest_for(kvm, [("alice", str(tmp_path / "alice"))])
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, guest=guest)
+    kvm.set_guest(instance_id, guest_for(kvm, [("bob", str(tmp_path / "bob"))], nics=guest.nics))
     name = prefix + instance_id
     assert share_tags(name, "--inactive") == ["bob"]
-    assert share_tags(name) == ["alice"]  # QEMU cannot hot-plug 9p
+    assert share_tags(name) == ["alice"]  # the running guest keeps what it booted with
     kvm.power_off(instance_id)
     kvm.power_on(instance_id)
     assert share_tags(name) == ["bob"]
@@ -126,9 +146,10 @@ def test_reboot_applies_a_share_removed_from_a_running_instance(kvm, prefix, tmp
     base = kvm.create_base_image(new_id(), size_gb=1)
     instance_id = new_id()
     name = prefix + instance_id
-    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, shares=shares)
-    kvm.set_shares(instance_id, shares[:1])
-    # bob keeps his home in the running guest: QEMU cannot unplug a 9p share.
+    guest = guest_for(kvm, shares)
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, guest=guest)
+    kvm.set_guest(instance_id, guest_for(kvm, shares[:1], nics=guest.nics))
+    # bob keeps his home in the running guest until it boots again.
     assert share_tags(name) == ["alice", "bob"]
     assert [s.tag for s in kvm.describe(instance_id).live_shares] == ["alice", "bob"]
     domid = virsh("domid", name).stdout.strip()
@@ -144,7 +165,7 @@ def test_reboot_applies_a_share_removed_from_a_running_instance(kvm, prefix, tmp
 def test_a_paused_instance(kvm, prefix):
     base = kvm.create_base_image(new_id(), size_gb=1)
     instance_id = new_id()
-    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1)
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=1, guest=guest_for(kvm))
     virsh("suspend", prefix + instance_id)
     assert kvm.status(instance_id) == "paused"
     kvm.power_on(instance_id)
@@ -156,13 +177,13 @@ def test_a_failed_spawn_leaves_no_domain_and_no_disk(kvm, prefix, libvirt_dir_po
     base = kvm.create_base_image(new_id(), size_gb=1)
     before = pool_files(libvirt_dir_pool)
     instance_id = new_id()
-    args = dict(base_image=base, vcpu=1, memory_mb=96, disk_gb=1, shares=[])
+    args = dict(base_image=base, vcpu=1, memory_mb=96, disk_gb=1, guest=guest_for(kvm, []))
     if failure == "memory":
         args["memory_mb"] = 64 * 1024 * 1024  # 64 TiB: QEMU cannot start
     elif failure == "base_image":
         args["base_image"] = prefix + "base-missing.qcow2"
     else:
-        args["shares"] = [("alice", str(tmp_path / "missing"))]
+        args["guest"] = guest_for(kvm, [("alice", str(tmp_path / "missing"))])
     with pytest.raises(HostError) as err:
         kvm.spawn(instance_id, **args)
     assert instance_id in err.value.message
@@ -188,7 +209,7 @@ def test_base_image_from_a_qcow2_file(kvm, libvirt_dir_pool, tmp_path):
     assert qemu_img_info(base_path)["virtual-size"] == GiB
 
     instance_id = new_id()
-    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=2)
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=2, guest=guest_for(kvm))
     assert kvm.status(instance_id) == "running"
     disk = kvm.describe(instance_id).disk_path
     # The guest sees the image's content on its disk.
@@ -208,3 +229,24 @@ def test_a_failed_upload_leaves_no_volume(kvm, libvirt_dir_pool, tmp_path):
         kvm.create_base_image(image_id, size_gb=1, source=str(source), progress=interrupt)
     assert image_id not in kvm.list_base_images()
     assert pool_files(libvirt_dir_pool) == before
+
+
+def test_probe_guest_passes_with_what_starts_here_and_names_the_setting_otherwise(kvm, guest_virt, libvirt_dir_pool,
+                                                                                 libvirt_private_network):
+    kvm.probe_guest()  # guest_virt is what QEMU starts here
+    kvm.check()
+    if (guest_virt.virt_type, guest_virt.cpu_mode) == ("kvm", "host-passthrough"):
+        return  # a head node: the default works, nothing to refuse
+    # Here the default does not start (nested KVM aborts on -cpu host): check says what to set.
+    default = LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name,
+                                network=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
+    with pytest.raises(HostError, match=r"cpu_mode|virt_type"):
+        default.probe_guest()
+
+
+def test_check_names_a_network_whose_subnet_differs(libvirt_dir_pool, libvirt_private_network):
+    other = "10.214.0.0/24"
+    hv = LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name,
+                           network=libvirt_private_network.name, subnet=other)
+    with pytest.raises(HostError, match="subnet"):
+        hv.check()
