@@ -42,7 +42,7 @@ def reconcile(opts: Options, fix):
     ctx = opts.context(adapters=True)
     # The sandbox's libvirt test driver keeps domains inside the server process; this
     # process would see none of them (the server reconciles them itself at start).
-    with_hypervisor = not ctx.config.is_sandbox
+    with_hypervisor = not ctx.adapters.hypervisor_in_process
     drift = run_reconcile(ctx, fix=fix, progress=progress, hypervisor=with_hypervisor)
     if progress:
         click.echo("\r\033[K", err=True, nl=False)

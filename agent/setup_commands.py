@@ -115,7 +115,7 @@ def serve(opts: Options, host, port):
     except ValueError as e:
         raise InvalidInput(str(e)) from None
     ctx = build_context_for(config, interfaces)
-    if config.is_sandbox and ctx.adapters is not None:
+    if ctx.adapters is not None and ctx.adapters.hypervisor_in_process:
         # The libvirt test driver keeps nothing between processes: rebuild its
         # base disks and domains from the database before serving.
         from controller.reconcile import reconcile

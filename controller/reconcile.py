@@ -188,7 +188,7 @@ def _base_images(run: _Run) -> None:
         # A blank disk stands in only in the sandbox, whose test driver forgets everything
         # at exit; on a real host the admin must upload the image again.
         repair = None
-        if run.ctx.config.is_sandbox:
+        if run.ctx.adapters.hypervisor_in_process:
             repair = lambda i=image: hypervisor.create_base_image(i["id"], size_gb=i["min_disk"])  # noqa: E731
         run.found("base-image-missing", image["id"], f"base disk of image {image['name']!r} is missing", repair)
 

@@ -19,6 +19,10 @@ class Adapters:
     homes: HomeVolumes
     groups: UnixGroups
     directory: Directory
+    # The hypervisor's state lives in this process (libvirt's test driver, the
+    # sandbox): another process sees none of its domains or disks, and a missing
+    # base disk may stand in blank.
+    hypervisor_in_process: bool = False
 
     def checks(self) -> Iterator[tuple[str, Callable[[], None]]]:
         # Named as CONTRACT.md section 6 names them; homes and their quotas are one check.
@@ -78,6 +82,7 @@ def build_adapters(config: "Config") -> Adapters:
     from host_adapters.unix_groups import CommandUnixGroups
 
     return Adapters(
+        hypervisor_in_process=config.get("libvirt", "uri").startswith("test:"),
         hypervisor=build_hypervisor(config),
         homes=DirectoryHomeVolumes(config.get("volumes", "home_root"), build_quota(config)),
         groups=CommandUnixGroups(config.get("unix", "root") or None),

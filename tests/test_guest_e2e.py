@@ -96,16 +96,16 @@ def boot_virt(libvirtd_system, libvirt_dir_pool, guest_virt, guest_image, tmp_pa
 
 # -- the service on real parts ------------------------------------------------------------------
 @pytest.fixture
-def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysroot):
-    home_root = tmp_path / "homes"
-    home_root.mkdir(mode=0o755)
+def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysroot, btrfs_home_root):
+    # Homes with btrfs quotas, so a write in the guest is seen counting against its volume.
+    home_root = Path(btrfs_home_root)
     prefix = f"e2e{uuid.uuid4().hex[:6]}-"
     values = config_values_for(tmp_path)
     values["controller"]["profile"] = "production"
     values["libvirt"].update(uri=libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=prefix,
                              virt_type=boot_virt.virt_type, cpu_mode=boot_virt.cpu_mode)
     values["network"].update(name=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
-    values["volumes"].update(home_root=str(home_root), quota_backend="none")
+    values["volumes"].update(home_root=str(home_root), quota_backend="btrfs")
     values["unix"]["root"] = sysroot
     config_path = tmp_path / "controller.ini"
     write_config(values, str(config_path))
@@ -227,6 +227,12 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     assert written.read_text() == "written in the guest\n"
     assert (written.stat().st_uid, written.stat().st_gid) == (accounts["alice"]["uid"], accounts["alice"]["gid"])
     assert guest.ssh(keys["alice"], "alice", "sudo -n true", check=False).returncode != 0  # [guest] sudo = none
+    # Writes in the guest count against the volume's quota (1 GB, btrfs): past it they fail.
+    over = guest.ssh(keys["alice"], "alice", "dd if=/dev/zero of=~/big bs=1M count=1200 conv=fsync status=none",
+                     check=False, timeout=600)
+    assert over.returncode != 0 and "quota" in over.stderr.lower(), over.stderr
+    assert 0 < (Path(home) / "big").stat().st_size < 1200 * 2**20
+    guest.ssh(keys["alice"], "alice", "rm -f ~/big")
 
     # bob logs in too, with his own home.
     bob_home = volumes["bob"]["volume-type"]["mount-point"]
