@@ -4,6 +4,7 @@ import os
 
 from controller.context import Context
 from controller.errors import Conflict, NotFound
+from controller.locks import host_changes
 from controller.rules import new_id
 from controller.store import utc_now
 from controller.users import get_user_by_email_or_404
@@ -19,8 +20,13 @@ def enable_account(ctx: Context, email: str, *, username: str, uid: int | None =
         raise Conflict(f"{email} already has a system account on this controller")
     if ctx.store.get_account_by_username(username) is not None:
         raise Conflict(f"system account {username} is already recorded")
-    adapters = ctx.adapters
     home = os.path.join(ctx.config.get("volumes", "home_root"), username)
+    with host_changes(ctx):
+        return _create(ctx, user, username, home, uid)
+
+
+def _create(ctx: Context, user: dict, username: str, home: str, uid: int | None) -> dict:
+    adapters, controller_id = ctx.adapters, ctx.config.controller_id
     posix = adapters.directory.create_account(username, home=home, uid=uid)
     try:
         return ctx.store.insert_account(
@@ -52,10 +58,24 @@ def disable_account(ctx: Context, email: str) -> dict:
         raise Conflict(f"{email} still owns server-instances: delete them first")
     if ctx.store.list_groups(visible_to=None, owner_id=user["id"]):
         raise Conflict(f"{email} still owns groups: delete them first")
+    with host_changes(ctx):
+        # The intent first: a crash half way is finished by reconcile, which never
+        # re-creates an account an admin disabled.
+        if not ctx.store.set_account_state(account["id"], "deleting", expect="ready"):
+            raise Conflict(f"the system account of {email} is already being disabled")
+        try:
+            finish_disable(ctx, account)
+        except BaseException:
+            ctx.store.set_account_state(account["id"], "ready", expect="deleting")
+            raise
+    return account
+
+
+def finish_disable(ctx: Context, account: dict) -> None:
+    """Take the account out of every instance and group, remove it from the directory, drop its row."""
     from controller import groups, instances
 
     instances.drop_account_everywhere(ctx, account)
     groups.drop_member_everywhere(ctx, account["username"])
     ctx.adapters.directory.delete_account(account["username"])
     ctx.store.delete_account(account["id"])
-    return account

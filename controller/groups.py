@@ -3,6 +3,7 @@
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
+from controller.locks import host_changes, one_at_a_time
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
 from controller.store import utc_now
@@ -64,13 +65,16 @@ def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
     if groups.get(name) is not None:
         raise Conflict(f"group {name} exists on the host")
     row = {"id": new_id(), "owner_id": requester.id, "name": name, "creation_date": utc_now()}
-    ctx.store.insert_group(row, members)
-    try:
-        groups.create(name, members=members)
-    except BaseException:
-        ctx.store.delete_group(row["id"])
-        raise
-    _refresh_guests(ctx, members)
+    with host_changes(ctx):
+        # "creating" until groupadd has run: a crash half way is undone by reconcile.
+        ctx.store.insert_group(row, members)
+        try:
+            groups.create(name, members=members)
+            ctx.store.set_group_state(row["id"], "ready", expect="creating")
+        except BaseException:
+            ctx.store.delete_group(row["id"])
+            raise
+        _refresh_guests(ctx, members)
     return group_object(dict(row, members=members))
 
 
@@ -89,6 +93,12 @@ def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
 def update_group(ctx: Context, requester: Requester, group_id: str, body: dict) -> dict:
     row = _get_row(ctx, requester, group_id)
     _require_mutate(ctx, requester, row)
+    with host_changes(ctx), one_at_a_time("group", row["id"]):
+        # Read the members again under the lock: a concurrent change may have just set them.
+        return _update_members(ctx, requester, _get_row(ctx, requester, group_id), body)
+
+
+def _update_members(ctx: Context, requester: Requester, row: dict, body: dict) -> dict:
     action, given = body["action"], body["group-members"]
     current = list(row["members"])
     if action == "delete":
@@ -124,7 +134,21 @@ def update_group(ctx: Context, requester: Requester, group_id: str, body: dict) 
 def delete_group(ctx: Context, requester: Requester, group_id: str) -> None:
     row = _get_row(ctx, requester, group_id)
     _require_mutate(ctx, requester, row)
-    ctx.adapters.groups.delete(row["name"])
+    with host_changes(ctx), one_at_a_time("group", row["id"]):
+        # The intent first: a second delete is refused, and a crash before the row goes is
+        # finished by reconcile (groupdel again), never turned back into a group.
+        if not ctx.store.set_group_state(row["id"], "deleting", expect="ready"):
+            raise Conflict(f"group {row['name']} is already being deleted")
+        try:
+            ctx.adapters.groups.delete(row["name"])
+        except BaseException:
+            ctx.store.set_group_state(row["id"], "ready", expect="deleting")
+            raise
+        finish_delete(ctx, row)
+
+
+def finish_delete(ctx: Context, row: dict) -> None:
+    """The group is gone from the host: drop its row, and tell its members' guests."""
     ctx.store.delete_group(row["id"])
     _refresh_guests(ctx, row["members"])
 

@@ -7,6 +7,7 @@ from controller.context import Context
 from controller.errors import Conflict, HostError, InvalidInput, NotFound
 from controller.addresses import allocate, network_plan
 from controller.images import get_flavor_row
+from controller.locks import host_changes, one_at_a_time
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
 from controller.store import utc_now
@@ -168,20 +169,22 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         "creation_date": utc_now(),
     }
     plan = network_plan(ctx.config)
-    # The row comes first so a crash mid-way leaves a "building" record reconcile can see;
-    # any failure below removes whatever was made. Its addresses are picked in the
-    # same transaction.
-    row = ctx.store.insert_instance(row, uuids, allocate=lambda used: allocate(plan, row["id"], used))
-    try:
-        _spawn(ctx, dict(row, users=uuids), image=image, flavor=flavor)
-    except BaseException:
-        ctx.store.delete_instance(row["id"])
-        raise
-    try:
-        ctx.store.set_instance_status(row["id"], ctx.adapters.hypervisor.status(row["id"]))
-    except BaseException:
-        _undo_spawn(ctx, row["id"])
-        raise
+    with host_changes(ctx):
+        # The row comes first, with the intent "creating": a crash mid-way leaves a record
+        # reconcile undoes (the client saw no 201); any failure here removes whatever was
+        # made. Its addresses are picked in the same transaction.
+        row = ctx.store.insert_instance(row, uuids, allocate=lambda used: allocate(plan, row["id"], used))
+        try:
+            _spawn(ctx, dict(row, users=uuids), image=image, flavor=flavor)
+        except BaseException:
+            ctx.store.delete_instance(row["id"])
+            raise
+        try:
+            ctx.store.set_instance_status(row["id"], ctx.adapters.hypervisor.status(row["id"]))
+            ctx.store.set_instance_intent(row["id"], None, expect="creating")
+        except BaseException:
+            _undo_spawn(ctx, row["id"])
+            raise
     return get_instance(ctx, requester, row["id"])
 
 
@@ -215,6 +218,22 @@ def _undo_spawn(ctx: Context, instance_id: str) -> None:
 def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> None:
     row = _get_row(ctx, requester, instance_id)
     _require_mutate(ctx, requester, row)
+    with host_changes(ctx):
+        # The intent first: a second delete of the same instance is refused here, and a
+        # crash before the row goes is finished by reconcile, never undone.
+        if not ctx.store.set_instance_intent(row["id"], "deleting", expect=None):
+            raise Conflict(f"server-instance {row['id']} is already being created or deleted")
+        try:
+            ctx.adapters.hypervisor.destroy(row["id"])
+        except BaseException:
+            ctx.store.set_instance_intent(row["id"], None, expect="deleting")
+            raise
+        ctx.store.delete_instance(row["id"])
+
+
+def finish_interrupted(ctx: Context, row: dict) -> None:
+    """Finish what a crash interrupted (reconcile): a delete is completed, and a create the
+    client never saw succeed is undone. Either way the domain, disk and row go."""
     ctx.adapters.hypervisor.destroy(row["id"])
     ctx.store.delete_instance(row["id"])
 
@@ -225,16 +244,19 @@ def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -
     _require_mutate(ctx, requester, row)
     what = task["what"]
     hypervisor = ctx.adapters.hypervisor
-    if what == "modify-users":
-        _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
-    elif what == "power-on":
-        hypervisor.power_on(row["id"])
-    elif what == "power-off":
-        hypervisor.power_off(row["id"])
-    elif what == "reboot":
-        if hypervisor.status(row["id"]) != "running":
-            raise Conflict("reboot needs a running server-instance")
-        hypervisor.reboot(row["id"])
+    with host_changes(ctx), one_at_a_time("instance", row["id"]):
+        if what == "modify-users":
+            # Read again under the lock: another modify-users may just have changed the list.
+            row = _get_row(ctx, requester, instance_id)
+            _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
+        elif what == "power-on":
+            hypervisor.power_on(row["id"])
+        elif what == "power-off":
+            hypervisor.power_off(row["id"])
+        elif what == "reboot":
+            if hypervisor.status(row["id"]) != "running":
+                raise Conflict("reboot needs a running server-instance")
+            hypervisor.reboot(row["id"])
     return get_instance(ctx, requester, row["id"])
 
 
@@ -274,11 +296,15 @@ def refresh_guests(ctx: Context, account_uuids: list[str]) -> None:
     instance_ids = ctx.store.instances_with_accounts(account_uuids)
     if not instance_ids:
         return
-    for row in ctx.store.list_instances(visible_to=None, instance_ids=instance_ids):
-        try:
-            ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row))
-        except (NotFound, HostError) as e:
-            log.warning("guest of instance %s not updated (reconcile will): %s", row["id"], e.message)
+    for instance_id in instance_ids:
+        with one_at_a_time("instance", instance_id):
+            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id)
+            if not rows:
+                continue
+            try:
+                ctx.adapters.hypervisor.set_guest(instance_id, guest_spec(ctx, rows[0]))
+            except (NotFound, HostError) as e:
+                log.warning("guest of instance %s not updated (reconcile will): %s", instance_id, e.message)
 
 
 def refresh_guests_of_usernames(ctx: Context, usernames: list[str]) -> None:
@@ -289,11 +315,14 @@ def refresh_guests_of_usernames(ctx: Context, usernames: list[str]) -> None:
 
 def drop_account_everywhere(ctx: Context, account: dict) -> None:
     """Remove an account from the user lists (and guests) of every instance before it is disabled."""
-    for row in ctx.store.list_instances(visible_to=None,
-                                        instance_ids=ctx.store.instances_with_account(account["uuid"])):
-        users = [u for u in row["users"] if u != account["uuid"]]
-        try:
-            ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row, users))
-        except NotFound:
-            pass
-        ctx.store.set_instance_users(row["id"], users)
+    for instance_id in ctx.store.instances_with_account(account["uuid"]):
+        with one_at_a_time("instance", instance_id):
+            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)
+            if not rows:
+                continue
+            users = [u for u in rows[0]["users"] if u != account["uuid"]]
+            try:
+                ctx.adapters.hypervisor.set_guest(instance_id, guest_spec(ctx, rows[0], users))
+            except NotFound:
+                pass
+            ctx.store.set_instance_users(instance_id, users)

@@ -153,7 +153,20 @@ _M4_INSTANCE_ADDRESSES = """
 """
 
 
-MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES]
+_M6_INTENT = """
+        -- What an operation set out to do, recorded before it touches the host, so a crash
+        -- half way is finished (a delete) or undone (a create) by reconcile, never reversed.
+        ALTER TABLE instances ADD COLUMN intent TEXT CHECK (intent IN ('creating', 'deleting'));
+        ALTER TABLE volumes ADD COLUMN state TEXT NOT NULL DEFAULT 'ready'
+            CHECK (state IN ('creating', 'ready', 'deleting'));
+        ALTER TABLE groups ADD COLUMN state TEXT NOT NULL DEFAULT 'ready'
+            CHECK (state IN ('creating', 'ready', 'deleting'));
+        ALTER TABLE system_accounts ADD COLUMN state TEXT NOT NULL DEFAULT 'ready'
+            CHECK (state IN ('ready', 'deleting'));
+"""
+
+
+MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M6_INTENT]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

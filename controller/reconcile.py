@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 from controller.context import Context
 from controller.errors import ControllerError, NotFound
+from controller.locks import host_changes
 
 
 @dataclass
@@ -65,20 +66,76 @@ def reconcile(
     driver lives inside the server process, so another process cannot see them).
     """
     run = _Run(ctx, fix=fix, progress=progress)
-    _accounts(run)
-    _homes(run)
-    _groups(run)
-    if hypervisor:
-        _network(run)
-        _base_images(run)
-        _instances(run)
+    run.hypervisor = hypervisor
+    # Repairs run alone: no create or delete is half way while they look (an operation
+    # in flight would look like drift), and none starts until they are done.
+    with host_changes(ctx, exclusive=fix):
+        _intents(run)
+        _accounts(run)
+        _homes(run)
+        _groups(run)
+        if hypervisor:
+            _network(run)
+            _base_images(run)
+            _instances(run)
     return [d.as_dict() for d in run.drift]
+
+
+# -- operations a crash interrupted ------------------------------------------------------
+def _intents(run: _Run) -> None:
+    """Records left half way: deletes are finished, creates the client never saw succeed are
+    undone. Nothing a user deleted comes back; nothing a user was told exists goes."""
+    from controller import accounts, groups, instances, volumes
+
+    ctx, homes, unix = run.ctx, run.ctx.adapters.homes, run.ctx.adapters.groups
+    for account in ctx.store.list_accounts():
+        if account["state"] == "deleting":
+            run.found("account-disable-interrupted", account["username"],
+                      "an account disable did not finish; finishing it",
+                      lambda a=account: accounts.finish_disable(ctx, a))
+    for volume in ctx.store.list_volumes(visible_to=None, with_intents=True):
+        if volume["state"] == "ready":
+            continue
+        account = ctx.store.account_of_user(volume["owner_id"], ctx.config.controller_id)
+
+        def finish(v=volume, a=account):
+            if a is not None:
+                homes.delete(a["username"], uid=a["uid"])
+            if a is not None and v["state"] == "deleting":
+                volumes.finish_delete(ctx, v, a)
+            else:
+                ctx.store.delete_volume(v["id"])
+
+        what = "a volume delete did not finish; finishing it" if volume["state"] == "deleting" else \
+            "a volume create did not finish (the client saw no success); undoing it"
+        run.found(f"volume-{'delete' if volume['state'] == 'deleting' else 'create'}-interrupted",
+                  volume["id"], what, finish)
+    for group in ctx.store.list_groups(visible_to=None, with_intents=True):
+        if group["state"] == "ready":
+            continue
+
+        def finish_group(g=group):
+            unix.delete(g["name"])
+            groups.finish_delete(ctx, g)
+
+        verb = "delete" if group["state"] == "deleting" else "create"
+        run.found(f"group-{verb}-interrupted", group["name"],
+                  f"a group {verb} did not finish; " + ("finishing it" if verb == "delete" else "undoing it"),
+                  finish_group)
+    if ctx.adapters.hypervisor_in_process and not run.hypervisor:
+        return
+    for row in ctx.store.all_instances():
+        if row.get("intent"):
+            verb = "delete" if row["intent"] == "deleting" else "create"
+            run.found(f"instance-{verb}-interrupted", row["id"],
+                      f"an instance {verb} did not finish; " + ("finishing it" if verb == "delete" else "undoing it"),
+                      lambda r=row: instances.finish_interrupted(ctx, r))
 
 
 # -- system accounts ---------------------------------------------------------------
 def _accounts(run: _Run) -> None:
     directory = run.ctx.adapters.directory
-    accounts = run.ctx.store.list_accounts()
+    accounts = [a for a in run.ctx.store.list_accounts() if a["state"] == "ready"]
     for i, account in enumerate(accounts, 1):
         run.progress(f"accounts {i}/{len(accounts)}")
         read, posix = run.probe(account["username"], "the directory entry",
@@ -100,7 +157,8 @@ def _accounts(run: _Run) -> None:
 def _homes(run: _Run) -> None:
     ctx, homes = run.ctx, run.ctx.adapters.homes
     volumes = ctx.store.list_volumes(visible_to=None)
-    with_volume = {v["owner_id"] for v in volumes}
+    # Volumes half made or half deleted are _intents' business, not orphan homes.
+    with_volume = {v["owner_id"] for v in ctx.store.list_volumes(visible_to=None, with_intents=True)}
     for account in ctx.store.list_accounts():
         # A home with no volume record: a create whose clean-up failed, or a volume row lost.
         # Its data may matter to someone, so it is only reported.
@@ -207,12 +265,12 @@ def _instances(run: _Run) -> None:
     from host_adapters.hypervisor import nic_devices_for, reservations_for
 
     ctx, hypervisor = run.ctx, run.ctx.adapters.hypervisor
-    rows = ctx.store.all_instances()
-    known = {r["id"] for r in rows}
-    macs = set()
+    everything = ctx.store.all_instances()
+    known = {r["id"] for r in everything}
+    macs = {m for r in everything for m in (r.get("mac"), r.get("public_mac")) if m}
+    rows = [r for r in everything if not r.get("intent")]
     for i, row in enumerate(rows, 1):
         run.progress(f"instances {i}/{len(rows)}")
-        macs |= {m for m in (row.get("mac"), row.get("public_mac")) if m}
         try:
             read, info = run.probe(row["id"], "the domain", lambda r=row: hypervisor.describe(r["id"]))
         except NotFound:
@@ -220,6 +278,11 @@ def _instances(run: _Run) -> None:
                       lambda r=row: respawn(ctx, r))
             continue
         if not read:
+            continue
+        if not info.defined and info.disk_path is None:
+            # Only the seed is left: the controller made it from the record, nothing of the user's.
+            run.found("domain-missing", row["id"], "no domain and no disk on the host (a seed remains)",
+                      lambda r=row: (hypervisor.destroy(r["id"]), respawn(ctx, r)))
             continue
         if not info.defined:
             run.found("domain-missing", row["id"],

@@ -289,6 +289,12 @@ class Store:
     def get_account_by_username(self, username: str) -> dict | None:
         return self._one("SELECT * FROM system_accounts WHERE username = ?", (username,))
 
+    def set_account_state(self, account_id: int, state: str, *, expect: str) -> bool:
+        with self.write() as conn:
+            cur = conn.execute("UPDATE system_accounts SET state = ? WHERE id = ? AND state = ?",
+                               (state, account_id, expect))
+        return cur.rowcount == 1
+
     def delete_account(self, account_id: int) -> None:
         with self.write() as conn:
             conn.execute("DELETE FROM system_accounts WHERE id = ?", (account_id,))
@@ -395,11 +401,12 @@ class Store:
                         if value is not None:
                             used[key].add(value)
                 instance = dict(instance, **allocate(used))
-            row = {"mac": None, "public_mac": None, **instance}
+            row = {"mac": None, "public_mac": None, "intent": "creating", **instance}
             conn.execute(
                 """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
-                   private_ip, mac, public_mac, creation_date) VALUES (:id, :owner_id, :image_id, :flavor_id,
-                   :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date)""",
+                   private_ip, mac, public_mac, creation_date, intent) VALUES (:id, :owner_id, :image_id,
+                   :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
+                   :intent)""",
                 row,
             )
             conn.executemany(
@@ -409,8 +416,12 @@ class Store:
         return row
 
     def list_instances(self, *, visible_to: str | None, owner_id: str | None = None,
-                       instance_id: str | None = None, instance_ids: list[str] | None = None) -> list[dict]:
+                       instance_id: str | None = None, instance_ids: list[str] | None = None,
+                       with_intents: bool = False) -> list[dict]:
+        """Instances in creation order; those being created or deleted only with_intents (reconcile)."""
         where, params = self._where(visible_to, owner_id=owner_id, id=instance_id)
+        if not with_intents:
+            where += " AND intent IS NULL"
         if instance_ids is not None:
             if not instance_ids:
                 return []
@@ -457,16 +468,24 @@ class Store:
         ]
 
     def all_instances(self) -> list[dict]:
-        return self.list_instances(visible_to=None)
+        return self.list_instances(visible_to=None, with_intents=True)
+
+    def set_instance_intent(self, instance_id: str, intent: str | None, *, expect: str | None = None) -> bool:
+        """Set the instance's intent if it is `expect` now; False (nothing changed) otherwise."""
+        with self.write() as conn:
+            cur = conn.execute("UPDATE instances SET intent = ? WHERE id = ? AND intent IS ?",
+                               (intent, instance_id, expect))
+        return cur.rowcount == 1
 
     # -- volumes ------------------------------------------------------------------
     def insert_volume(self, volume: dict) -> None:
         try:
             with self.write() as conn:
                 conn.execute(
-                    """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date)
-                       VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date)""",
-                    volume,
+                    """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state)
+                       VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date,
+                       :state)""",
+                    {"state": "creating", **volume},
                 )
         except sqlite3.IntegrityError as e:
             if "volumes.owner_id" in str(e):
@@ -474,18 +493,28 @@ class Store:
             raise
 
     def list_volumes(self, *, visible_to: str | None, owner_id: str | None = None,
-                     volume_id: str | None = None) -> list[dict]:
+                     volume_id: str | None = None, with_intents: bool = False) -> list[dict]:
+        """Ready volumes; those being created or deleted too with_intents (reconcile)."""
         where, params = self._where(visible_to, owner_id=owner_id, id=volume_id)
+        if not with_intents:
+            where += " AND state = 'ready'"
         return self._all(f"SELECT * FROM volumes WHERE {where} ORDER BY creation_date, id", params)
 
     def volume_of_user(self, user_id: str) -> dict | None:
         return self._one("SELECT * FROM volumes WHERE owner_id = ?", (user_id,))
 
+    def set_volume_state(self, volume_id: str, state: str, *, expect: str) -> bool:
+        """Move the volume from state `expect` to `state`; False (nothing changed) if it was not in `expect`."""
+        with self.write() as conn:
+            cur = conn.execute("UPDATE volumes SET state = ? WHERE id = ? AND state = ?", (state, volume_id, expect))
+        return cur.rowcount == 1
+
     def volume_owners(self, user_ids: list[str]) -> set[str]:
         if not user_ids:
             return set()
         marks = ",".join("?" * len(user_ids))
-        return {r["owner_id"] for r in self._all(f"SELECT owner_id FROM volumes WHERE owner_id IN ({marks})", user_ids)}
+        return {r["owner_id"] for r in self._all(
+            f"SELECT owner_id FROM volumes WHERE owner_id IN ({marks}) AND state = 'ready'", user_ids)}
 
     def volume_mount_points(self, user_ids: list[str]) -> dict[str, str]:
         """user id -> mount point of its volume, for the users that have one."""
@@ -494,7 +523,8 @@ class Store:
         marks = ",".join("?" * len(user_ids))
         return {
             r["owner_id"]: r["mount_point"]
-            for r in self._all(f"SELECT owner_id, mount_point FROM volumes WHERE owner_id IN ({marks})", user_ids)
+            for r in self._all(
+                f"SELECT owner_id, mount_point FROM volumes WHERE owner_id IN ({marks}) AND state = 'ready'", user_ids)
         }
 
     def set_volume_size(self, volume_id: str, size_gb: int) -> None:
@@ -510,8 +540,9 @@ class Store:
         try:
             with self.write() as conn:
                 conn.execute(
-                    "INSERT INTO groups (id, owner_id, name, creation_date) VALUES (:id, :owner_id, :name, :creation_date)",
-                    group,
+                    """INSERT INTO groups (id, owner_id, name, creation_date, state)
+                       VALUES (:id, :owner_id, :name, :creation_date, :state)""",
+                    {"state": "creating", **group},
                 )
                 self._write_members(conn, group["id"], members)
         except sqlite3.IntegrityError as e:
@@ -532,8 +563,11 @@ class Store:
             self._write_members(conn, group_id, members)
 
     def list_groups(self, *, visible_to: str | None, owner_id: str | None = None, name: str | None = None,
-                    group_id: str | None = None) -> list[dict]:
+                    group_id: str | None = None, with_intents: bool = False) -> list[dict]:
+        """Ready groups; those being created or deleted too with_intents (reconcile)."""
         where, params = self._where(visible_to, owner_id=owner_id, name=name, id=group_id)
+        if not with_intents:
+            where += " AND state = 'ready'"
         rows = self._all(f"SELECT * FROM groups WHERE {where} ORDER BY creation_date, name", params)
         if rows:
             marks = ",".join("?" * len(rows))
@@ -547,6 +581,12 @@ class Store:
                 r["members"] = members.get(r["id"], [])
         return rows
 
+    def set_group_state(self, group_id: str, state: str, *, expect: str) -> bool:
+        """Move the group from state `expect` to `state`; False (nothing changed) if it was not in `expect`."""
+        with self.write() as conn:
+            cur = conn.execute("UPDATE groups SET state = ? WHERE id = ? AND state = ?", (state, group_id, expect))
+        return cur.rowcount == 1
+
     def delete_group(self, group_id: str) -> None:
         with self.write() as conn:
             conn.execute("DELETE FROM groups WHERE id = ?", (group_id,))
@@ -559,7 +599,7 @@ class Store:
         out: dict[str, list[str]] = {}
         for r in self._all(
             f"""SELECT m.username, g.name FROM group_members m JOIN groups g ON g.id = m.group_id
-                WHERE m.username IN ({marks}) ORDER BY g.name""",
+                WHERE m.username IN ({marks}) AND g.state = 'ready' ORDER BY g.name""",
             usernames,
         ):
             out.setdefault(r["username"], []).append(r["name"])
@@ -580,7 +620,8 @@ class Store:
 
     def groups_with_member(self, username: str) -> list[dict]:
         return self._all(
-            "SELECT g.* FROM groups g JOIN group_members m ON m.group_id = g.id WHERE m.username = ?", (username,)
+            "SELECT g.* FROM groups g JOIN group_members m ON m.group_id = g.id WHERE m.username = ? AND g.state = 'ready'",
+            (username,)
         )
 
     # -- audit --------------------------------------------------------------------

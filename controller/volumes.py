@@ -3,6 +3,7 @@
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
+from controller.locks import host_changes
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
 from controller.store import utc_now
@@ -64,17 +65,20 @@ def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
         "mount_point": homes.path(account["username"]),
         "creation_date": utc_now(),
     }
-    # The row first: the UNIQUE owner_id settles a race between two requests before
-    # either touches the host.
-    ctx.store.insert_volume(row)
-    try:
-        homes.create(account["username"], uid=account["uid"], gid=account["gid"], size_gb=size)
-    except BaseException:
-        ctx.store.delete_volume(row["id"])
-        raise
     from controller.instances import refresh_guests
 
-    refresh_guests(ctx, [account["uuid"]])
+    with host_changes(ctx):
+        # The row first, "creating": the UNIQUE owner_id settles a race between two
+        # requests before either touches the host, and a crash half way leaves a record
+        # reconcile undoes (the client saw no 201).
+        ctx.store.insert_volume(row)
+        try:
+            homes.create(account["username"], uid=account["uid"], gid=account["gid"], size_gb=size)
+            ctx.store.set_volume_state(row["id"], "ready", expect="creating")
+        except BaseException:
+            ctx.store.delete_volume(row["id"])
+            raise
+        refresh_guests(ctx, [account["uuid"]])
     return volume_object(row)
 
 
@@ -90,11 +94,25 @@ def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
     perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
                          what="this volume")
     account = _account_of_volume(ctx, row)
-    ctx.adapters.homes.delete(account["username"], uid=account["uid"])
-    ctx.store.delete_volume(row["id"])
+    with host_changes(ctx):
+        # The intent first: a retried delete of the same home is refused instead of
+        # starting a second removal of the tree, and a crash before the row goes is
+        # finished by reconcile, never turned back into a home.
+        if not ctx.store.set_volume_state(row["id"], "deleting", expect="ready"):
+            raise Conflict(f"storage-volume {row['id']} is already being deleted")
+        try:
+            ctx.adapters.homes.delete(account["username"], uid=account["uid"])
+        except BaseException:
+            ctx.store.set_volume_state(row["id"], "ready", expect="deleting")
+            raise
+        finish_delete(ctx, row, account)
+
+
+def finish_delete(ctx: Context, row: dict, account: dict) -> None:
+    """The home is gone: drop the row, and the share from instances the user can access."""
     from controller.instances import refresh_guests
 
-    # Instances the user can access lose the share of the home that is gone.
+    ctx.store.delete_volume(row["id"])
     refresh_guests(ctx, [account["uuid"]])
 
 
@@ -103,6 +121,7 @@ def resize_volume(ctx: Context, volume_id: str, size_gb: int) -> dict:
     row = _get_row(ctx, None, volume_id)
     size = check_size(ctx, size_gb)
     account = _account_of_volume(ctx, row)
-    ctx.adapters.homes.resize(account["username"], uid=account["uid"], size_gb=size)
-    ctx.store.set_volume_size(row["id"], size)
+    with host_changes(ctx):
+        ctx.adapters.homes.resize(account["username"], uid=account["uid"], size_gb=size)
+        ctx.store.set_volume_size(row["id"], size)
     return volume_object(dict(row, size_gb=size))

@@ -57,6 +57,32 @@ def _libvirt():
     return libvirt
 
 
+_event_loop_lock = threading.Lock()
+_event_loop_started = False
+
+# A peer that misses this many keepalive answers, this many seconds apart, is dead:
+# calls waiting on it fail (HostUnavailable) instead of holding a server thread.
+KEEPALIVE_INTERVAL = 5
+KEEPALIVE_COUNT = 3
+
+
+def _start_event_loop() -> None:
+    """libvirt's keepalive needs an event loop registered before connections open."""
+    global _event_loop_started
+    with _event_loop_lock:
+        if _event_loop_started:
+            return
+        lv = _libvirt()
+        lv.virEventRegisterDefaultImpl()
+
+        def run():
+            while True:
+                lv.virEventRunDefaultImpl()
+
+        threading.Thread(target=run, name="libvirt-events", daemon=True).start()
+        _event_loop_started = True
+
+
 def _code(err) -> int:
     return err.get_error_code()
 
@@ -186,10 +212,15 @@ class LibvirtHypervisor(Hypervisor):
                 except lv.libvirtError:
                     pass
                 self._conn = None
+            _start_event_loop()
             try:
                 self._conn = lv.open(self.uri)
             except lv.libvirtError as e:
                 raise HostUnavailable(f"cannot connect to libvirt at {self.uri}: {_msg(e)}") from e
+            try:
+                self._conn.setKeepAlive(KEEPALIVE_INTERVAL, KEEPALIVE_COUNT)
+            except lv.libvirtError:
+                pass  # local drivers without a daemon (the test driver) have no keepalive
             return self._conn
 
     def _forget(self, conn) -> None:

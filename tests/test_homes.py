@@ -539,19 +539,21 @@ def test_check_refuses_a_home_root_others_can_write(tmp_path):
 class _Store:
     """The few store reads reconcile makes, over one account and its volume."""
 
+    path = ":memory:"  # no lock file
+
     def __init__(self, account: dict, volume: dict):
-        self.account, self.volume = account, volume
+        self.account, self.volume = dict(account, state="ready"), dict(volume, state="ready")
 
     def list_accounts(self):
         return [self.account]
 
-    def list_volumes(self, *, visible_to):
+    def list_volumes(self, *, visible_to, with_intents=False):
         return [self.volume]
 
     def account_of_user(self, user_id, controller_id):
         return self.account if user_id == self.account["user_id"] else None
 
-    def list_groups(self, *, visible_to):
+    def list_groups(self, *, visible_to, with_intents=False):
         return []
 
 
@@ -569,7 +571,8 @@ def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
     ctx = SimpleNamespace(
         config=SimpleNamespace(controller_id=1, is_sandbox=True),
         store=_Store(account, {"id": "vol-1", "owner_id": "u-1", "size_gb": 2}),
-        adapters=SimpleNamespace(directory=directory, homes=homes, groups=FakeUnixGroups(directory=directory)),
+        adapters=SimpleNamespace(directory=directory, homes=homes, groups=FakeUnixGroups(directory=directory),
+                                 hypervisor_in_process=True),
     )
     homes.create("alice", uid=UID, gid=UID, size_gb=2)
     assert reconcile(ctx, hypervisor=False) == []

@@ -4,6 +4,7 @@ import filecmp
 import glob
 import json
 import os
+import uuid
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -250,3 +251,43 @@ def test_check_names_a_network_whose_subnet_differs(libvirt_dir_pool, libvirt_pr
                            network=libvirt_private_network.name, subnet=other)
     with pytest.raises(HostError, match="subnet"):
         hv.check()
+
+
+def test_agent_init_creates_starts_and_autostarts_the_network_and_check_reports_it(
+        tmp_path, libvirt_dir_pool, guest_virt):
+    import sys
+
+    from controller.config import sandbox_values, write_config
+    from tests.fixtures.libvirtd import remove_network
+
+    name = f"cc-init-{uuid.uuid4().hex[:6]}"
+    values = sandbox_values(str(tmp_path))
+    values["controller"]["profile"] = "production"
+    values["libvirt"].update(uri=libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name,
+                             virt_type=guest_virt.virt_type, cpu_mode=guest_virt.cpu_mode)
+    values["network"].update(name=name, subnet="10.213.250.0/24")
+    (tmp_path / "home").mkdir(mode=0o755)
+    from host_adapters.sysroot import make_sysroot
+
+    make_sysroot(str(values["unix"]["root"]))
+    config = tmp_path / "controller.ini"
+    write_config(values, str(config))
+    agent = [os.path.join(os.path.dirname(sys.executable), "cloud-agent"), "--config", str(config)]
+    try:
+        out = subp.run([*agent, "init"]).stdout
+        assert f"network {name}: created" in out
+        info = virsh("net-info", name).stdout
+        assert "Active:         yes" in info and "Autostart:      yes" in info
+        assert f"network {name}: present" in subp.run([*agent, "init"]).stdout
+        checks = json.loads(subp.run([*agent, "--json", "check"], ok_codes=(0, 1)).stdout)["checks"]
+        assert {c["name"]: c["ok"] for c in checks}["libvirt"] is True
+        virsh("net-destroy", name)
+        checks = json.loads(subp.run([*agent, "--json", "check"], ok_codes=(0, 1)).stdout)["checks"]
+        [libvirt_check] = [c for c in checks if c["name"] == "libvirt"]
+        assert not libvirt_check["ok"] and name in libvirt_check["detail"]
+    finally:
+        import libvirt
+
+        conn = libvirt.open(libvirt_dir_pool.uri)
+        remove_network(conn, name)
+        conn.close()

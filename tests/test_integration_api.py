@@ -50,13 +50,15 @@ def run(*argv, check=True):
 
 # -- KVM -------------------------------------------------------------------------------------
 @pytest.fixture
-def kvm_service(tmp_path, libvirt_dir_pool, sysroot):
+def kvm_service(tmp_path, libvirt_dir_pool, libvirt_private_network, guest_virt, sysroot):
     home_root = tmp_path / "homes"
     home_root.mkdir()
     prefix = f"it{uuid.uuid4().hex[:6]}-"
     ctx, client = build(
         tmp_path,
-        libvirt={"uri": libvirt_dir_pool.uri, "storage_pool": libvirt_dir_pool.name, "domain_prefix": prefix},
+        libvirt={"uri": libvirt_dir_pool.uri, "storage_pool": libvirt_dir_pool.name, "domain_prefix": prefix,
+                 "virt_type": guest_virt.virt_type, "cpu_mode": guest_virt.cpu_mode},
+        network={"name": libvirt_private_network.name, "subnet": libvirt_private_network.subnet},
         volumes={"home_root": str(home_root), "quota_backend": "none"},
         unix={"root": sysroot},
     )
@@ -66,6 +68,10 @@ def kvm_service(tmp_path, libvirt_dir_pool, sysroot):
         hv.destroy(instance_id)
     for image_id in hv.list_base_images():
         hv.delete_base_image(image_id)
+
+
+def libvirt_network_name(ctx) -> str:
+    return ctx.config.get("network", "name")
 
 
 def virsh(uri, *args, check=True):
@@ -88,8 +94,10 @@ def test_instance_lifecycle_on_kvm(kvm_service):
     assert virsh(pool.uri, "domstate", domain).stdout.strip() == "running"
     xml = virsh(pool.uri, "dumpxml", domain).stdout
     assert "<target dir='alice'/>" in xml and os.path.join(ctx.config.get("volumes", "home_root"), "alice") in xml
+    assert "type='virtiofs'" in xml and inst["private-ip"] in virsh(pool.uri, "net-dumpxml",
+                                                                    libvirt_network_name(ctx)).stdout
     disks = [f for f in os.listdir(pool.path) if inst["id"] in f]
-    assert len(disks) == 1
+    assert len(disks) == 2  # the overlay and the seed
 
     def task(what):
         [r] = ok(client.simulate_put(f"/v1/server-instance/{inst['id']}", headers=alice.headers,
@@ -126,7 +134,7 @@ def test_failed_start_on_kvm_leaves_nothing(kvm_service):
     assert r.status_code == 503 and r.json["success"] is False, r.json
     assert ctx.store.all_instances() == []
     assert not [d for d in virsh(pool.uri, "list", "--all", "--name").stdout.split() if d.startswith(prefix)]
-    assert not any(f.startswith(f"{prefix}disk-") for f in os.listdir(pool.path))
+    assert not any(f.startswith((f"{prefix}disk-", f"{prefix}seed-")) for f in os.listdir(pool.path))
 
 
 # -- btrfs quota ---------------------------------------------------------------------------------

@@ -141,9 +141,15 @@ def test_state_and_shares_drift(service):
     ctx, instance = service["ctx"], service["instance"]
     hv = ctx.adapters.hypervisor
     hv.power_off(instance["id"])
-    hv.set_shares(instance["id"], [])
+    import dataclasses
+
+    from controller.instances import guest_spec
+
+    [row] = ctx.store.list_instances(visible_to=None, instance_id=instance["id"])
+    hv.set_guest(instance["id"], dataclasses.replace(guest_spec(ctx, row), users=()))
     found = kinds(reconcile(ctx))
     assert ("instance-status", instance["id"]) in found and ("domain-shares", instance["id"]) in found
+    assert ("seed-content", instance["id"]) in found
     reconcile(ctx, fix=True)
     assert ctx.store.all_instances()[0]["status"] == "shutoff"
     assert [s.tag for s in hv.describe(instance["id"]).shares] == ["alice"]
