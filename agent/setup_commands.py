@@ -122,6 +122,14 @@ def serve(opts: Options, host, port):
 
         for item in reconcile(ctx, fix=True):
             log.info("sandbox reconcile: %s %s %s", "fixed" if item["fixed"] else "left", item["kind"], item["target"])
+    if ctx.adapters is not None:
+        from controller.background import Background, run_later
+        from controller.volumes import purge_retired
+
+        ctx.background = Background()
+        # Homes deleted before a crash or a restart, whose removal did not finish.
+        for path in ctx.adapters.homes.list_retired():
+            run_later(ctx, f"removing deleted home {path}", lambda p=path: purge_retired(ctx, p))
     app = create_app(ctx, interfaces=interfaces)
     server = create_server(
         app,

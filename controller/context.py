@@ -15,6 +15,7 @@ class Context:
     passwords: Passwords
     throttle: FailureThrottle
     adapters: object = None  # host_adapters.Adapters; None for the user interface alone
+    background: object = None  # controller.background.Background in the server; None: work runs at once
     _secret_box: SecretBox | None = field(default=None, repr=False)
 
     @property

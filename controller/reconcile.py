@@ -100,7 +100,9 @@ def _intents(run: _Run) -> None:
 
         def finish(v=volume, a=account):
             if a is not None:
-                homes.delete(a["username"], uid=a["uid"])
+                retired = homes.retire(a["username"], token=v["id"])
+                if retired is not None:
+                    homes.purge(retired)
             if a is not None and v["state"] == "deleting":
                 volumes.finish_delete(ctx, v, a)
             else:
@@ -110,6 +112,10 @@ def _intents(run: _Run) -> None:
             "a volume create did not finish (the client saw no success); undoing it"
         run.found(f"volume-{'delete' if volume['state'] == 'deleting' else 'create'}-interrupted",
                   volume["id"], what, finish)
+    read, retired = run.probe("homes", "deleted homes not removed yet", homes.list_retired)
+    for path in retired if read else ():
+        run.found("home-retired", path, "a deleted home is not removed yet (a crash, or a removal in progress)",
+                  lambda p=path: homes.purge(p))
     for group in ctx.store.list_groups(visible_to=None, with_intents=True):
         if group["state"] == "ready":
             continue

@@ -3,6 +3,7 @@
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
+from controller.background import run_later
 from controller.locks import host_changes
 from controller.permissions import Requester
 from controller.rules import as_uuid, new_id
@@ -101,11 +102,20 @@ def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
         if not ctx.store.set_volume_state(row["id"], "deleting", expect="ready"):
             raise Conflict(f"storage-volume {row['id']} is already being deleted")
         try:
-            ctx.adapters.homes.delete(account["username"], uid=account["uid"])
+            # One rename: the home is gone from its path at once; removing the tree,
+            # which may take minutes, happens in the background.
+            retired = ctx.adapters.homes.retire(account["username"], token=row["id"])
         except BaseException:
             ctx.store.set_volume_state(row["id"], "ready", expect="deleting")
             raise
         finish_delete(ctx, row, account)
+    if retired is not None:
+        run_later(ctx, f"removing deleted home {retired}", lambda: purge_retired(ctx, retired))
+
+
+def purge_retired(ctx: Context, path: str) -> None:
+    with host_changes(ctx):
+        ctx.adapters.homes.purge(path)
 
 
 def finish_delete(ctx: Context, row: dict, account: dict) -> None:

@@ -7,10 +7,11 @@ the same state in memory for fast tests. One GB is one GiB (2**30 bytes).
 """
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 
-from common.errors import Conflict, HostError, HostUnavailable, NotFound
+from common.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
 from host_adapters.names import check_username
 from host_adapters.quota import GIB, QuotaBackend, check_id, check_size_gb
 
@@ -39,6 +40,28 @@ class HomeInfo:
     def __post_init__(self):
         gb = None if self.limit_bytes is None else self.limit_bytes / GIB
         object.__setattr__(self, "limit_gb", gb)
+
+
+RETIRED_PREFIX = ".retired-"
+_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def retired_path(home_root: str, token: str) -> str:
+    """Where a home goes to be removed: a dot name, which no username can be."""
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+        raise InvalidInput(f"invalid token {token!r}")
+    return os.path.join(home_root, RETIRED_PREFIX + token)
+
+
+def check_retired(home_root: str, path: object) -> str:
+    if (
+        not isinstance(path, str)
+        or os.path.dirname(path) != os.path.abspath(home_root)
+        or not os.path.basename(path).startswith(RETIRED_PREFIX)
+        or not _TOKEN.fullmatch(os.path.basename(path)[len(RETIRED_PREFIX):])
+    ):
+        raise InvalidInput(f"{path!r} is not a retired home under {home_root}")
+    return path
 
 
 class HomeVolumes:
@@ -76,6 +99,26 @@ class HomeVolumes:
         Never follows a symlink out of the tree, and refuses (HostError) while
         something is mounted inside it.
         """
+        raise NotImplementedError
+
+    def retire(self, username: str, *, token: str) -> str | None:
+        """Move the home out of the way in one atomic rename, to a path no username can take
+        (`<home_root>/.retired-<token>`), and return that path; None when there is no home.
+
+        Its quota stays with it until purge(). The home's path is free at once, so a new
+        volume can be made there while the old tree is removed in the background.
+        """
+        raise NotImplementedError
+
+    def purge(self, path: str) -> None:
+        """Remove a retired home (a path retire() returned) with its quota. Succeeds when it is gone.
+
+        InvalidInput for a path that is not a retired home of this home_root.
+        """
+        raise NotImplementedError
+
+    def list_retired(self) -> list[str]:
+        """Paths of retired homes not purged yet (a crash or a failure left them), sorted."""
         raise NotImplementedError
 
     def inspect(self, username: str) -> HomeInfo:
@@ -167,6 +210,33 @@ class DirectoryHomeVolumes(HomeVolumes):
         check_id("uid", uid)
         self.quota.remove(path, uid=uid)
 
+    def retire(self, username: str, *, token: str) -> str | None:
+        path = self.path(username)
+        target = retired_path(self.home_root, token)
+        try:
+            os.rename(path, target)  # renames a symlink itself, never what it points to
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise HostError(f"cannot move {path} aside for deletion: {e.strerror or e}") from e
+        return target
+
+    def purge(self, path: str) -> None:
+        check_retired(self.home_root, path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        # The retired tree keeps its owner: the uid its per-user quota is kept under.
+        self.quota.remove(path, uid=st.st_uid)
+
+    def list_retired(self) -> list[str]:
+        try:
+            names = os.listdir(self.home_root)
+        except FileNotFoundError:
+            return []
+        return sorted(os.path.join(self.home_root, n) for n in names if n.startswith(RETIRED_PREFIX))
+
     def inspect(self, username: str) -> HomeInfo:
         path = self.path(username)
         try:
@@ -219,6 +289,7 @@ class FakeHomeVolumes(HomeVolumes):
 
     def __init__(self, home_root: str = "/home"):
         self.home_root = os.path.abspath(home_root)
+        self.retired: dict[str, "FakeHome"] = {}
         self.homes: dict[str, FakeHome] = {}
         self.fail_on: dict[str, Exception] = {}
 
@@ -258,6 +329,25 @@ class FakeHomeVolumes(HomeVolumes):
         check_id("uid", uid)
         self._maybe_fail("delete")
         self.homes.pop(username, None)
+
+    def retire(self, username: str, *, token: str) -> str | None:
+        self.path(username)
+        target = retired_path(self.home_root, token)
+        self._maybe_fail("retire")
+        home = self.homes.pop(username, None)
+        if home is None:
+            return None
+        self.retired[target] = home
+        return target
+
+    def purge(self, path: str) -> None:
+        check_retired(self.home_root, path)
+        self._maybe_fail("purge")
+        self.retired.pop(path, None)
+
+    def list_retired(self) -> list[str]:
+        self._maybe_fail("list_retired")
+        return sorted(self.retired)
 
     def inspect(self, username: str) -> HomeInfo:
         path = self.path(username)

@@ -132,18 +132,25 @@ def test_volume_create_killed_is_undone(world, when):
     assert post_volume(world["alice"])(world["client"]).status_code == 201  # the user can try again
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_volume_delete_killed_is_finished_not_undone(world, when):
+@pytest.mark.parametrize("method, when, left", [
+    ("retire", "before", "volume-delete-interrupted"),  # the intent recorded, the home in place
+    ("retire", "after", "volume-delete-interrupted"),  # the home moved aside, the row still there
+    ("purge", "before", "home-retired"),  # the row gone, the tree not removed yet
+    ("purge", "after", None),  # the background removal done: nothing left
+])
+def test_volume_delete_killed_is_finished_not_undone(world, method, when, left):
     [vol] = post_volume(world["alice"])(world["client"]).json["data"]
     (world["home_root"] / "alice" / "data").write_text("the user's data")
-    crash_during(world, "homes", "delete", when, lambda client: client.simulate_delete(
+    crash_during(world, "homes", method, when, lambda client: client.simulate_delete(
         f"/v1/storage-volume/{vol['volume-id']}", headers=world["alice"].headers))
     # Until reconcile runs, the volume is neither listed nor deletable twice.
     assert world["client"].simulate_get("/v1/storage-volume", headers=world["alice"].headers).json["data"] == []
     drift = repair(world)
-    assert "volume-delete-interrupted" in [d["kind"] for d in drift]
+    kinds = [d["kind"] for d in drift]
+    assert (left in kinds) if left else not kinds
     assert world["ctx"].store.volume_of_user(world["alice"].id) is None
     assert not (world["home_root"] / "alice").exists()  # deleted, never re-created
+    assert world["ctx"].adapters.homes.list_retired() == []
     assert_kept(world)
 
 

@@ -179,6 +179,32 @@ class TestContract:
         v.delete("alice", uid=UID)
         v.delete("never-made", uid=UID)
 
+    def test_retire_frees_the_path_at_once_and_purge_removes_the_tree(self, setup):
+        v = setup.volumes
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        retired = v.retire("alice", token="vol-1")
+        assert retired == os.path.join(v.home_root, ".retired-vol-1")
+        assert not v.inspect("alice").exists
+        assert v.list_retired() == [retired]
+        v.create("alice", uid=UID, gid=GID, size_gb=2)  # a new volume at the same path, at once
+        v.purge(retired)
+        assert v.list_retired() == []
+        assert v.inspect("alice").exists  # the new home is untouched
+        v.purge(retired)  # again: already gone
+        assert v.retire("nobody", token="vol-2") is None
+
+    @pytest.mark.parametrize("path", ["/etc", "../x", ".retired-x", "/srv/home/.retired-x/../../etc"])
+    def test_purge_refuses_what_retire_did_not_make(self, setup, path):
+        with pytest.raises(InvalidInput):
+            setup.volumes.purge(path)
+
+    @pytest.mark.parametrize("token", ["", "../x", "a/b", ".x", "x" * 65])
+    def test_retire_refuses_a_bad_token(self, setup, token):
+        setup.volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+        with pytest.raises(InvalidInput):
+            setup.volumes.retire("alice", token=token)
+        assert setup.volumes.inspect("alice").exists
+
     def test_a_name_can_be_used_again_after_delete(self, setup):
         v = setup.volumes
         v.create("alice", uid=UID, gid=GID, size_gb=1)
@@ -426,6 +452,22 @@ def _qgroup_ids(path) -> set[str]:
 def btrfs_homes(btrfs_home_root):
     _needs_root()
     return DirectoryHomeVolumes(btrfs_home_root, q.BtrfsQuota())
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_retired_home_keeps_its_quota_until_purge_removes_subvolume_and_qgroup(btrfs_homes):
+    volumes = btrfs_homes
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    sid = int(_btrfs("inspect-internal", "rootid", path))
+    assert _dd(UID, os.path.join(path, "data"), 16).returncode == 0
+    retired = volumes.retire("alice", token="vol-1")
+    assert int(_btrfs("inspect-internal", "rootid", retired)) == sid  # the same subvolume, moved
+    assert f"0/{sid}" in _qgroup_ids(btrfs_homes.home_root)
+    volumes.purge(retired)
+    assert not os.path.exists(retired)
+    assert sid not in _subvolume_ids(btrfs_homes.home_root)
+    assert f"0/{sid}" not in _qgroup_ids(btrfs_homes.home_root)
 
 
 @pytest.mark.real_commands

@@ -61,13 +61,13 @@ def test_one_group_name(client, cctx, adapters, people):
 def test_one_delete_of_a_volume(client, cctx, adapters, people):
     vol = give_volume(client, people["owner"])
     deleted = []
-    real = adapters.homes.delete
+    real = adapters.homes.retire
 
     def counting(*args, **kwargs):
         deleted.append(args)
         return real(*args, **kwargs)
 
-    adapters.homes.delete = counting
+    adapters.homes.retire = counting
     results = together(CLIENTS, lambda i: client.simulate_delete(
         f"/v1/storage-volume/{vol['volume-id']}", headers=people["owner"].headers))
     codes = statuses(results)
@@ -117,3 +117,31 @@ def test_reconcile_fix_waits_for_operations_in_flight(cctx):
                 pass
     with host_changes(cctx, exclusive=True, wait=False):  # free again
         pass
+
+
+def test_a_volume_delete_answers_before_the_tree_is_removed(client, cctx, adapters, people):
+    """The slow part of a delete runs in the background: the request thread returns at once."""
+    from controller.background import Background
+
+    cctx.background = Background()
+    vol = give_volume(client, people["owner"])
+    release, purging = threading.Event(), threading.Event()
+    real = adapters.homes.purge
+
+    def slow_purge(path):
+        purging.set()
+        assert release.wait(10)
+        real(path)
+
+    adapters.homes.purge = slow_purge
+    r = client.simulate_delete(f"/v1/storage-volume/{vol['volume-id']}", headers=people["owner"].headers)
+    assert r.status_code == 200
+    assert purging.wait(10)  # the removal runs, and the request did not wait for it
+    assert cctx.store.volume_of_user(people["owner"].id) is None
+    assert len(adapters.homes.list_retired()) == 1
+    # The user may make a new volume while the old tree is still being removed.
+    give_volume(client, people["owner"])
+    release.set()
+    cctx.background.wait()
+    assert adapters.homes.list_retired() == []
+    assert adapters.homes.inspect("owner").exists
