@@ -6,16 +6,20 @@ import uuid
 
 from controller.errors import InvalidInput
 
-# Deliberately plain: one @, no spaces, a dotted domain. Full RFC 5322 is not
-# what an admin means by "a valid address".
-_EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$")
+# Deliberately plain: one @, a dot-atom local part (no leading, trailing or double
+# dot), no spaces, a dotted domain. Full RFC 5322 is not what an admin means by
+# "a valid address".
+_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_EMAIL = re.compile("^" + _ATEXT + r"(?:\." + _ATEXT + ")*@" + _LABEL + r"(?:\." + _LABEL + ")+$")
 
 PASSWORD_MIN = 14
 PASSWORD_MAX = 24
 
 
 def check_email(value: object) -> str:
-    if not isinstance(value, str) or len(value) > 254 or not _EMAIL.fullmatch(value):
+    if (not isinstance(value, str) or len(value) > 254 or not _EMAIL.fullmatch(value)
+            or len(value.rsplit("@", 1)[0]) > 64):
         raise InvalidInput(f"email is not a valid address: {str(value)[:80]!r}")
     return value
 
