@@ -3,7 +3,7 @@
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import as_uuid, new_id
+from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_uuid, check_length, new_id
 from controller.store import utc_now
 from controller.users import get_user_by_email_or_404
 
@@ -95,6 +95,9 @@ def add_image(
     """Register an image: a base volume in the storage pool (blank of min_disk GB, or uploaded from source)."""
     if not name.strip():
         raise InvalidInput("image name must not be empty")
+    check_length("image name", name, NAME_MAX)
+    for field, value in (("os-name", os_name), ("os-major", os_major), ("os-minor", os_minor)):
+        check_length(field, value, SHORT_TEXT_MAX)
     _positive("min-disk", min_disk)
     _positive("min-ram", min_ram)
     image_id = new_id()
@@ -146,6 +149,7 @@ def grant_image(ctx: Context, image_id: str, email: str) -> dict:
 def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int) -> dict:
     if not name.strip():
         raise InvalidInput("flavor name must not be empty")
+    check_length("flavor name", name, NAME_MAX)
     row = ctx.store.insert_flavor(
         {"name": name, "memory": _positive("memory", memory), "disk": _positive("disk", disk),
          "vcpu": _positive("vcpu", vcpu)}
