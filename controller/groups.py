@@ -1,5 +1,6 @@
 """UNIX groups (secondary groups only) that users share files through."""
 
+from controller import limits
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
@@ -64,7 +65,9 @@ def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
     if groups.get(name) is not None:
         raise Conflict(f"group {name} exists on the host")
     row = {"id": new_id(), "owner_id": requester.id, "name": name, "creation_date": utc_now()}
-    ctx.store.insert_group(row, members)
+    ctx.store.insert_group(
+        row, members,
+        admit=lambda *, overrides, owned: limits.admit_count(ctx.config, "groups", overrides=overrides, owned=owned))
     try:
         groups.create(name, members=members)
     except BaseException:

@@ -51,21 +51,24 @@ def get_image(ctx: Context, requester: Requester, image_id: str) -> dict:
     return image_object(rows[0])
 
 
-def list_flavors(ctx: Context) -> list[dict]:
-    return [flavor_object(r) for r in ctx.store.list_flavors()]
+def list_flavors(ctx: Context, requester: Requester) -> list[dict]:
+    """Public flavors and the private ones granted to the requester (a superuser: all)."""
+    return [flavor_object(r) for r in ctx.store.list_flavors(usable_by=_usable_by(requester))]
 
 
 def _flavor_id(value: str) -> int | None:
     return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 19 else None
 
 
-def get_flavor_row(ctx: Context, flavor_id: str) -> dict | None:
+def get_flavor_row(ctx: Context, requester: Requester, flavor_id: str) -> dict | None:
+    """The flavor, if it exists and the requester may use it; else None."""
     fid = _flavor_id(flavor_id)
-    return ctx.store.get_flavor(fid) if fid is not None else None
+    rows = ctx.store.list_flavors(usable_by=_usable_by(requester), flavor_id=fid) if fid is not None else []
+    return rows[0] if rows else None
 
 
-def get_flavor(ctx: Context, flavor_id: str) -> dict:
-    row = get_flavor_row(ctx, flavor_id)
+def get_flavor(ctx: Context, requester: Requester, flavor_id: str) -> dict:
+    row = get_flavor_row(ctx, requester, flavor_id)
     if row is None:
         raise NotFound(f"server-flavor {flavor_id} not found")
     return flavor_object(row)
@@ -146,12 +149,30 @@ def grant_image(ctx: Context, image_id: str, email: str) -> dict:
     return image_object(row)
 
 
-def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int) -> dict:
+def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int, public: bool = True) -> dict:
     if not name.strip():
         raise InvalidInput("flavor name must not be empty")
     check_length("flavor name", name, NAME_MAX)
     row = ctx.store.insert_flavor(
         {"name": name, "memory": _positive("memory", memory), "disk": _positive("disk", disk),
-         "vcpu": _positive("vcpu", vcpu)}
+         "vcpu": _positive("vcpu", vcpu), "public": int(public)}
     )
+    return flavor_object(row)
+
+
+def _flavor_row(ctx: Context, flavor_id: str) -> dict:
+    fid = _flavor_id(flavor_id)
+    row = ctx.store.get_flavor(fid) if fid is not None else None
+    if row is None:
+        raise NotFound(f"server-flavor {flavor_id} not found")
+    return row
+
+
+def grant_flavor(ctx: Context, flavor_id: str, email: str) -> dict:
+    """Let a user create instances with a private flavor (see it in lists, too)."""
+    row = _flavor_row(ctx, flavor_id)
+    if row["public"]:
+        raise Conflict(f"server-flavor {row['id']} is public: every user may use it already")
+    user = get_user_by_email_or_404(ctx, email)
+    ctx.store.grant_flavor(row["id"], user["id"])
     return flavor_object(row)

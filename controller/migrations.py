@@ -153,7 +153,28 @@ _M4_INSTANCE_ADDRESSES = """
 """
 
 
-MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES]
+_M5_LIMITS = """
+        -- Per-user overrides of the [limits] defaults; NULL keeps the config's value.
+        CREATE TABLE user_limits (
+            user_id TEXT PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
+            instances INTEGER,
+            vcpus INTEGER,
+            memory_mb INTEGER,
+            groups INTEGER,
+            managed_users INTEGER
+        );
+        -- Flavors may be private like images: usable by the users granted them.
+        ALTER TABLE flavors ADD COLUMN public INTEGER NOT NULL DEFAULT 1;
+        CREATE TABLE flavor_access (
+            flavor_id INTEGER NOT NULL REFERENCES flavors(id) ON DELETE CASCADE,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            PRIMARY KEY (flavor_id, user_id)
+        );
+        CREATE INDEX flavor_access_user ON flavor_access(user_id);
+"""
+
+
+MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -2,6 +2,7 @@
 
 import sqlite3
 
+from controller import limits
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -91,6 +92,7 @@ def insert_user(
 ) -> tuple[dict, str]:
     """Create a user with no permission check (the agent and create_user call it).
 
+    A user with an owner counts against the owner's managed_users limit.
     Returns the stored row and the plaintext API secret, which is shown once.
     """
     check_email(email)
@@ -111,7 +113,9 @@ def insert_user(
         "api_secret_enc": ctx.secret_box.encrypt(api_secret),
         "created_at_utc": utc_now(),
     }
-    ctx.store.insert_user(user)
+    ctx.store.insert_user(
+        user, admit=lambda *, overrides, owned: limits.admit_count(ctx.config, "managed_users", overrides=overrides,
+                                                                    owned=owned))
     return user, api_secret
 
 
