@@ -138,14 +138,28 @@ def flavor():
 @click.option("--memory", type=int, required=True, help="MB of RAM.")
 @click.option("--disk", type=int, required=True, help="GB of disk.")
 @click.option("--vcpu", type=int, required=True, help="Number of virtual CPUs.")
+@click.option("--private", is_flag=True, help="Only users granted with `flavor grant` may see and use it.")
 @command_options
-def flavor_add(opts: Options, name, memory, disk, vcpu):
+def flavor_add(opts: Options, name, memory, disk, vcpu, private):
     """Add a server-flavor.
 
     Example: cloud-agent flavor add --name small --memory 1024 --disk 10 --vcpu 1
     """
-    obj = images.add_flavor(opts.context(), name=name, memory=memory, disk=disk, vcpu=vcpu)
-    emit(opts, obj, f"flavor {obj['id']} ({name})")
+    obj = images.add_flavor(opts.context(), name=name, memory=memory, disk=disk, vcpu=vcpu, public=not private)
+    emit(opts, obj, f"flavor {obj['id']} ({name}{', private' if private else ''})")
+
+
+@flavor.command("grant")
+@click.argument("flavor_id")
+@click.argument("email")
+@command_options
+def flavor_grant(opts: Options, flavor_id, email):
+    """Let a user see and use a private flavor.
+
+    Example: cloud-agent flavor grant 3 alice@example.org
+    """
+    obj = images.grant_flavor(opts.context(), flavor_id, email)
+    emit(opts, obj, f"{email} may use flavor {obj['id']}")
 
 
 # -- volume -----------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""cloud-agent user ...: the first superuser and roles."""
+"""cloud-agent user ...: the first superuser, roles and limits."""
 
 import sys
 
 import click
 
 from agent.common import Options, command_options, emit
-from controller import users
+from controller import limits, users
 from controller.permissions import ROLES, SUPERUSER
 
 
@@ -65,6 +65,47 @@ user.command("grant", help="Give a user a role.\n\nExample: cloud-agent user gra
 user.command("revoke", help="Take a role from a user.\n\nExample: cloud-agent user revoke alice@example.org create_user")(
     _role_command(False)
 )
+
+
+_LIMIT_OPTION = click.IntRange(min=-1)
+
+
+@user.command("limits")
+@click.argument("email", required=False)
+@click.option("--userid", default=None, help="The user's id (UUID) instead of EMAIL.")
+@click.option("--instances", type=_LIMIT_OPTION, default=None, help="Live instances the user may own at once.")
+@click.option("--vcpus", type=_LIMIT_OPTION, default=None, help="vCPUs summed over those instances' flavors.")
+@click.option("--memory-mb", "memory_mb", type=_LIMIT_OPTION, default=None,
+              help="MB of memory summed over those instances' flavors.")
+@click.option("--groups", type=_LIMIT_OPTION, default=None, help="Groups the user may own.")
+@click.option("--managed-users", "managed_users", type=_LIMIT_OPTION, default=None,
+              help="Users the user may own (managed users).")
+@click.option("--reset", is_flag=True, help="Drop the user's overrides first (back to the [limits] defaults).")
+@command_options
+def user_limits(opts: Options, email, userid, instances, vcpus, memory_mb, groups, managed_users, reset):
+    """Show a user's limits; with options, first override them for this user (-1: no limit).
+
+    Without options it prints the limits in force ([limits] in the config, or the
+    user's overrides). Lowering a limit removes nothing the user holds; it only
+    refuses new requests over it.
+
+    Example: cloud-agent user limits alice@example.org --instances 20 --vcpus 40
+    """
+    if (email is None) == (userid is None):
+        raise click.UsageError("give the user's EMAIL or --userid UUID (one of them)")
+    ctx = opts.context()
+    target = users.get_user_by_email_or_404(ctx, email) if email is not None else users.get_user_or_404(ctx, userid)
+    changes = {"instances": instances, "vcpus": vcpus, "memory_mb": memory_mb, "groups": groups,
+               "managed_users": managed_users}
+    obj = limits.set_limits(ctx, target, changes, reset=reset)
+    overrides = ctx.store.limit_overrides(target["id"])
+    usage = ctx.store.usage_of(target["id"])
+    lines = [f"limits of {target['email']} ({target['id']}):"]
+    for kind in limits.KINDS:
+        shown = "no limit" if obj[kind] == limits.UNLIMITED else str(obj[kind])
+        source = "override" if kind in overrides else "default"
+        lines.append(f"  {kind:<14} {shown:>10}  ({source}; holds {usage[kind]})")
+    emit(opts, obj, "\n".join(lines))
 
 
 def register(cli) -> None:

@@ -60,12 +60,12 @@ class ImageItem(_Resource):
 
 class FlavorCollection(_Resource):
     def on_get(self, req, resp):
-        ok_controller(resp, images.list_flavors(self.ctx))
+        ok_controller(resp, images.list_flavors(self.ctx, req.context.requester))
 
 
 class FlavorItem(_Resource):
     def on_get(self, req, resp, id):
-        ok_controller(resp, [images.get_flavor(self.ctx, id)])
+        ok_controller(resp, [images.get_flavor(self.ctx, req.context.requester, id)])
 
 
 class VolumeCollection(_Resource):

@@ -89,9 +89,9 @@ def _user_paths() -> dict:
     list_params = {
         "owner_userid": {"type": "string", "format": "uuid"},
         "show_inactive": {"type": "string"},
-        "registration_source": {"type": "string"},
+        "registration_source": schemas.REGISTRATION_SOURCE,
     }
-    search_params = {"email": {"type": "string"}, "username": {"type": "string"}}
+    search_params = {"email": schemas.EMAIL, "username": schemas.USERNAME}
 
     def get_and_post(summary, params, data, path_params=()):
         post = _user_op(summary, params=params, data=data)
@@ -131,19 +131,19 @@ def _user_paths() -> dict:
         "/v1/user/create": post_only(
             "Create a user",
             {
-                "email": {"type": "string"},
+                "email": schemas.EMAIL,
                 "password": {"type": "string", "minLength": 14, "maxLength": 24},
-                "name": {"type": "string"},
+                "name": schemas.USER_NAME,
                 "owner_userid": {"type": "string", "format": "uuid"},
                 "active": {"type": "integer", "minimum": 0},
-                "registration_source": {"type": "string"},
+                "registration_source": schemas.REGISTRATION_SOURCE,
             },
             {"type": "object", "properties": {"userid": {"type": "string", "format": "uuid"}}},
             errors=(400, 401, 403, 409),
         ),
         "/v1/user/update/{userid}": post_only(
             "Update a user",
-            {"email": {"type": "string"}, "name": {"type": "string"}, "active": {"type": "integer", "minimum": 0}},
+            {"email": schemas.EMAIL, "name": schemas.USER_NAME, "active": {"type": "integer", "minimum": 0}},
             None,
             userid,
             errors=(400, 401, 403, 404, 409),
@@ -165,7 +165,7 @@ def _user_paths() -> dict:
             userid,
         ),
         "/v1/user/delete/{email}": post_only(
-            "Delete a user (superuser)", {}, None, [_path("email")], errors=(400, 401, 403, 404, 409)
+            "Delete a user (superuser)", {}, None, [_path("email", schemas.EMAIL)], errors=(400, 401, 403, 404, 409)
         ),
     }
 

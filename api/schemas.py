@@ -4,6 +4,8 @@ The same dictionaries feed jsonschema validation and /v1/openapi.json, so the
 document cannot drift from what the code accepts.
 """
 
+from controller.rules import EMAIL_MAX, NAME_MAX, SHORT_TEXT_MAX, USERNAME_MAX
+
 UUID = {"type": "string", "format": "uuid"}
 DATE_TIME = {"type": "string", "format": "date-time"}
 
@@ -62,6 +64,12 @@ TOKEN_DATA = {
     "properties": {"token": {"type": "string"}, "expires_at": DATE_TIME, "userid": UUID},
 }
 
+# Free-text parameters of the user interface, bounded as controller/rules.py checks them.
+EMAIL = {"type": "string", "maxLength": EMAIL_MAX}
+USER_NAME = {"type": "string", "maxLength": NAME_MAX}
+REGISTRATION_SOURCE = {"type": "string", "maxLength": SHORT_TEXT_MAX}
+USERNAME = {"type": "string", "maxLength": USERNAME_MAX}
+
 # -- controller request bodies -------------------------------------------------
 _USER_IDS = {"type": "array", "items": {"type": "string"}}
 
@@ -116,7 +124,7 @@ VOLUME_CREATE = {
             "required": ["visibility"],
             "properties": {"visibility": {"const": "cluster"}},
         },
-        "volume-name": {"type": ["string", "null"], "maxLength": 255},
+        "volume-name": {"type": ["string", "null"], "maxLength": NAME_MAX},
     },
 }
 

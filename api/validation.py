@@ -15,5 +15,9 @@ def validate(body: dict, schema: dict) -> dict:
     error = best_match(validator.iter_errors(body))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
+        if error.validator == "maxLength":
+            # jsonschema's message quotes the whole value, which may be a megabyte.
+            raise InvalidInput(f"{where} is too long: at most {error.validator_value} characters, "
+                               f"got {len(error.instance)}")
         raise InvalidInput(f"{where or 'body'}: {error.message}")
     return body

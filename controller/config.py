@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.errors import InvalidInput
+from controller.limits import SANDBOX_CAPACITY, SANDBOX_LIMITS
 
 DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
 CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
@@ -81,6 +82,22 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "default_shell": "/bin/bash",
     },
     "controller": {"id": "1", "profile": "production"},
+    # What one user may hold at once (-1: no limit); `cloud-agent user limits` overrides
+    # them per user. See controller/limits.py and docs/decisions.md.
+    "limits": {
+        "instances": "10",
+        "vcpus": "20",
+        "memory_mb": "51200",
+        "groups": "20",
+        "managed_users": "50",
+    },
+    # Host admission with Nova's meanings: vCPUs up to CPUs * cpu_allocation_ratio,
+    # memory up to (memory - reserved_host_memory_mb) * ram_allocation_ratio.
+    "capacity": {
+        "cpu_allocation_ratio": "4.0",
+        "ram_allocation_ratio": "1.0",
+        "reserved_host_memory_mb": "4096",
+    },
 }
 
 
@@ -129,6 +146,9 @@ class Config:
         from controller.addresses import network_plan
 
         network_plan(self)  # raises InvalidInput naming the bad [network] key
+        from controller.limits import check_config
+
+        check_config(self)  # raises InvalidInput naming the bad [limits] or [capacity] key
         for section, key in (("controller", "id"), ("volumes", "max_size_gb"), ("server", "max_body_bytes")):
             self.get_int(section, key)
 
@@ -194,4 +214,7 @@ def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
         "volumes": {"home_root": d / "home", "quota_backend": "none", "max_size_gb": 100},
         "unix": {"root": d / "sysroot"},
         "directory": {"backend": "local", "default_shell": "/bin/bash"},
+        # Generous, and ratios fit to the test driver's small host (controller/limits.py).
+        "limits": dict(SANDBOX_LIMITS),
+        "capacity": dict(SANDBOX_CAPACITY),
     }

@@ -1,5 +1,6 @@
 """UNIX groups (secondary groups only) that users share files through."""
 
+from controller import limits
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
@@ -66,8 +67,12 @@ def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
         raise Conflict(f"group {name} exists on the host")
     row = {"id": new_id(), "owner_id": requester.id, "name": name, "creation_date": utc_now()}
     with host_changes(ctx):
-        # "creating" until groupadd has run: a crash half way is undone by reconcile.
-        ctx.store.insert_group(row, members)
+        # "creating" until groupadd has run: a crash half way is undone by reconcile. The
+        # owner's limit is checked in the insert's transaction.
+        ctx.store.insert_group(
+            row, members,
+            admit=lambda *, overrides, owned: limits.admit_count(ctx.config, "groups", overrides=overrides,
+                                                                 owned=owned))
         try:
             groups.create(name, members=members)
             ctx.store.set_group_state(row["id"], "ready", expect="creating")

@@ -3,7 +3,7 @@
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import as_uuid, new_id
+from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_uuid, check_length, new_id
 from controller.store import utc_now
 from controller.users import get_user_by_email_or_404
 
@@ -51,21 +51,24 @@ def get_image(ctx: Context, requester: Requester, image_id: str) -> dict:
     return image_object(rows[0])
 
 
-def list_flavors(ctx: Context) -> list[dict]:
-    return [flavor_object(r) for r in ctx.store.list_flavors()]
+def list_flavors(ctx: Context, requester: Requester) -> list[dict]:
+    """Public flavors and the private ones granted to the requester (a superuser: all)."""
+    return [flavor_object(r) for r in ctx.store.list_flavors(usable_by=_usable_by(requester))]
 
 
 def _flavor_id(value: str) -> int | None:
     return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 19 else None
 
 
-def get_flavor_row(ctx: Context, flavor_id: str) -> dict | None:
+def get_flavor_row(ctx: Context, requester: Requester, flavor_id: str) -> dict | None:
+    """The flavor, if it exists and the requester may use it; else None."""
     fid = _flavor_id(flavor_id)
-    return ctx.store.get_flavor(fid) if fid is not None else None
+    rows = ctx.store.list_flavors(usable_by=_usable_by(requester), flavor_id=fid) if fid is not None else []
+    return rows[0] if rows else None
 
 
-def get_flavor(ctx: Context, flavor_id: str) -> dict:
-    row = get_flavor_row(ctx, flavor_id)
+def get_flavor(ctx: Context, requester: Requester, flavor_id: str) -> dict:
+    row = get_flavor_row(ctx, requester, flavor_id)
     if row is None:
         raise NotFound(f"server-flavor {flavor_id} not found")
     return flavor_object(row)
@@ -95,6 +98,9 @@ def add_image(
     """Register an image: a base volume in the storage pool (blank of min_disk GB, or uploaded from source)."""
     if not name.strip():
         raise InvalidInput("image name must not be empty")
+    check_length("image name", name, NAME_MAX)
+    for field, value in (("os-name", os_name), ("os-major", os_major), ("os-minor", os_minor)):
+        check_length(field, value, SHORT_TEXT_MAX)
     _positive("min-disk", min_disk)
     _positive("min-ram", min_ram)
     image_id = new_id()
@@ -143,11 +149,30 @@ def grant_image(ctx: Context, image_id: str, email: str) -> dict:
     return image_object(row)
 
 
-def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int) -> dict:
+def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int, public: bool = True) -> dict:
     if not name.strip():
         raise InvalidInput("flavor name must not be empty")
+    check_length("flavor name", name, NAME_MAX)
     row = ctx.store.insert_flavor(
         {"name": name, "memory": _positive("memory", memory), "disk": _positive("disk", disk),
-         "vcpu": _positive("vcpu", vcpu)}
+         "vcpu": _positive("vcpu", vcpu), "public": int(public)}
     )
+    return flavor_object(row)
+
+
+def _flavor_row(ctx: Context, flavor_id: str) -> dict:
+    fid = _flavor_id(flavor_id)
+    row = ctx.store.get_flavor(fid) if fid is not None else None
+    if row is None:
+        raise NotFound(f"server-flavor {flavor_id} not found")
+    return row
+
+
+def grant_flavor(ctx: Context, flavor_id: str, email: str) -> dict:
+    """Let a user create instances with a private flavor (see it in lists, too)."""
+    row = _flavor_row(ctx, flavor_id)
+    if row["public"]:
+        raise Conflict(f"server-flavor {row['id']} is public: every user may use it already")
+    user = get_user_by_email_or_404(ctx, email)
+    ctx.store.grant_flavor(row["id"], user["id"])
     return flavor_object(row)

@@ -2,6 +2,7 @@
 
 import logging
 
+from controller import limits
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, HostError, InvalidInput, NotFound
@@ -143,9 +144,9 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         raise InvalidInput(f"server-image {body['server-image']} does not exist or is not available to you")
     if not image["active"]:
         raise InvalidInput(f"server-image {image['id']} is not active; new instances cannot boot from it")
-    flavor = get_flavor_row(ctx, body["server-flavor"])
+    flavor = get_flavor_row(ctx, requester, body["server-flavor"])
     if flavor is None:
-        raise InvalidInput(f"server-flavor {body['server-flavor']} does not exist")
+        raise InvalidInput(f"server-flavor {body['server-flavor']} does not exist or is not available to you")
     if flavor["memory"] < image["min_ram"] or flavor["disk"] < image["min_disk"]:
         raise InvalidInput(
             f"server-flavor {flavor['id']} is too small for the image "
@@ -169,11 +170,20 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         "creation_date": utc_now(),
     }
     plan = network_plan(ctx.config)
+    # Read before the transaction: a libvirt call must not hold the database's write lock.
+    capacity = ctx.adapters.hypervisor.host_capacity()
+
+    def admit(*, overrides, owned, allocated):
+        limits.admit_instance(ctx.config, flavor=flavor, capacity=capacity, overrides=overrides, owned=owned,
+                              allocated=allocated)
+
     with host_changes(ctx):
         # The row comes first, with the intent "creating": a crash mid-way leaves a record
         # reconcile undoes (the client saw no 201); any failure here removes whatever was
-        # made. Its addresses are picked in the same transaction.
-        row = ctx.store.insert_instance(row, uuids, allocate=lambda used: allocate(plan, row["id"], used))
+        # made. The owner's limits and the host's capacity are checked, and its addresses
+        # picked, in the same transaction.
+        row = ctx.store.insert_instance(row, uuids, admit=admit,
+                                        allocate=lambda used: allocate(plan, row["id"], used))
         try:
             _spawn(ctx, dict(row, users=uuids), image=image, flavor=flavor)
         except BaseException:

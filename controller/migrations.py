@@ -153,6 +153,27 @@ _M4_INSTANCE_ADDRESSES = """
 """
 
 
+_M5_LIMITS = """
+        -- Per-user overrides of the [limits] defaults; NULL keeps the config's value.
+        CREATE TABLE user_limits (
+            user_id TEXT PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
+            instances INTEGER,
+            vcpus INTEGER,
+            memory_mb INTEGER,
+            groups INTEGER,
+            managed_users INTEGER
+        );
+        -- Flavors may be private like images: usable by the users granted them.
+        ALTER TABLE flavors ADD COLUMN public INTEGER NOT NULL DEFAULT 1;
+        CREATE TABLE flavor_access (
+            flavor_id INTEGER NOT NULL REFERENCES flavors(id) ON DELETE CASCADE,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            PRIMARY KEY (flavor_id, user_id)
+        );
+        CREATE INDEX flavor_access_user ON flavor_access(user_id);
+"""
+
+
 _M6_INTENT = """
         -- What an operation set out to do, recorded before it touches the host, so a crash
         -- half way is finished (a delete) or undone (a create) by reconcile, never reversed.
@@ -166,7 +187,7 @@ _M6_INTENT = """
 """
 
 
-MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M6_INTENT]
+MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -16,10 +16,24 @@ _EMAIL = re.compile("^" + _ATEXT + r"(?:\." + _ATEXT + ")*@" + _LABEL + r"(?:\."
 PASSWORD_MIN = 14
 PASSWORD_MAX = 24
 
+# Bounds of free-text fields, in characters: a value over one is refused (400)
+# before anything is stored. RFC 5321 allows 254 characters in an address.
+EMAIL_MAX = 254
+NAME_MAX = 255  # user, image and flavor names; volume-name
+SHORT_TEXT_MAX = 64  # registration_source; an image's operating-system strings
+USERNAME_MAX = 32  # system usernames (the POSIX portable rule)
+
+
+def check_length(field: str, value: object, maximum: int) -> object:
+    """InvalidInput naming the field when a string is longer than maximum characters."""
+    if isinstance(value, str) and len(value) > maximum:
+        raise InvalidInput(f"{field} is too long: at most {maximum} characters, got {len(value)}")
+    return value
+
 
 def check_email(value: object) -> str:
-    if (not isinstance(value, str) or len(value) > 254 or not _EMAIL.fullmatch(value)
-            or len(value.rsplit("@", 1)[0]) > 64):
+    check_length("email", value, EMAIL_MAX)
+    if not isinstance(value, str) or not _EMAIL.fullmatch(value) or len(value.rsplit("@", 1)[0]) > 64:
         raise InvalidInput(f"email is not a valid address: {str(value)[:80]!r}")
     return value
 

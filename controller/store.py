@@ -21,6 +21,7 @@ import sqlite_utils
 
 from controller import migrations
 from controller.errors import Conflict
+from controller.limits import KINDS as LIMIT_KINDS
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -119,10 +120,17 @@ class Store:
         return [dict(r) for r in self.conn.execute(sql, params).fetchall()]
 
     # -- users ------------------------------------------------------------
-    def insert_user(self, user: dict) -> None:
+    def insert_user(self, user: dict, *, admit=None) -> None:
+        """Insert a user. With an owner, admit(overrides=, owned=) sees the owner's limit
+        overrides and how many users it owns, inside the insert's transaction, and may raise."""
         row = dict(user, roles=json.dumps(sorted(user.get("roles", []))))
         try:
             with self.write() as conn:
+                if admit is not None and user.get("owner_userid"):
+                    owner = user["owner_userid"]
+                    admit(overrides=self._limit_overrides(conn, owner),
+                          owned=conn.execute("SELECT COUNT(*) FROM users WHERE owner_userid = ?",
+                                             (owner,)).fetchone()[0])
                 conn.execute(
                     """INSERT INTO users (id, email, name, password_hash, active, owner_userid, roles,
                        registration_source, api_key, api_secret_enc, created_at_utc)
@@ -351,10 +359,12 @@ class Store:
             conn.execute("INSERT OR IGNORE INTO image_access (image_id, user_id) VALUES (?, ?)", (image_id, user_id))
 
     def insert_flavor(self, flavor: dict) -> dict:
+        flavor = {"public": 1, **flavor}
         try:
             with self.write() as conn:
                 cur = conn.execute(
-                    "INSERT INTO flavors (name, memory, disk, vcpu) VALUES (:name, :memory, :disk, :vcpu)", flavor
+                    "INSERT INTO flavors (name, memory, disk, vcpu, public) VALUES (:name, :memory, :disk, :vcpu, :public)",
+                    flavor,
                 )
         except sqlite3.IntegrityError:
             raise Conflict(f"a flavor named {flavor['name']!r} exists") from None
@@ -363,8 +373,21 @@ class Store:
     def get_flavor(self, flavor_id: int) -> dict | None:
         return self._one("SELECT * FROM flavors WHERE id = ?", (flavor_id,))
 
-    def list_flavors(self) -> list[dict]:
-        return self._all("SELECT * FROM flavors ORDER BY id")
+    def list_flavors(self, *, usable_by: str | None = None, flavor_id: int | None = None) -> list[dict]:
+        """All flavors (usable_by None) or the public ones plus those granted to usable_by."""
+        where, params = ["1"], []
+        if usable_by is not None:
+            where.append("(public = 1 OR id IN (SELECT flavor_id FROM flavor_access WHERE user_id = ?))")
+            params.append(usable_by)
+        if flavor_id is not None:
+            where.append("id = ?")
+            params.append(flavor_id)
+        return self._all(f"SELECT * FROM flavors WHERE {' AND '.join(where)} ORDER BY id", params)
+
+    def grant_flavor(self, flavor_id: int, user_id: str) -> None:
+        with self.write() as conn:
+            conn.execute("INSERT OR IGNORE INTO flavor_access (flavor_id, user_id) VALUES (?, ?)",
+                         (flavor_id, user_id))
 
     # -- accounts by user -----------------------------------------------------
     def account_of_user(self, user_id: str, controller_id: int) -> dict | None:
@@ -385,14 +408,23 @@ class Store:
         )
 
     # -- instances --------------------------------------------------------------
-    def insert_instance(self, instance: dict, account_uuids: list[str], *, allocate=None) -> dict:
+    def insert_instance(self, instance: dict, account_uuids: list[str], *, allocate=None, admit=None) -> dict:
         """Insert the instance and its users; return the row as stored.
+
+        admit(overrides=, owned=, allocated=) may refuse it (by raising) inside the
+        same write transaction, given the owner's limit overrides, what the owner
+        holds (instances, vcpus, memory_mb) and what every live instance
+        allocates (vcpus, memory_mb), so concurrent creates never pass a limit together.
 
         allocate(used) -> {column: value} picks the address columns inside the same
         write transaction, given what live instances use (keys private_ip,
         public_ip, mac, hostname: sets), so concurrent creates never share one.
         """
         with self.write() as conn:
+            if admit is not None:
+                owner = instance["owner_id"]
+                admit(overrides=self._limit_overrides(conn, owner), owned=self._instance_usage(conn, owner),
+                      allocated=self._instance_usage(conn))
             if allocate is not None:
                 used: dict[str, set[str]] = {"private_ip": set(), "public_ip": set(), "mac": set(), "hostname": set()}
                 for r in conn.execute("SELECT private_ip, public_ip, mac, public_mac, hostname FROM instances"):
@@ -536,9 +568,15 @@ class Store:
             conn.execute("DELETE FROM volumes WHERE id = ?", (volume_id,))
 
     # -- groups -------------------------------------------------------------------
-    def insert_group(self, group: dict, members: list[str]) -> None:
+    def insert_group(self, group: dict, members: list[str], *, admit=None) -> None:
+        """Insert a group and its members; admit(overrides=, owned=) may refuse it inside the
+        transaction, given the owner's limit overrides and how many groups it owns."""
         try:
             with self.write() as conn:
+                if admit is not None:
+                    owner = group["owner_id"]
+                    admit(overrides=self._limit_overrides(conn, owner),
+                          owned=conn.execute("SELECT COUNT(*) FROM groups WHERE owner_id = ?", (owner,)).fetchone()[0])
                 conn.execute(
                     """INSERT INTO groups (id, owner_id, name, creation_date, state)
                        VALUES (:id, :owner_id, :name, :creation_date, :state)""",
@@ -623,6 +661,55 @@ class Store:
             "SELECT g.* FROM groups g JOIN group_members m ON m.group_id = g.id WHERE m.username = ? AND g.state = 'ready'",
             (username,)
         )
+
+    # -- limits -------------------------------------------------------------------
+    @staticmethod
+    def _limit_overrides(conn: sqlite3.Connection, user_id: str) -> dict[str, int]:
+        row = conn.execute("SELECT * FROM user_limits WHERE user_id = ?", (user_id,)).fetchone()
+        return {k: row[k] for k in LIMIT_KINDS if row is not None and row[k] is not None}
+
+    def limit_overrides(self, user_id: str) -> dict[str, int]:
+        """The user's own limits (kind -> value); kinds without an override are absent."""
+        return self._limit_overrides(self.conn, user_id)
+
+    def set_limit_overrides(self, user_id: str, values: dict[str, int], *, reset: bool = False) -> None:
+        """Set these overrides (after dropping all of the user's with reset); others stay."""
+        unknown = set(values) - set(LIMIT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown limit kinds: {sorted(unknown)}")
+        with self.write() as conn:
+            if reset:
+                conn.execute("DELETE FROM user_limits WHERE user_id = ?", (user_id,))
+            if values:
+                columns = ", ".join(values)
+                marks = ", ".join(f":{k}" for k in values)
+                updates = ", ".join(f"{k} = excluded.{k}" for k in values)
+                conn.execute(
+                    f"""INSERT INTO user_limits (user_id, {columns}) VALUES (:_user_id, {marks})
+                        ON CONFLICT (user_id) DO UPDATE SET {updates}""",
+                    dict(values, _user_id=user_id),
+                )
+
+    @staticmethod
+    def _instance_usage(conn: sqlite3.Connection, owner_id: str | None = None) -> dict[str, int]:
+        """Live instances and the sums of their flavors' vcpu and memory: one owner's, or all."""
+        sql = """SELECT COUNT(*), COALESCE(SUM(f.vcpu), 0), COALESCE(SUM(f.memory), 0)
+                 FROM instances i JOIN flavors f ON f.id = i.flavor_id"""
+        params: tuple = ()
+        if owner_id is not None:
+            sql += " WHERE i.owner_id = ?"
+            params = (owner_id,)
+        instances, vcpus, memory_mb = conn.execute(sql, params).fetchone()
+        return {"instances": instances, "vcpus": vcpus, "memory_mb": memory_mb}
+
+    def usage_of(self, user_id: str) -> dict[str, int]:
+        """What a user holds, per limit kind."""
+        conn = self.conn
+        usage = self._instance_usage(conn, user_id)
+        usage["groups"] = conn.execute("SELECT COUNT(*) FROM groups WHERE owner_id = ?", (user_id,)).fetchone()[0]
+        usage["managed_users"] = conn.execute(
+            "SELECT COUNT(*) FROM users WHERE owner_userid = ?", (user_id,)).fetchone()[0]
+        return usage
 
     # -- audit --------------------------------------------------------------------
     def insert_audit(self, entry: dict) -> None:

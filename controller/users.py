@@ -2,11 +2,22 @@
 
 import sqlite3
 
+from controller import limits
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import as_uuid, check_email, check_password, new_id
+from controller.rules import (
+    EMAIL_MAX,
+    NAME_MAX,
+    SHORT_TEXT_MAX,
+    USERNAME_MAX,
+    as_uuid,
+    check_email,
+    check_length,
+    check_password,
+    new_id,
+)
 from controller.security import new_api_key, new_api_secret
 from controller.store import utc_now
 
@@ -81,9 +92,12 @@ def insert_user(
 ) -> tuple[dict, str]:
     """Create a user with no permission check (the agent and create_user call it).
 
+    A user with an owner counts against the owner's managed_users limit.
     Returns the stored row and the plaintext API secret, which is shown once.
     """
     check_email(email)
+    check_length("name", name, NAME_MAX)
+    check_length("registration_source", registration_source, SHORT_TEXT_MAX)
     check_password(password)
     api_secret = new_api_secret()
     user = {
@@ -99,7 +113,9 @@ def insert_user(
         "api_secret_enc": ctx.secret_box.encrypt(api_secret),
         "created_at_utc": utc_now(),
     }
-    ctx.store.insert_user(user)
+    ctx.store.insert_user(
+        user, admit=lambda *, overrides, owned: limits.admit_count(ctx.config, "managed_users", overrides=overrides,
+                                                                    owned=owned))
     return user, api_secret
 
 
@@ -149,6 +165,7 @@ def list_users(
     show_inactive: bool | None = None,
     registration_source: str | None = None,
 ) -> list[dict]:
+    check_length("registration_source", registration_source, SHORT_TEXT_MAX)
     if not requester.is_superuser:
         given = [
             name
@@ -204,7 +221,7 @@ def update_user(
     if email is not None:
         changes["email"] = check_email(email)
     if name is not None:
-        changes["name"] = name
+        changes["name"] = check_length("name", name, NAME_MAX)
     ctx.store.update_user(user["id"], changes)
 
 
@@ -213,6 +230,8 @@ def search_users(
 ) -> list[dict]:
     if email is None and username is None:
         raise InvalidInput("give email or username to search for")
+    check_length("email", email, EMAIL_MAX)
+    check_length("username", username, USERNAME_MAX)
     if username is not None:
         candidates = ctx.store.users_with_username(username)
         if email is not None:
@@ -252,6 +271,7 @@ def reset_api_secret(ctx: Context, requester: Requester, userid: str, *, set_to_
 
 def delete_user(ctx: Context, requester: Requester, email: str) -> dict:
     perms.require_superuser(requester, "deleting a user")
+    check_length("email", email, EMAIL_MAX)
     user = get_user_by_email_or_404(ctx, email)
     has_volume, has_account = ctx.store.user_has_volume_or_account(user["id"])
     if has_volume:

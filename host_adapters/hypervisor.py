@@ -53,6 +53,14 @@ class InstanceInfo:
     seed: dict[str, str] | None = field(default=None)
 
 
+@dataclass(frozen=True)
+class HostCapacity:
+    """What a host has in all, before allocation ratios and reserved memory."""
+
+    vcpus: int  # logical CPUs
+    memory_mb: int
+
+
 class Hypervisor:
     """Where instances run. Docstrings state what must hold after each call.
 
@@ -70,6 +78,11 @@ class Hypervisor:
         """Start and stop a small diskless guest with the configured virtualization type and CPU
         mode; HostUnavailable, saying which setting to change, when QEMU cannot start one.
         Slower than check(): for `cloud-agent check`, not for every health probe."""
+        raise NotImplementedError
+
+    def host_capacity(self) -> HostCapacity:
+        """The host's logical CPUs and memory in MB, as the hypervisor reports them
+        (physical totals: admission applies the ratios and reserved memory)."""
         raise NotImplementedError
 
     def ensure_network(self) -> bool:
@@ -360,7 +373,8 @@ class FakeInstance:
 
 
 class FakeHypervisor(Hypervisor):
-    """In memory. `fail_on` maps a step to the exception it raises (until removed).
+    """In memory. `fail_on` maps a step to the exception it raises (until removed);
+    `capacity` is what host_capacity() reports (a large head node unless a test sets it).
 
     Steps: every public method name, plus "volume", "seed", "reserve",
     "define" and "start", the steps of spawn. Tests may edit `instances`
@@ -380,6 +394,7 @@ class FakeHypervisor(Hypervisor):
         self.base_images: dict[str, int] = {}
         self.networks: dict[str, dict[str, Reservation]] = {network: {}}
         self.fail_on: dict[str, Exception] = {}
+        self.capacity = HostCapacity(vcpus=64, memory_mb=256 * 1024)
         self._lock = threading.Lock()
 
     def _step(self, name: str) -> None:
@@ -400,6 +415,10 @@ class FakeHypervisor(Hypervisor):
 
     def probe_guest(self) -> None:
         self._step("probe_guest")
+
+    def host_capacity(self) -> HostCapacity:
+        self._step("host_capacity")
+        return self.capacity
 
     def network_status(self) -> str:
         self._step("network_status")

@@ -20,6 +20,7 @@ from host_adapters import seed as seeds
 from host_adapters.guest import GuestSpec, Reservation, Share
 from host_adapters.hypervisor import (
     GiB,
+    HostCapacity,
     Hypervisor,
     InstanceInfo,
     Names,
@@ -423,6 +424,14 @@ class LibvirtHypervisor(Hypervisor):
                 self._check_virt_type(conn)
 
         self._call("check libvirt", op)
+
+    def host_capacity(self) -> HostCapacity:
+        def op(conn):
+            # getInfo(): [model, memory MB, CPUs, MHz, NUMA nodes, sockets, cores, threads]
+            info = conn.getInfo()
+            return HostCapacity(vcpus=int(info[2]), memory_mb=int(info[1]))
+
+        return self._call("read host capacity", op)
 
     def probe_guest(self) -> None:
         lv = _libvirt()

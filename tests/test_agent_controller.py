@@ -411,7 +411,7 @@ def test_flavor_add_prints_the_api_object_and_records_the_flavor(sandbox, api):
     assert out == api.get(f"/v1/server-flavor/{out['id']}")
     assert out == {"id": out["id"], "name": "small", "memory": 1024, "disk": 10, "vcpu": 2}
     assert sandbox.rows("SELECT * FROM flavors") == [
-        {"id": int(out["id"]), "name": "small", "memory": 1024, "disk": 10, "vcpu": 2}]
+        {"id": int(out["id"]), "name": "small", "memory": 1024, "disk": 10, "vcpu": 2, "public": 1}]
 
 
 @pytest.mark.parametrize("args, message", [

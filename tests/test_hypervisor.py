@@ -100,6 +100,11 @@ class HypervisorContract:
     def test_check(self, hv):
         hv.check()
 
+    def test_host_capacity_is_what_the_host_has(self, hv):
+        capacity = hv.host_capacity()
+        assert capacity.vcpus >= 1 and capacity.memory_mb >= 1
+        assert hv.host_capacity() == capacity
+
     def test_spawn_runs_the_instance_with_its_shares_and_disk(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image, shares)
         assert hv.status(instance_id) == "running"

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from falcon import testing
 
-from controller import images
+from controller import images, limits
 from controller.accounts import enable_account
 from controller.config import config_from_dict
 from controller.context import build_context
@@ -129,8 +129,15 @@ def test_failed_start_on_kvm_leaves_nothing(kvm_service):
     flavor = images.add_flavor(ctx, name="huge", memory=64 * 1024 * 1024, disk=1, vcpu=1)
     ok(client.simulate_post("/v1/storage-volume", headers=bob.headers,
                             json={"volume-size": 1, "volume-type": {"visibility": "cluster"}}), 201)
-    r = client.simulate_post("/v1/server-instance", headers=bob.headers,
-                             json={"server-image": image["id"], "server-flavor": flavor["id"]})
+    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    # Bob's memory limit refuses it before anything is made...
+    r = client.simulate_post("/v1/server-instance", headers=bob.headers, json=body)
+    assert r.status_code == 409 and r.json["msg"].startswith("limit reached: memory_mb"), r.json
+    assert ctx.store.all_instances() == []
+    # ...and without limits (the host's memory times the config's ratio is enough on paper), QEMU refuses it.
+    limits.set_limits(ctx, ctx.store.get_user(bob.id), {kind: -1 for kind in limits.KINDS})
+    ctx.config.parser["capacity"]["ram_allocation_ratio"] = "100000"
+    r = client.simulate_post("/v1/server-instance", headers=bob.headers, json=body)
     assert r.status_code == 503 and r.json["success"] is False, r.json
     assert ctx.store.all_instances() == []
     assert not [d for d in virsh(pool.uri, "list", "--all", "--name").stdout.split() if d.startswith(prefix)]
