@@ -85,11 +85,12 @@ def command_options(fn):
 
 
 # Commands that change nothing leave no audit row.
-_READ_ONLY_COMMANDS = {"serve", "check", "audit", "backup"}
+_READ_ONLY_COMMANDS = {"serve", "check", "backup"}
 
 
 def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
-    if command in _READ_ONLY_COMMANDS or (command == "reconcile" and not kwargs.get("fix")):
+    if (command in _READ_ONLY_COMMANDS or (command == "reconcile" and not kwargs.get("fix"))
+            or (command == "audit" and not kwargs.get("prune"))):
         return
     ctx = opts._ctx
     if ctx is None:

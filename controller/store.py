@@ -602,3 +602,17 @@ class Store:
             params.append(actor)
         params.append(limit)
         return self._all(f"SELECT * FROM audit WHERE {' AND '.join(where)} ORDER BY id LIMIT ?", params)
+
+    def delete_audit_before(self, before: str, *, batch: int = 10_000) -> int:
+        """Delete audit rows older than `before`, a batch per transaction so the server's own
+        writes never wait long behind a large prune. Returns how many went."""
+        total = 0
+        while True:
+            with self.write() as conn:
+                deleted = conn.execute(
+                    "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at_utc < ? LIMIT ?)",
+                    (before, batch),
+                ).rowcount
+            total += deleted
+            if deleted < batch:
+                return total
