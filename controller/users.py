@@ -67,6 +67,11 @@ def get_user_by_email_or_404(ctx: Context, email: str) -> dict:
     return user
 
 
+def find_user(ctx: Context, who: str) -> dict:
+    """The user named by a user id or an email (no address is a UUID), or NotFound."""
+    return get_user_or_404(ctx, who) if as_uuid(who) else get_user_by_email_or_404(ctx, who)
+
+
 # -- operations -----------------------------------------------------------------
 def insert_user(
     ctx: Context,
@@ -266,11 +271,11 @@ def delete_user(ctx: Context, requester: Requester, email: str) -> dict:
     return user
 
 
-def change_role(ctx: Context, email: str, role: str, *, grant: bool) -> dict:
-    """Admin (agent) only: add or remove a role of section 3."""
+def change_role(ctx: Context, who: str, role: str, *, grant: bool) -> dict:
+    """Admin (agent) only: add or remove a role of section 3 of the user `who` (email or id)."""
     if role not in perms.ROLES:
         raise InvalidInput(f"unknown role {role!r}; roles are {', '.join(perms.ROLES)}")
-    user = get_user_by_email_or_404(ctx, email)
+    user = find_user(ctx, who)
     roles = set(user["roles"])
     roles = roles | {role} if grant else roles - {role}
     ctx.store.update_user(user["id"], {"roles": sorted(roles)})
