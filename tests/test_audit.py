@@ -188,7 +188,8 @@ def test_api_calls_and_agent_commands_leave_one_row_each(session):
         # The anonymous failures (a wrong password, a forged token) are counted, and the
         # count is written when the server stops.
         ("anonymous", "anonymous failed requests", "", "2"),
-        (AGENT_ACTOR, "cloud-agent account enable", "carol@example.org", "ok"),
+        # An agent row names the user it acted on by id; the email typed is in the detail.
+        (AGENT_ACTOR, "cloud-agent account enable", carol_id, "ok"),
         (AGENT_ACTOR, "cloud-agent account enable", "nobody@example.org",
          "error: no user with email nobody@example.org"),
         (AGENT_ACTOR, "cloud-agent user create-superuser", "root2@example.org", "ok"),
@@ -199,7 +200,7 @@ def test_api_calls_and_agent_commands_leave_one_row_each(session):
     [counted] = [e for e in audit(sandbox) if e["action"] == "anonymous failed requests"]
     assert re.fullmatch(r"since \S+Z: POST /v1/auth/token 401 x1, POST /v1/user/create 401 x1", counted["detail"])
     enable = [e for e in audit(sandbox) if e["action"] == "cloud-agent account enable"]
-    assert enable[0]["detail"] == "username=carol"
+    assert enable[0]["detail"] == "email=carol@example.org username=carol"
 
 
 def test_no_secret_reaches_the_database_or_the_logs(session):
@@ -228,7 +229,7 @@ def test_audit_filters_by_user(session):
     assert {e["actor"] for e in admin_rows} == {session["admin_id"]} and len(admin_rows) == 6
     agent_rows = audit(sandbox, "--user", AGENT_ACTOR)
     # Including the template's create-superuser of the admin.
-    assert [e["target"] for e in agent_rows] == [ADMIN_EMAIL, "carol@example.org", "nobody@example.org",
+    assert [e["target"] for e in agent_rows] == [ADMIN_EMAIL, session["carol_id"], "nobody@example.org",
                                                  "root2@example.org"]
     assert audit(sandbox, "--user", "cloud-agent:nobody") == []
     proc = sandbox.run("audit", "--user", "nobody@example.org")
