@@ -19,12 +19,7 @@ from controller import audit
 from controller.config import config_from_dict
 from controller.errors import InvalidInput
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
-from tests.test_agent_controller import (  # noqa: F401 (fixtures)
-    AGENT,
-    run_agent,
-    sandbox,
-    sandbox_template,
-)
+from tests.test_agent_controller import sandbox, sandbox_template  # noqa: F401 (fixtures)
 from tests.test_audit import Server
 
 
