@@ -5,6 +5,8 @@ import getpass
 import json
 import sqlite3
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -20,6 +22,8 @@ class Options:
         self.as_json = as_json
         self._ctx: Context | None = None
         self.emitted = None  # the document the command printed (names a new object for the audit)
+        self.target_user: dict | None = None  # the user the command acts on, once looked up
+        self.audit_args: dict | None = None  # the arguments to record, when not the command's parameters
 
     @property
     def path(self) -> str:
@@ -85,11 +89,12 @@ def command_options(fn):
 
 
 # Commands that change nothing leave no audit row.
-_READ_ONLY_COMMANDS = {"serve", "check", "audit", "backup"}
+_READ_ONLY_COMMANDS = {"serve", "check", "backup"}
 
 
 def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
-    if command in _READ_ONLY_COMMANDS or (command == "reconcile" and not kwargs.get("fix")):
+    if (command in _READ_ONLY_COMMANDS or (command == "reconcile" and not kwargs.get("fix"))
+            or (command == "audit" and not kwargs.get("prune"))):
         return
     ctx = opts._ctx
     if ctx is None:
@@ -97,8 +102,15 @@ def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
     from controller import audit
 
     # Arguments are kept for the record, but never a password or secret.
-    shown = {k: v for k, v in kwargs.items() if v not in (None, False) and "password" not in k and "secret" not in k}
-    target = next((str(shown.pop(k)) for k in ("email", "image_id", "volume_id") if k in shown), "")
+    given = kwargs if opts.audit_args is None else opts.audit_args
+    shown = {k: v for k, v in given.items() if v not in (None, False) and "password" not in k and "secret" not in k}
+    if opts.target_user is not None:
+        # The user's id, not the email the admin typed: a user may change its email, and the
+        # row must keep naming whom the command acted on (the email stays in the detail).
+        target = opts.target_user["id"]
+        shown.pop("userid", None)
+    else:
+        target = next((str(shown.pop(k)) for k in ("email", "userid", "image_id", "volume_id") if k in shown), "")
     if not target and isinstance(opts.emitted, dict):
         # A command that creates something (image add, flavor add) names it in its output.
         target = str(opts.emitted.get("id", ""))
@@ -128,3 +140,32 @@ def emit(opts: Options, document, human: str | None = None) -> None:
         click.echo(human)
     else:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
+
+
+# -- commands that act on one user -------------------------------------------------
+def userid_option(fn):
+    """--userid UUID: the user by id instead of by EMAIL."""
+    return click.option(
+        "--userid", type=click.UUID, default=None,
+        help="The user's id instead of EMAIL (a user may change its email; its id never changes).",
+    )(fn)
+
+
+def require_one_user(email: str | None, userid) -> None:
+    if (email is None) == (userid is None):
+        raise click.UsageError("give the user's EMAIL or --userid UUID (exactly one of them)")
+
+
+@contextmanager
+def target_user(opts: Options, email: str | None, userid, *, adapters: bool = False) -> Iterator[dict]:
+    """The user named by exactly one of EMAIL and --userid, looked up once; while the command
+    runs, no other user can take that user's email (users.admin_target)."""
+    require_one_user(email, userid)
+    from controller import users
+
+    ctx = opts.context(adapters=adapters)
+    command = click.get_current_context().command_path.split(" ", 1)[-1]
+    with users.admin_target(ctx, holder=f"cloud-agent {command} ({getpass.getuser()})", email=email,
+                            userid=None if userid is None else str(userid)) as user:
+        opts.target_user = user
+        yield user

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, emit, fail
+from agent.common import Options, command_options, emit, fail, require_one_user, target_user, userid_option
 from controller import accounts, images, volumes
 from controller.users import account_object
 
@@ -16,31 +16,45 @@ def account():
 
 
 @account.command("enable")
-@click.argument("email")
+@click.argument("email", required=False)
+@userid_option
 @click.option("--username", required=True, help="System username (^[a-z_][a-z0-9_-]{0,31}$).")
 @click.option("--uid", type=int, default=None, help="uid to use; default: the directory allocates one.")
 @command_options
-def account_enable(opts: Options, email, username, uid):
-    """Create the system account of a user in the configured directory and record it.
+def account_enable(opts: Options, email, userid, username, uid):
+    """Create the system account of a user (by EMAIL or --userid) in the configured directory and record it.
 
-    Example: cloud-agent account enable alice@example.org --username alice
+    \b
+    Examples:
+      cloud-agent account enable alice@example.org --username alice
+      cloud-agent account enable --userid 1b4e28ba-2fa1-11d2-883f-0016d3cca427 --username alice
     """
-    row = accounts.enable_account(opts.context(adapters=True), email, username=username, uid=uid)
-    emit(opts, account_object(row), f"enabled {username} (uid {row['uid']}) for {email}, user id {row['uuid']}")
+    with target_user(opts, email, userid, adapters=True) as user:
+        row = accounts.enable_account(opts.context(), user["id"], username=username, uid=uid)
+    emit(opts, account_object(row),
+         f"enabled {username} (uid {row['uid']}) for {user['email']}, user id {row['uuid']}")
 
 
 @account.command("disable")
-@click.argument("email")
+@click.argument("email", required=False)
+@userid_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @command_options
-def account_disable(opts: Options, email, yes):
-    """Remove a user's system account (refused while the user has a volume, instances or groups).
+def account_disable(opts: Options, email, userid, yes):
+    """Remove a user's system account, by EMAIL or --userid (refused while the user has a volume,
+    instances or groups).
 
-    Example: cloud-agent account disable alice@example.org --yes
+    \b
+    Examples:
+      cloud-agent account disable alice@example.org --yes
+      cloud-agent account disable --userid 1b4e28ba-2fa1-11d2-883f-0016d3cca427 --yes
     """
-    confirm(opts, yes, f"Remove the system account of {email}?")
-    row = accounts.disable_account(opts.context(adapters=True), email)
-    emit(opts, account_object(row), f"disabled {row['username']} for {email}")
+    require_one_user(email, userid)
+    # Asked before the user is looked up, so a prompt left open holds no reservation.
+    confirm(opts, yes, f"Remove the system account of {email or f'user {userid}'}?")
+    with target_user(opts, email, userid, adapters=True) as user:
+        row = accounts.disable_account(opts.context(), user["id"])
+    emit(opts, account_object(row), f"disabled {row['username']} for {user['email']}")
 
 
 def confirm(opts: Options, yes: bool, question: str) -> None:
@@ -100,15 +114,20 @@ def image_add(opts: Options, name, os_name, os_major, os_minor, min_disk, min_ra
 
 @image.command("grant")
 @click.argument("image_id")
-@click.argument("email")
+@click.argument("email", required=False)
+@userid_option
 @command_options
-def image_grant(opts: Options, image_id, email):
-    """Let a user boot from a private image.
+def image_grant(opts: Options, image_id, email, userid):
+    """Let a user (by EMAIL or --userid) boot from a private image.
 
-    Example: cloud-agent image grant 3f0c... alice@example.org
+    \b
+    Examples:
+      cloud-agent image grant 3f0c... alice@example.org
+      cloud-agent image grant 3f0c... --userid 1b4e28ba-2fa1-11d2-883f-0016d3cca427
     """
-    obj = images.grant_image(opts.context(), image_id, email)
-    emit(opts, obj, f"{email} may use image {image_id}")
+    with target_user(opts, email, userid) as user:
+        obj = images.grant_image(opts.context(), image_id, user["id"])
+    emit(opts, obj, f"{user['email']} may use image {image_id}")
 
 
 def _activation(active: bool):

@@ -114,7 +114,7 @@ def check(opts: Options):
         sys.exit(1)
 
 
-def _since(value: str | None) -> str | None:
+def _since(value: str | None, option: str = "--since") -> str | None:
     """An RFC 3339 time, or a span back from now such as 30m, 12h, 7d."""
     if value is None:
         return None
@@ -125,7 +125,7 @@ def _since(value: str | None) -> str | None:
     try:
         at = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidInput(f"--since wants a time like 2026-11-21T10:00:00Z or a span like 12h, not {value!r}")
+        raise InvalidInput(f"{option} wants a time like 2026-11-21T10:00:00Z or a span like 12h, not {value!r}")
     if at.tzinfo is None:
         at = at.replace(tzinfo=timezone.utc)
     return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -135,12 +135,25 @@ def _since(value: str | None) -> str | None:
 @click.option("--since", default=None, help="From this time (RFC 3339) or span back (30m, 12h, 7d).")
 @click.option("--user", default=None, help="Only this actor: a user id, an email, or cloud-agent:NAME.")
 @click.option("--limit", type=int, default=1000, show_default=True, help="At most this many rows, oldest first.")
+@click.option("--prune", is_flag=True,
+              help="Delete the rows older than --before (default: [audit] retention_days) instead of listing.")
+@click.option("--before", default=None, help="With --prune: a time (RFC 3339) or a span back (90d, 12h).")
 @command_options
-def audit(opts: Options, since, user, limit):
-    """List audit rows: who did what to which target, the result and the time.
+def audit(opts: Options, since, user, limit, prune, before):
+    """List audit rows: who did what to which target, the result and the time; or prune old rows.
 
-    Example: cloud-agent audit --since 24h --user alice@example.org
+    \b
+    Examples:
+      cloud-agent audit --since 24h --user alice@example.org
+      cloud-agent audit --prune --before 90d
     """
+    if prune:
+        if since is not None or user is not None:
+            raise click.UsageError("--prune takes --before, not --since or --user")
+        _prune(opts, before)
+        return
+    if before is not None:
+        raise click.UsageError("--before goes with --prune (to list, use --since)")
     ctx = opts.context()
     actor = user
     if user and "@" in user:
@@ -152,6 +165,19 @@ def audit(opts: Options, since, user, limit):
     lines = [f"{e['at_utc']} {e['actor']} {e['action']} {e['target']} -> {e['result']}"
              + (f" ({e['detail']})" if e["detail"] else "") for e in entries]
     emit(opts, {"entries": entries}, "\n".join(lines) if lines else "no audit rows")
+
+
+def _prune(opts: Options, before: str | None) -> None:
+    if before is None:
+        days = opts.config().get_int("audit", "retention_days")
+        if days <= 0:
+            raise click.UsageError("give --before (a time or a span like 90d), or set [audit] retention_days")
+        cutoff = audit_trail.cutoff_for_days(days)
+    else:
+        cutoff = _since(before, "--before")
+    pruned = audit_trail.prune_before(opts.context().store, cutoff)
+    # This command's own row is written after the prune, so it stays.
+    emit(opts, {"pruned": pruned}, f"pruned {pruned} audit rows older than {cutoff}")
 
 
 def register(cli) -> None:

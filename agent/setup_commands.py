@@ -143,6 +143,12 @@ def serve(opts: Options, host, port):
         ident="cloud-controller",
     )
     log.info("serving on http://%s:%s", server.effective_host, server.effective_port)
+    from controller.audit import Housekeeper
+
+    # Anonymous-failure counts on time, and [audit] retention_days applied hourly.
+    housekeeper = Housekeeper(store=ctx.store, anonymous=ctx.anonymous_failures,
+                              retention_days=config.get_int("audit", "retention_days"))
+    housekeeper.start()
     def stop(signum, frame):
         raise KeyboardInterrupt  # leaves server.run() through the same clean path as Ctrl-C
 
@@ -156,6 +162,7 @@ def serve(opts: Options, host, port):
     finally:
         _sd_notify("STOPPING=1")
         server.close()
+        housekeeper.stop()  # writes the anonymous failures still counted
 
 
 def register(cli) -> None:

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, emit
+from agent.common import Options, command_options, emit, target_user, userid_option
 from controller import limits, users
 from controller.permissions import ROLES, SUPERUSER
 
@@ -47,24 +47,64 @@ def create_superuser(opts: Options, email, password, password_file, name):
 
 
 def _role_command(grant: bool):
-    @click.argument("email")
-    @click.argument("role", type=click.Choice(ROLES))
+    @click.argument("words", nargs=-1, metavar="[EMAIL] ROLE")
+    @userid_option
     @command_options
-    def command(opts: Options, email, role):
-        ctx = opts.context()
-        row = users.change_role(ctx, email, role, grant=grant)
+    def command(opts: Options, words, userid):
+        # EMAIL may be left out for --userid, and an optional argument cannot precede a
+        # required one in click: both are read here.
+        if len(words) != (1 if userid is not None else 2):
+            raise click.UsageError("give EMAIL ROLE, or --userid UUID ROLE")
+        email, role = (None, words[0]) if userid is not None else words
+        if role not in ROLES:
+            raise click.UsageError(f"invalid ROLE {role!r}: choose from {', '.join(ROLES)}")
+        opts.audit_args = {"email": email, "userid": userid, "role": role}
+        with target_user(opts, email, userid) as target:
+            ctx = opts.context()
+            row, cut = users.change_role(ctx, target["id"], role, grant=grant)
         obj = users.user_object(ctx, row, superuser_view=True)
-        emit(opts, obj, f"{email}: roles {', '.join(obj['roles']) or '(none)'}")
+        notes = [_cut_note(ctx, link, row) for link in cut]
+        if opts.as_json:
+            # stdout holds exactly the user object; a detachment also shows there as the
+            # owner_userid that is gone (or, for a revoke, a smaller num_owned_accounts).
+            for note in notes:
+                click.echo(f"note: {note}", err=True)
+        emit(opts, obj, "\n".join([f"{row['email']}: roles {', '.join(obj['roles']) or '(none)'}",
+                                   *(f"note: {n}" for n in notes)]))
 
     return command
 
 
-user.command("grant", help="Give a user a role.\n\nExample: cloud-agent user grant alice@example.org create_user")(
-    _role_command(True)
-)
-user.command("revoke", help="Take a role from a user.\n\nExample: cloud-agent user revoke alice@example.org create_user")(
-    _role_command(False)
-)
+def _cut_note(ctx, link: dict, changed: dict) -> str:
+    """One line saying which ownership link a role change cut, and why."""
+    def email(user_id: str) -> str:
+        found = ctx.store.get_user(user_id)
+        return found["email"] if found else user_id
+
+    if link["user_id"] == changed["id"]:
+        return (f"{changed['email']} is detached from its owner {email(link['owner_userid'])}, "
+                "which lacks a role it now holds")
+    return (f"{email(link['user_id'])} is detached from its owner {changed['email']}, "
+            "which no longer holds every role it holds")
+
+
+user.command("grant", help="""Give a user a role.
+
+A managed user given a role its owner lacks is detached from that owner (the owner
+no longer manages it).
+
+\b
+Examples:
+  cloud-agent user grant alice@example.org create_user
+  cloud-agent user grant --userid 1b4e28ba-2fa1-11d2-883f-0016d3cca427 view_user""")(_role_command(True))
+user.command("revoke", help="""Take a role from a user.
+
+Users it manages that hold the role are detached from it.
+
+\b
+Examples:
+  cloud-agent user revoke alice@example.org create_user
+  cloud-agent user revoke --userid 1b4e28ba-2fa1-11d2-883f-0016d3cca427 view_user""")(_role_command(False))
 
 
 _LIMIT_OPTION = click.IntRange(min=-1)

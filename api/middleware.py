@@ -57,7 +57,8 @@ _READ_ONLY = ("/v1/user/list", "/v1/user/view/", "/v1/user/search")
 
 
 class AuditTrail:
-    """One audit row per mutating request (and per API secret viewed), whatever its outcome."""
+    """One audit row per mutating request (and per API secret viewed), whatever its outcome;
+    failed requests without an identity are counted instead (audit.AnonymousFailures)."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -67,10 +68,14 @@ class AuditTrail:
             return
         requester = req.context.get("requester")
         template = req.uri_template or req.path
+        action = f"{req.method} {template}"
+        if requester is None and resp.status_code >= 400:
+            self.ctx.anonymous_failures.count(action, str(resp.status_code))
+            return
         audit.record(
             self.ctx.store,
             actor=requester.id if requester else "anonymous",
-            action=f"{req.method} {template}",
+            action=action,
             # Bounded: a client chooses the path, and rows must not grow with it.
             target=(req.path.rsplit("/", 1)[-1] if template.endswith("}") else _created_id(resp))[:_MAX_TARGET],
             result=str(resp.status_code),

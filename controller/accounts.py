@@ -7,14 +7,15 @@ from controller.errors import Conflict, NotFound
 from controller.locks import host_changes
 from controller.rules import new_id
 from controller.store import utc_now
-from controller.users import get_user_by_email_or_404
+from controller.users import find_user
 from host_adapters.names import check_username
 
 
-def enable_account(ctx: Context, email: str, *, username: str, uid: int | None = None) -> dict:
-    """Create the directory account and record it; all or nothing."""
+def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = None) -> dict:
+    """Create the directory account of the user `who` (email or id) and record it; all or nothing."""
     check_username(username)
-    user = get_user_by_email_or_404(ctx, email)
+    user = find_user(ctx, who)
+    email = user["email"]
     controller_id = ctx.config.controller_id
     if ctx.store.account_of_user(user["id"], controller_id) is not None:
         raise Conflict(f"{email} already has a system account on this controller")
@@ -46,9 +47,11 @@ def _create(ctx: Context, user: dict, username: str, home: str, uid: int | None)
         raise
 
 
-def disable_account(ctx: Context, email: str) -> dict:
-    """Remove the user's system account; refused while it still has a volume or owns instances."""
-    user = get_user_by_email_or_404(ctx, email)
+def disable_account(ctx: Context, who: str) -> dict:
+    """Remove the system account of the user `who` (email or id); refused while it still has a
+    volume or owns instances."""
+    user = find_user(ctx, who)
+    email = user["email"]
     account = ctx.store.account_of_user(user["id"], ctx.config.controller_id)
     if account is None:
         raise NotFound(f"{email} has no system account on this controller")

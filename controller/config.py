@@ -38,6 +38,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         # argon2id cost; lower only for tests.
         "argon2_time_cost": "3",
         "argon2_memory_kib": "65536",
+        # Password logins hashing at once; one more is answered 429 at once.
+        "max_password_checks": "2",
     },
     "libvirt": {
         "uri": "qemu:///system",
@@ -100,6 +102,14 @@ DEFAULTS: dict[str, dict[str, str]] = {
     },
 }
 
+# Audit growth and retention (issue 8, finding 4).
+DEFAULTS["audit"] = {
+    # Rows older than this many days are pruned by `cloud-agent serve` once an hour; 0 keeps them.
+    "retention_days": "0",
+    # Anonymous failed requests are counted and written as one row per this many seconds.
+    "anonymous_interval_seconds": "300",
+}
+
 
 @dataclass
 class Config:
@@ -151,6 +161,11 @@ class Config:
         check_config(self)  # raises InvalidInput naming the bad [limits] or [capacity] key
         for section, key in (("controller", "id"), ("volumes", "max_size_gb"), ("server", "max_body_bytes")):
             self.get_int(section, key)
+        for key in ("retention_days", "anonymous_interval_seconds"):
+            if self.get_int("audit", key) < 0:
+                raise InvalidInput(f"config [audit] {key} must be 0 or more")
+        if self.get_int("auth", "max_password_checks") < 1:
+            raise InvalidInput("config [auth] max_password_checks must be 1 or more")
 
 
 def default_config_path() -> str:

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from controller.audit import AnonymousFailures
 from controller.config import Config
 from controller.security import Passwords, SecretBox
 from controller.store import Store
@@ -16,6 +17,7 @@ class Context:
     throttle: FailureThrottle
     adapters: object = None  # host_adapters.Adapters; None for the user interface alone
     background: object = None  # controller.background.Background in the server; None: work runs at once
+    anonymous_failures: AnonymousFailures | None = None  # counted instead of one audit row each
     _secret_box: SecretBox | None = field(default=None, repr=False)
 
     @property
@@ -27,12 +29,14 @@ class Context:
 
 
 def build_context(config: Config, *, adapters=None, store: Store | None = None) -> Context:
+    store = store or Store(config.database_path)
     return Context(
         config=config,
-        store=store or Store(config.database_path),
+        store=store,
         passwords=Passwords(
             time_cost=config.get_int("auth", "argon2_time_cost"),
             memory_kib=config.get_int("auth", "argon2_memory_kib"),
+            max_concurrent_checks=config.get_int("auth", "max_password_checks"),
         ),
         throttle=FailureThrottle(
             max_failures=config.get_int("auth", "max_failures"),
@@ -40,4 +44,7 @@ def build_context(config: Config, *, adapters=None, store: Store | None = None) 
             lockout_seconds=config.get_int("auth", "lockout_seconds"),
         ),
         adapters=adapters,
+        anonymous_failures=AnonymousFailures(
+            store, interval_seconds=config.get_int("audit", "anonymous_interval_seconds")
+        ),
     )

@@ -5,7 +5,7 @@ from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
 from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_uuid, check_length, new_id
 from controller.store import utc_now
-from controller.users import get_user_by_email_or_404
+from controller.users import find_user
 
 
 def image_object(row: dict) -> dict:
@@ -140,11 +140,12 @@ def set_image_active(ctx: Context, image_id: str, active: bool) -> dict:
     return image_object(ctx.store.get_image(image_id))
 
 
-def grant_image(ctx: Context, image_id: str, email: str) -> dict:
+def grant_image(ctx: Context, image_id: str, who: str) -> dict:
+    """Let the user `who` (email or id) boot from a private image."""
     row = _image_row(ctx, image_id)
     if row["public"]:
         raise Conflict(f"server-image {image_id} is public: every user may use it already")
-    user = get_user_by_email_or_404(ctx, email)
+    user = find_user(ctx, who)
     ctx.store.grant_image(image_id, user["id"])
     return image_object(row)
 
@@ -168,11 +169,11 @@ def _flavor_row(ctx: Context, flavor_id: str) -> dict:
     return row
 
 
-def grant_flavor(ctx: Context, flavor_id: str, email: str) -> dict:
-    """Let a user create instances with a private flavor (see it in lists, too)."""
+def grant_flavor(ctx: Context, flavor_id: str, who: str) -> dict:
+    """Let the user `who` (email or id) create instances with a private flavor (see it in lists, too)."""
     row = _flavor_row(ctx, flavor_id)
     if row["public"]:
         raise Conflict(f"server-flavor {row['id']} is public: every user may use it already")
-    user = get_user_by_email_or_404(ctx, email)
+    user = find_user(ctx, who)
     ctx.store.grant_flavor(row["id"], user["id"])
     return flavor_object(row)

@@ -187,7 +187,33 @@ _M6_INTENT = """
 """
 
 
-MIGRATIONS = [_M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT]
+_M7_AUTH_HARDENING = """
+        -- An admin command's hold on the address it looked a user up by: while a live row
+        -- names an address, no other user may take it (docs/decisions.md).
+        CREATE TABLE email_reservations (
+            id TEXT PRIMARY KEY,
+            email TEXT NOT NULL COLLATE NOCASE,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            holder TEXT NOT NULL,
+            expires_at INTEGER NOT NULL
+        );
+        CREATE INDEX email_reservations_email ON email_reservations(email);
+
+        -- An owner holds every role of its managed users (superuser holds all): cut the
+        -- links made before that rule.
+        UPDATE users SET owner_userid = NULL
+        WHERE owner_userid IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM users o, json_each(o.roles) r
+                          WHERE o.id = users.owner_userid AND r.value = 'superuser')
+          AND EXISTS (SELECT 1 FROM json_each(users.roles) mine
+                      WHERE mine.value NOT IN (SELECT r.value FROM users o, json_each(o.roles) r
+                                               WHERE o.id = users.owner_userid));
+"""
+
+
+MIGRATIONS = [
+    _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -26,10 +26,32 @@ class Requester:
         return self.is_superuser or permission in self.roles
 
 
+# -- ownership ----------------------------------------------------------------
+def lacks(holder_roles, roles) -> set[str]:
+    """The roles among `roles` that `holder_roles` does not give (superuser gives every role)."""
+    held = set(holder_roles)
+    return set() if SUPERUSER in held else set(roles) - held
+
+
+def keeps_owner(owner_roles, user_roles) -> bool:
+    """An ownership link holds only while the owner has every role of its managed user.
+
+    Otherwise the owner's authority over the user (view, update, its secret, its
+    resources) would hand it roles it was never given: granting such a role to a
+    managed user, or taking it from the owner, cuts the link (Store.set_roles).
+    """
+    return not lacks(owner_roles, user_roles)
+
+
 # -- cloud auth users -------------------------------------------------------
 def manages(requester: Requester, target: dict) -> bool:
-    """The requester is the target or owns it (view_user / update_user on it)."""
-    return requester.id == target["id"] or target.get("owner_userid") == requester.id
+    """The requester is the target, or owns it and holds every role it holds (view_user /
+    update_user on it). `target` carries id, owner_userid and roles."""
+    if requester.id == target["id"]:
+        return True
+    # Checked here too, not only by cutting links on a grant: a link made before that rule
+    # (or by a path that forgot it) gives no authority over a user with more roles.
+    return target.get("owner_userid") == requester.id and keeps_owner(requester.roles, target["roles"])
 
 
 def can_view_user(requester: Requester, target: dict) -> bool:
@@ -72,7 +94,8 @@ def require_mutate(requester: Requester, *, owner_id: str, owner_owner_id: str |
 
 def require_account_authority(requester: Requester, account: dict, message: str) -> None:
     """The requester may name this system account (grant access, add to a group): it is the
-    account's user, owns it, or is a superuser. `account` carries user_id and user_owner_userid."""
-    owner = {"id": account["user_id"], "owner_userid": account["user_owner_userid"]}
+    account's user, manages it, or is a superuser. `account` carries user_id, user_owner_userid
+    and user_roles."""
+    owner = {"id": account["user_id"], "owner_userid": account["user_owner_userid"], "roles": account["user_roles"]}
     if not (requester.is_superuser or manages(requester, owner)):
         raise Forbidden(message)

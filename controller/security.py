@@ -10,22 +10,27 @@ import hashlib
 import hmac
 import os
 import secrets
+import threading
 from pathlib import Path
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from cryptography.fernet import Fernet, InvalidToken
 
-from controller.errors import HostUnavailable
+from controller.errors import HostUnavailable, TooManyRequests
 
 # Compared against when no user matches, so a wrong email costs as much time as a wrong password.
 _DUMMY_PASSWORD = "dummy-password-for-timing"
 
 
 class Passwords:
-    def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536):
+    def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536, max_concurrent_checks: int = 2):
         self._hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=1)
         self._dummy_hash = self._hasher.hash(_DUMMY_PASSWORD)
+        # argon2 costs tens of milliseconds and megabytes per check: at most this many
+        # logins hash at once, so a flood of password logins cannot take every server
+        # thread and all memory.
+        self._checks = threading.BoundedSemaphore(max_concurrent_checks)
 
     def hash(self, password: str) -> str:
         return self._hasher.hash(password)
@@ -35,6 +40,17 @@ class Passwords:
             return self._hasher.verify(password_hash or self._dummy_hash, password) and bool(password_hash)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
             return False
+
+    def verify_login(self, password_hash: str | None, password: str) -> bool:
+        """verify() for an unauthenticated caller: TooManyRequests at once when every slot is
+        hashing. Waiting for a slot would park a server thread per queued login, and a
+        flood of logins would park them all."""
+        if not self._checks.acquire(blocking=False):
+            raise TooManyRequests("too many logins at once; try again shortly", retry_after=1)
+        try:
+            return self.verify(password_hash, password)
+        finally:
+            self._checks.release()
 
 
 def generate_key_file(path: str) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -126,6 +127,7 @@ class Store:
         row = dict(user, roles=json.dumps(sorted(user.get("roles", []))))
         try:
             with self.write() as conn:
+                self._refuse_reserved_email(conn, user["email"], user_id=None)
                 if admit is not None and user.get("owner_userid"):
                     owner = user["owner_userid"]
                     admit(overrides=self._limit_overrides(conn, owner),
@@ -203,6 +205,8 @@ class Store:
         columns = ", ".join(f"{k} = :{k}" for k in changes)
         try:
             with self.write() as conn:
+                if "email" in changes:
+                    self._refuse_reserved_email(conn, changes["email"], user_id=user_id)
                 conn.execute(f"UPDATE users SET {columns} WHERE id = :_id", dict(changes, _id=user_id))
                 if changes.get("active") == 0:
                     conn.execute("DELETE FROM tokens WHERE user_id = ?", (user_id,))
@@ -243,6 +247,61 @@ class Store:
         volume = self._one("SELECT 1 FROM volumes WHERE owner_id = ?", (user_id,)) is not None
         account = self._one("SELECT 1 FROM system_accounts WHERE user_id = ?", (user_id,)) is not None
         return volume, account
+
+    # -- roles and ownership links -------------------------------------------
+    def set_roles(self, user_id: str, roles: list[str], *, keeps_owner) -> list[dict]:
+        """Set a user's roles and, in the same transaction, cut every ownership link that
+        keeps_owner(owner_roles, user_roles) no longer allows: the user's own link to its
+        owner and the links of the users it owns. Returns the cut links, each
+        {"user_id", "owner_userid"}."""
+        cut = []
+        with self.write() as conn:
+            conn.execute("UPDATE users SET roles = ? WHERE id = ?", (json.dumps(sorted(roles)), user_id))
+            owner = conn.execute(
+                "SELECT o.id, o.roles FROM users u JOIN users o ON o.id = u.owner_userid WHERE u.id = ?", (user_id,)
+            ).fetchone()
+            if owner is not None and not keeps_owner(json.loads(owner["roles"]), roles):
+                cut.append({"user_id": user_id, "owner_userid": owner["id"]})
+            for managed in conn.execute("SELECT id, roles FROM users WHERE owner_userid = ?", (user_id,)).fetchall():
+                if not keeps_owner(roles, json.loads(managed["roles"])):
+                    cut.append({"user_id": managed["id"], "owner_userid": user_id})
+            conn.executemany("UPDATE users SET owner_userid = NULL WHERE id = ?", [(c["user_id"],) for c in cut])
+        return cut
+
+    # -- email reservations (admin commands that look a user up by email) -----
+    def reserve_user_email(self, *, reservation_id: str, holder: str, expires_at: int,
+                           user_id: str | None = None, email: str | None = None) -> dict | None:
+        """Look a user up by id or email and reserve its current address, in one transaction,
+        so no other user can take the address until release_email_reservation (or expiry).
+        None when no such user exists."""
+        with self.write() as conn:
+            conn.execute("DELETE FROM email_reservations WHERE expires_at <= ?", (int(time.time()),))
+            if user_id is not None:
+                row = conn.execute("SELECT * FROM users WHERE id = ?", (user_id,)).fetchone()
+            else:
+                row = conn.execute("SELECT * FROM users WHERE email = ?", (email,)).fetchone()
+            if row is None:
+                return None
+            conn.execute(
+                "INSERT INTO email_reservations (id, email, user_id, holder, expires_at) VALUES (?, ?, ?, ?, ?)",
+                (reservation_id, row["email"], row["id"], holder, expires_at),
+            )
+        return self._user_row(dict(row))
+
+    def release_email_reservation(self, reservation_id: str) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM email_reservations WHERE id = ?", (reservation_id,))
+
+    @staticmethod
+    def _refuse_reserved_email(conn: sqlite3.Connection, email: str, *, user_id: str | None) -> None:
+        """Conflict when a live reservation holds this address for another user (inside the
+        write transaction that would take it, so the check and the change are one step)."""
+        held = conn.execute(
+            "SELECT 1 FROM email_reservations WHERE email = ? AND user_id IS NOT ? AND expires_at > ?",
+            (email, user_id, int(time.time())),
+        ).fetchone()
+        if held is not None:
+            raise Conflict(f"email {email} is reserved by an administrator's command in progress; try again shortly")
 
     # -- tokens -----------------------------------------------------------
     def insert_token(self, *, token_hash: str, user_id: str, source: str, expires_at: int) -> None:
@@ -396,16 +455,19 @@ class Store:
         )
 
     def accounts_with_owners(self, *, uuids: list[str] | None = None, usernames: list[str] | None = None) -> list[dict]:
-        """Accounts joined with their user's id and owner (for permission checks)."""
+        """Accounts joined with their user's owner and roles (for permission checks)."""
         column, values = ("a.uuid", uuids) if uuids is not None else ("a.username", usernames)
         if not values:
             return []
         marks = ",".join("?" * len(values))
-        return self._all(
-            f"""SELECT a.*, u.owner_userid AS user_owner_userid FROM system_accounts a
+        rows = self._all(
+            f"""SELECT a.*, u.owner_userid AS user_owner_userid, u.roles AS user_roles FROM system_accounts a
                 JOIN users u ON u.id = a.user_id WHERE {column} IN ({marks})""",
             list(values),
         )
+        for r in rows:
+            r["user_roles"] = json.loads(r["user_roles"])
+        return rows
 
     # -- instances --------------------------------------------------------------
     def insert_instance(self, instance: dict, account_uuids: list[str], *, allocate=None, admit=None) -> dict:
@@ -730,3 +792,17 @@ class Store:
             params.append(actor)
         params.append(limit)
         return self._all(f"SELECT * FROM audit WHERE {' AND '.join(where)} ORDER BY id LIMIT ?", params)
+
+    def delete_audit_before(self, before: str, *, batch: int = 10_000) -> int:
+        """Delete audit rows older than `before`, a batch per transaction so the server's own
+        writes never wait long behind a large prune. Returns how many went."""
+        total = 0
+        while True:
+            with self.write() as conn:
+                deleted = conn.execute(
+                    "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at_utc < ? LIMIT ?)",
+                    (before, batch),
+                ).rowcount
+            total += deleted
+            if deleted < batch:
+                return total

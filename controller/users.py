@@ -1,6 +1,9 @@
 """The cloud auth user service: accounts, owners, roles and API secrets."""
 
 import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from controller import limits
 from controller import permissions as perms
@@ -78,6 +81,45 @@ def get_user_by_email_or_404(ctx: Context, email: str) -> dict:
     return user
 
 
+def find_user(ctx: Context, who: str) -> dict:
+    """The user named by a user id or an email (no address is a UUID), or NotFound."""
+    return get_user_or_404(ctx, who) if as_uuid(who) else get_user_by_email_or_404(ctx, who)
+
+
+# Long enough for any admin command (an LDAP add, a useradd); a command killed before
+# it releases its reservation holds the address no longer than this.
+RESERVATION_SECONDS = 600
+
+
+@contextmanager
+def admin_target(ctx: Context, *, holder: str, email: str | None = None, userid: str | None = None) -> Iterator[dict]:
+    """The user an admin command acts on, looked up once by email or by id.
+
+    While the command runs, the address the user has at that moment is reserved for
+    it: no other user can take that address (/user/update and /user/create answer 409),
+    so the address the admin named keeps naming the user being acted on. The command
+    acts by the id it got here.
+    """
+    if (email is None) == (userid is None):
+        raise InvalidInput("give the user's email or its user id, not both")
+    canonical = None
+    if userid is not None:
+        canonical = as_uuid(userid)
+        if canonical is None:
+            raise InvalidInput(f"user id {userid} is not a UUID")
+    reservation = new_id()
+    user = ctx.store.reserve_user_email(
+        reservation_id=reservation, holder=holder, expires_at=int(time.time()) + RESERVATION_SECONDS,
+        user_id=canonical, email=email,
+    )
+    if user is None:
+        raise NotFound(f"no user with email {email}" if email is not None else f"user {userid} does not exist")
+    try:
+        yield user
+    finally:
+        ctx.store.release_email_reservation(reservation)
+
+
 # -- operations -----------------------------------------------------------------
 def insert_user(
     ctx: Context,
@@ -99,6 +141,10 @@ def insert_user(
     check_length("name", name, NAME_MAX)
     check_length("registration_source", registration_source, SHORT_TEXT_MAX)
     check_password(password)
+    if owner_userid is not None and roles:
+        owner = ctx.store.get_user(owner_userid)
+        if owner is None or not perms.keeps_owner(owner["roles"], roles):
+            raise InvalidInput("a managed user may not hold a role its owner lacks")
     api_secret = new_api_secret()
     user = {
         "id": new_id(),
@@ -179,7 +225,9 @@ def list_users(
         ]
         if given:
             raise Forbidden(f"{', '.join(given)} may only be used by a superuser")
-        users = ctx.store.list_users(visible_to=requester.id)
+        # The store's candidates are the requester and the users it owns; ownership of a user
+        # holding roles the requester lacks gives no view of it.
+        users = [u for u in ctx.store.list_users(visible_to=requester.id) if perms.can_view_user(requester, u)]
     else:
         if owner_userid is not None:
             owner_userid = as_uuid(owner_userid)
@@ -286,12 +334,18 @@ def delete_user(ctx: Context, requester: Requester, email: str) -> dict:
     return user
 
 
-def change_role(ctx: Context, email: str, role: str, *, grant: bool) -> dict:
-    """Admin (agent) only: add or remove a role of section 3."""
+def change_role(ctx: Context, who: str, role: str, *, grant: bool) -> tuple[dict, list[dict]]:
+    """Admin (agent) only: add or remove a role of section 3 of the user `who` (email or id).
+
+    An owner must hold every role of its managed users (permissions.keeps_owner): a
+    grant that gives the user a role its owner lacks detaches it from the owner, and a
+    revoke that takes from the user a role one of its managed users holds detaches that
+    managed user. Returns the user as stored and the links cut ({"user_id", "owner_userid"}).
+    """
     if role not in perms.ROLES:
         raise InvalidInput(f"unknown role {role!r}; roles are {', '.join(perms.ROLES)}")
-    user = get_user_by_email_or_404(ctx, email)
+    user = find_user(ctx, who)
     roles = set(user["roles"])
     roles = roles | {role} if grant else roles - {role}
-    ctx.store.update_user(user["id"], {"roles": sorted(roles)})
-    return ctx.store.get_user(user["id"])
+    cut = ctx.store.set_roles(user["id"], sorted(roles), keeps_owner=perms.keeps_owner)
+    return ctx.store.get_user(user["id"]), cut

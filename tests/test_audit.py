@@ -177,17 +177,19 @@ def test_api_calls_and_agent_commands_leave_one_row_each(session):
     assert rows_since(sandbox, session["first"]) == [
         ("anonymous", "POST /v1/auth/token", admin_id, "200"),
         ("anonymous", "POST /v1/auth/token", admin_id, "200"),
-        ("anonymous", "POST /v1/auth/token", "", "401"),
         (admin_id, "POST /v1/user/create", carol_id, "200"),
         (admin_id, "POST /v1/user/create", "", "409"),
         (admin_id, "GET /v1/user/view_api_secret/{userid}", carol_id, "200"),
         ("anonymous", "POST /v1/auth/token", carol_id, "200"),
         (carol_id, "POST /v1/user/create", "", "403"),
-        ("anonymous", "POST /v1/user/create", "", "401"),
         (admin_id, "POST /v1/user/set_password/{userid}", carol_id, "200"),
         (admin_id, "POST /v1/user/reset_api_secret/{userid}", carol_id, "200"),
         (admin_id, "POST /v1/storage-volume", "", "409"),
-        (AGENT_ACTOR, "cloud-agent account enable", "carol@example.org", "ok"),
+        # The anonymous failures (a wrong password, a forged token) are counted, and the
+        # count is written when the server stops.
+        ("anonymous", "anonymous failed requests", "", "2"),
+        # An agent row names the user it acted on by id; the email typed is in the detail.
+        (AGENT_ACTOR, "cloud-agent account enable", carol_id, "ok"),
         (AGENT_ACTOR, "cloud-agent account enable", "nobody@example.org",
          "error: no user with email nobody@example.org"),
         (AGENT_ACTOR, "cloud-agent user create-superuser", "root2@example.org", "ok"),
@@ -195,8 +197,10 @@ def test_api_calls_and_agent_commands_leave_one_row_each(session):
     for entry in audit(sandbox):
         if entry["id"] > session["first"]:
             assert RFC3339.match(entry["at_utc"]) and session["began"] <= entry["at_utc"] <= session["ended"]
+    [counted] = [e for e in audit(sandbox) if e["action"] == "anonymous failed requests"]
+    assert re.fullmatch(r"since \S+Z: POST /v1/auth/token 401 x1, POST /v1/user/create 401 x1", counted["detail"])
     enable = [e for e in audit(sandbox) if e["action"] == "cloud-agent account enable"]
-    assert enable[0]["detail"] == "username=carol"
+    assert enable[0]["detail"] == "email=carol@example.org username=carol"
 
 
 def test_no_secret_reaches_the_database_or_the_logs(session):
@@ -225,7 +229,7 @@ def test_audit_filters_by_user(session):
     assert {e["actor"] for e in admin_rows} == {session["admin_id"]} and len(admin_rows) == 6
     agent_rows = audit(sandbox, "--user", AGENT_ACTOR)
     # Including the template's create-superuser of the admin.
-    assert [e["target"] for e in agent_rows] == [ADMIN_EMAIL, "carol@example.org", "nobody@example.org",
+    assert [e["target"] for e in agent_rows] == [ADMIN_EMAIL, session["carol_id"], "nobody@example.org",
                                                  "root2@example.org"]
     assert audit(sandbox, "--user", "cloud-agent:nobody") == []
     proc = sandbox.run("audit", "--user", "nobody@example.org")
