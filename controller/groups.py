@@ -2,9 +2,9 @@
 
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import Conflict, InvalidInput, NotFound
+from controller.errors import Conflict, InvalidInput
 from controller.permissions import Requester
-from controller.rules import as_uuid, new_id
+from controller.rules import as_uuid, find_or_404, new_id
 from controller.store import utc_now
 from host_adapters.names import check_group_name, check_username
 
@@ -32,11 +32,9 @@ def list_groups(
 
 
 def _get_row(ctx: Context, requester: Requester, group_id: str) -> dict:
-    canonical = as_uuid(group_id)
-    rows = ctx.store.list_groups(visible_to=perms.visible_to(requester), group_id=canonical) if canonical else []
-    if not rows:
-        raise NotFound(f"group {group_id} not found")
-    return rows[0]
+    scope = perms.visible_to(requester)
+    return find_or_404("group", group_id,
+                       lambda i: next(iter(ctx.store.list_groups(visible_to=scope, group_id=i)), None))
 
 
 def get_group(ctx: Context, requester: Requester, group_id: str) -> dict:

@@ -6,7 +6,7 @@ from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
 from controller.permissions import Requester
-from controller.rules import as_uuid, check_email, check_password, new_id
+from controller.rules import as_uuid, check_email, check_password, find_or_404, new_id
 from controller.security import new_api_key, new_api_secret
 from controller.store import utc_now
 
@@ -53,11 +53,7 @@ def user_object(ctx: Context, user: dict, *, superuser_view: bool) -> dict:
 
 # -- lookups ------------------------------------------------------------------
 def get_user_or_404(ctx: Context, userid: str) -> dict:
-    canonical = as_uuid(userid)
-    user = ctx.store.get_user(canonical) if canonical else None
-    if user is None:
-        raise NotFound(f"user {userid} does not exist")
-    return user
+    return find_or_404("user", userid, ctx.store.get_user)
 
 
 def get_user_by_email_or_404(ctx: Context, email: str) -> dict:
