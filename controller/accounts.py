@@ -4,6 +4,7 @@ import os
 
 from controller.context import Context
 from controller.errors import Conflict, NotFound
+from controller.groups import check_account_username
 from controller.rules import new_id
 from controller.store import utc_now
 from controller.users import get_user_by_email_or_404
@@ -13,6 +14,7 @@ from host_adapters.names import check_username
 def enable_account(ctx: Context, email: str, *, username: str, uid: int | None = None) -> dict:
     """Create the directory account and record it; all or nothing."""
     check_username(username)
+    check_account_username(ctx, username)
     user = get_user_by_email_or_404(ctx, email)
     controller_id = ctx.config.controller_id
     if ctx.store.account_of_user(user["id"], controller_id) is not None:

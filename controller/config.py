@@ -81,6 +81,16 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "default_shell": "/bin/bash",
     },
     "controller": {"id": "1", "profile": "production"},
+    # Groups made through the API (issue 8, finding 1); see etc/controller.ini.sample.
+    "groups": {
+        "name_prefix": "",
+        "name_pattern": "",
+        "refused_names": "",
+        # Apart from the accounts' uids and private gids (local and LDAP: 10000-60000),
+        # from Debian's reserved 60000-64999 and from systemd's dynamic users (61184-65519).
+        "gid_min": "70000",
+        "gid_max": "79999",
+    },
 }
 
 
@@ -131,6 +141,23 @@ class Config:
         network_plan(self)  # raises InvalidInput naming the bad [network] key
         for section, key in (("controller", "id"), ("volumes", "max_size_gb"), ("server", "max_body_bytes")):
             self.get_int(section, key)
+        self._validate_groups()
+
+    def _validate_groups(self) -> None:
+        import re
+
+        prefix = self.get("groups", "name_prefix")
+        if prefix and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,30}", prefix):
+            raise InvalidInput("config [groups] name_prefix must be the start of a POSIX name "
+                               "(lower-case letters, digits, _ and -, not first) and leave room for a name")
+        pattern = self.get("groups", "name_pattern")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise InvalidInput(f"config [groups] name_pattern is not a regular expression: {e}") from None
+        low, high = self.get_int("groups", "gid_min"), self.get_int("groups", "gid_max")
+        if not 1 <= low <= high <= 4294967294:
+            raise InvalidInput("config [groups] gid_min and gid_max must give a range within 1-4294967294")
 
 
 def default_config_path() -> str:
