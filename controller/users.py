@@ -201,7 +201,19 @@ def update_user(
         changes["email"] = check_email(email)
     if name is not None:
         changes["name"] = name
-    ctx.store.update_user(user["id"], changes)
+    # Deactivation locks the system account too, reactivation unlocks it (issue 8, finding 9).
+    undo = _follow_active(ctx, user["id"], active) if active is not None else (lambda: None)
+    try:
+        ctx.store.update_user(user["id"], changes)
+    except BaseException:
+        undo()
+        raise
+
+
+def _follow_active(ctx: Context, user_id: str, active: int):
+    from controller.accounts import follow_active  # accounts imports this module
+
+    return follow_active(ctx, user_id, active)
 
 
 def search_users(
