@@ -64,7 +64,8 @@ def _refused_names(ctx: Context) -> frozenset[str]:
 
 def check_new_group_name(ctx: Context, name: object) -> str:
     """A name for a new API group: the POSIX rule (400), never a privileged name (403), and
-    the site's `[groups] name_prefix` and `name_pattern` when set (400)."""
+    the site's `[groups] name_prefix` and `name_pattern` when set (400). Reads nothing
+    on the host."""
     name = check_group_name(name)
     if privileged_group_name(name, _refused_names(ctx)):
         raise Forbidden(f"group name {name} is reserved: membership in a group of that name "
@@ -92,11 +93,13 @@ def check_account_username(ctx: Context, username: str) -> None:
 
 
 def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
-    name = check_new_group_name(ctx, body["group-name"])
+    name = check_group_name(body["group-name"])
     members = check_members(ctx, requester, body.get("group-members", []))
     groups = ctx.adapters.groups
     if groups.get(name) is not None:
         raise Conflict(f"group {name} exists on the host")
+    # After the existence check: a reserved name that exists (root) is named as existing.
+    check_new_group_name(ctx, name)
     row = {"id": new_id(), "owner_id": requester.id, "name": name, "creation_date": utc_now()}
     ctx.store.insert_group(row, members)
     try:

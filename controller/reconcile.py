@@ -147,10 +147,7 @@ def _homes(run: _Run) -> None:
         # account now. While it differs from the record (reported as account-uid) the recorded
         # uid may be someone else's: repairing by it would hand them this home.
         unsure = _uid_doubt(run, account)
-
-        def guarded(repair: Callable[[], None]) -> Callable[[], None] | None:
-            return None if unsure else repair
-
+        guarded = _unless(unsure)
         why = f"; left for the admin: {unsure}" if unsure else ""
         if not state.exists:
             run.found(
@@ -183,6 +180,11 @@ def _homes(run: _Run) -> None:
                 f"{', '.join(repr(p) for p in state.nested_subvolumes)}; data in them escapes the "
                 f"{size} GB quota; left for the admin",
             )
+
+
+def _unless(doubt: str) -> Callable[[Callable[[], None] | None], Callable[[], None] | None]:
+    """No repair while there is a doubt (the drift is then reported as not fixable)."""
+    return lambda repair: None if doubt else repair
 
 
 def _uid_doubt(run: _Run, account: dict) -> str:

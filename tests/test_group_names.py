@@ -53,6 +53,13 @@ def test_a_privileged_name_is_refused_for_everyone(client, cctx, adapters, reque
     nothing_made(cctx, adapters, name)
 
 
+def test_a_reserved_name_that_exists_on_the_host_is_named_as_existing(client, cctx, adapters, alice):
+    adapters.groups.groups["root"] = []
+    r = post_group(client, alice, "root")
+    assert r.status_code == 409 and "exists on the host" in r.json["msg"]
+    assert cctx.store.list_groups(visible_to=None) == []
+
+
 @pytest.mark.parametrize("name", ["lab", "_g1", "admins", "sudo-users", "dockerish", "g" + "x" * 31, "a"])
 def test_other_posix_names_are_accepted_by_default(client, cctx, adapters, alice, name):
     """CONTRACT.md section 5: a POSIX name that is not refused and not on the host is accepted."""

@@ -553,6 +553,9 @@ class _Store:
     def account_of_user(self, user_id, controller_id):
         return self.account if user_id == self.account["user_id"] else None
 
+    def get_user(self, user_id):
+        return {"id": user_id, "active": 1} if user_id == self.account["user_id"] else None
+
     def list_groups(self, *, visible_to):
         return []
 
