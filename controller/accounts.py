@@ -1,10 +1,12 @@
 """System accounts: enabling a cloud auth user on this cluster (the agent's `account` commands)."""
 
 import os
+from collections.abc import Callable
 
 from controller.context import Context
 from controller.errors import Conflict, NotFound
 from controller.locks import host_changes
+from controller.groups import check_account_username
 from controller.rules import new_id
 from controller.store import utc_now
 from controller.users import find_user
@@ -14,6 +16,7 @@ from host_adapters.names import check_username
 def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = None) -> dict:
     """Create the directory account of the user `who` (email or id) and record it; all or nothing."""
     check_username(username)
+    check_account_username(ctx, username)
     user = find_user(ctx, who)
     email = user["email"]
     controller_id = ctx.config.controller_id
@@ -30,6 +33,8 @@ def _create(ctx: Context, user: dict, username: str, home: str, uid: int | None)
     adapters, controller_id = ctx.adapters, ctx.config.controller_id
     posix = adapters.directory.create_account(username, home=home, uid=uid)
     try:
+        if not user["active"]:  # an inactive user's account is born locked
+            adapters.directory.lock_account(username)
         return ctx.store.insert_account(
             {
                 "user_id": user["id"],
@@ -82,3 +87,28 @@ def finish_disable(ctx: Context, account: dict) -> None:
     groups.drop_member_everywhere(ctx, account["username"])
     ctx.adapters.directory.delete_account(account["username"])
     ctx.store.delete_account(account["id"])
+
+
+def follow_active(ctx: Context, user_id: str, active: int) -> Callable[[], None]:
+    """Make the user's system account follow `active` (issue 8, finding 9): 0 locks it
+    (no login of any kind; uid, files, groups and instances stay), above 0 unlocks it.
+
+    Called before the user's row changes; returns the undo for when that change fails.
+    A user without an account here, or a process without host adapters (the user
+    interface served alone), changes nothing: `cloud-agent reconcile` reports and
+    repairs the lock (`account-lock`).
+    """
+    account = ctx.store.account_of_user(user_id, ctx.config.controller_id)
+    if account is None or ctx.adapters is None:
+        return lambda: None
+    directory, username = ctx.adapters.directory, account["username"]
+    posix = directory.get_account(username)
+    if posix is None:  # reconcile reports account-missing
+        return lambda: None
+    if not active and not posix.locked:
+        directory.lock_account(username)
+        return lambda: directory.unlock_account(username)
+    if active and posix.locked:
+        directory.unlock_account(username)
+        return lambda: directory.lock_account(username)
+    return lambda: None

@@ -84,6 +84,16 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "default_shell": "/bin/bash",
     },
     "controller": {"id": "1", "profile": "production"},
+    # Groups made through the API (issue 8, finding 1); see etc/controller.ini.sample.
+    "groups": {
+        "name_prefix": "",
+        "name_pattern": "",
+        "refused_names": "",
+        # Apart from the accounts' uids and private gids (local and LDAP: 10000-60000),
+        # from Debian's reserved 60000-64999 and from systemd's dynamic users (61184-65519).
+        "gid_min": "70000",
+        "gid_max": "79999",
+    },
     # What one user may hold at once (-1: no limit); `cloud-agent user limits` overrides
     # them per user. See controller/limits.py and docs/decisions.md.
     "limits": {
@@ -166,6 +176,23 @@ class Config:
                 raise InvalidInput(f"config [audit] {key} must be 0 or more")
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
+        self._validate_groups()
+
+    def _validate_groups(self) -> None:
+        import re
+
+        prefix = self.get("groups", "name_prefix")
+        if prefix and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,30}", prefix):
+            raise InvalidInput("config [groups] name_prefix must be the start of a POSIX name "
+                               "(lower-case letters, digits, _ and -, not first) and leave room for a name")
+        pattern = self.get("groups", "name_pattern")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise InvalidInput(f"config [groups] name_pattern is not a regular expression: {e}") from None
+        low, high = self.get_int("groups", "gid_min"), self.get_int("groups", "gid_max")
+        if not 1 <= low <= high <= 4294967294:
+            raise InvalidInput("config [groups] gid_min and gid_max must give a range within 1-4294967294")
 
 
 def default_config_path() -> str:

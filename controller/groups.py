@@ -1,14 +1,16 @@
 """UNIX groups (secondary groups only) that users share files through."""
 
+import re
+
 from controller import limits
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import Conflict, InvalidInput, NotFound
+from controller.errors import Conflict, Forbidden, InvalidInput
 from controller.locks import host_changes, one_at_a_time
 from controller.permissions import Requester
-from controller.rules import as_uuid, new_id
+from controller.rules import as_uuid, find_or_404, new_id
 from controller.store import utc_now
-from host_adapters.names import check_group_name, check_username
+from host_adapters.names import check_group_name, check_username, privileged_group_name
 
 
 def group_object(row: dict) -> dict:
@@ -34,11 +36,9 @@ def list_groups(
 
 
 def _get_row(ctx: Context, requester: Requester, group_id: str) -> dict:
-    canonical = as_uuid(group_id)
-    rows = ctx.store.list_groups(visible_to=perms.visible_to(requester), group_id=canonical) if canonical else []
-    if not rows:
-        raise NotFound(f"group {group_id} not found")
-    return rows[0]
+    scope = perms.visible_to(requester)
+    return find_or_404("group", group_id,
+                       lambda i: next(iter(ctx.store.list_groups(visible_to=scope, group_id=i)), None))
 
 
 def get_group(ctx: Context, requester: Requester, group_id: str) -> dict:
@@ -59,12 +59,49 @@ def check_members(ctx: Context, requester: Requester, usernames: list[str]) -> l
     return wanted
 
 
+# -- the names a group made through the API may take (issue 8, finding 1) ------------------
+def _refused_names(ctx: Context) -> frozenset[str]:
+    return frozenset(n.strip() for n in ctx.config.get("groups", "refused_names").split(",") if n.strip())
+
+
+def check_new_group_name(ctx: Context, name: object) -> str:
+    """A name for a new API group: the POSIX rule (400), never a privileged name (403), and
+    the site's `[groups] name_prefix` and `name_pattern` when set (400). Reads nothing
+    on the host."""
+    name = check_group_name(name)
+    if privileged_group_name(name, _refused_names(ctx)):
+        raise Forbidden(f"group name {name} is reserved: membership in a group of that name "
+                        "grants privileges on hosts")
+    prefix = ctx.config.get("groups", "name_prefix")
+    if prefix and (not name.startswith(prefix) or name == prefix):
+        raise InvalidInput(f"group name {name} must start with {prefix!r} ([groups] name_prefix)")
+    pattern = ctx.config.get("groups", "name_pattern")
+    if pattern and not re.fullmatch(pattern, name):
+        raise InvalidInput(f"group name {name} must match {pattern} ([groups] name_pattern)")
+    return name
+
+
+def check_account_username(ctx: Context, username: str) -> None:
+    """An account's username never meets an API group's name: with `[groups] name_prefix`
+    set, usernames may not start with it (400); and no username may equal an existing
+    API group's name (409), whose private group could not be made."""
+    prefix = ctx.config.get("groups", "name_prefix")
+    if prefix and username.startswith(prefix):
+        raise InvalidInput(f"username {username} starts with {prefix!r}, the prefix of group names "
+                           "([groups] name_prefix)")
+    if ctx.store.list_groups(visible_to=None, name=username, with_intents=True):
+        raise Conflict(f"a group named {username} was made through the API: the account's private "
+                       "group would clash with it; choose another username")
+
+
 def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
     name = check_group_name(body["group-name"])
     members = check_members(ctx, requester, body.get("group-members", []))
     groups = ctx.adapters.groups
     if groups.get(name) is not None:
         raise Conflict(f"group {name} exists on the host")
+    # After the existence check: a reserved name that exists (root) is named as existing.
+    check_new_group_name(ctx, name)
     row = {"id": new_id(), "owner_id": requester.id, "name": name, "creation_date": utc_now()}
     with host_changes(ctx):
         # "creating" until groupadd has run: a crash half way is undone by reconcile. The

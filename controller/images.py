@@ -1,9 +1,9 @@
 """Server-images (read by users, managed by admins) and server-flavors."""
 
 from controller.context import Context
-from controller.errors import Conflict, InvalidInput, NotFound
+from controller.errors import Conflict, InvalidInput
 from controller.permissions import Requester
-from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_uuid, check_length, new_id
+from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_uuid, check_length, find_or_404, new_id
 from controller.store import utc_now
 from controller.users import find_user
 
@@ -44,11 +44,10 @@ def list_images(ctx: Context, requester: Requester) -> list[dict]:
 
 
 def get_image(ctx: Context, requester: Requester, image_id: str) -> dict:
-    image_id = as_uuid(image_id)
-    rows = ctx.store.list_images(usable_by=_usable_by(requester), image_id=image_id) if image_id else []
-    if not rows:
-        raise NotFound(f"server-image {image_id} not found")
-    return image_object(rows[0])
+    usable_by = _usable_by(requester)
+    return image_object(find_or_404(
+        "server-image", image_id,
+        lambda i: next(iter(ctx.store.list_images(usable_by=usable_by, image_id=i)), None)))
 
 
 def list_flavors(ctx: Context, requester: Requester) -> list[dict]:
@@ -68,10 +67,8 @@ def get_flavor_row(ctx: Context, requester: Requester, flavor_id: str) -> dict |
 
 
 def get_flavor(ctx: Context, requester: Requester, flavor_id: str) -> dict:
-    row = get_flavor_row(ctx, requester, flavor_id)
-    if row is None:
-        raise NotFound(f"server-flavor {flavor_id} not found")
-    return flavor_object(row)
+    return flavor_object(find_or_404("server-flavor", flavor_id, lambda fid: get_flavor_row(ctx, requester, fid),
+                                     parse=lambda v: v if isinstance(v, str) else None))
 
 
 # -- admin operations (cloud-agent) -------------------------------------------
@@ -127,26 +124,23 @@ def add_image(
 
 
 def _image_row(ctx: Context, image_id: str) -> dict:
-    canonical = as_uuid(image_id)
-    row = ctx.store.get_image(canonical) if canonical else None
-    if row is None:
-        raise NotFound(f"server-image {image_id} not found")
-    return row
+    return find_or_404("server-image", image_id, ctx.store.get_image)
 
 
 def set_image_active(ctx: Context, image_id: str, active: bool) -> dict:
-    _image_row(ctx, image_id)
-    ctx.store.update_image(image_id, {"active": int(active)})
-    return image_object(ctx.store.get_image(image_id))
+    # The stored (canonical) id from here on: the admin may have typed it in upper case.
+    canonical = _image_row(ctx, image_id)["id"]
+    ctx.store.update_image(canonical, {"active": int(active)})
+    return image_object(ctx.store.get_image(canonical))
 
 
 def grant_image(ctx: Context, image_id: str, who: str) -> dict:
     """Let the user `who` (email or id) boot from a private image."""
     row = _image_row(ctx, image_id)
     if row["public"]:
-        raise Conflict(f"server-image {image_id} is public: every user may use it already")
+        raise Conflict(f"server-image {row['id']} is public: every user may use it already")
     user = find_user(ctx, who)
-    ctx.store.grant_image(image_id, user["id"])
+    ctx.store.grant_image(row["id"], user["id"])
     return image_object(row)
 
 
@@ -162,11 +156,7 @@ def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int, pu
 
 
 def _flavor_row(ctx: Context, flavor_id: str) -> dict:
-    fid = _flavor_id(flavor_id)
-    row = ctx.store.get_flavor(fid) if fid is not None else None
-    if row is None:
-        raise NotFound(f"server-flavor {flavor_id} not found")
-    return row
+    return find_or_404("server-flavor", flavor_id, ctx.store.get_flavor, parse=_flavor_id)
 
 
 def grant_flavor(ctx: Context, flavor_id: str, who: str) -> dict:

@@ -10,7 +10,7 @@ from controller.addresses import allocate, network_plan
 from controller.images import get_flavor_row
 from controller.locks import host_changes, one_at_a_time
 from controller.permissions import Requester
-from controller.rules import as_uuid, new_id
+from controller.rules import as_uuid, find_or_404, new_id
 from controller.store import utc_now
 from host_adapters.guest import GuestGroup, GuestSpec, GuestUser
 
@@ -46,11 +46,9 @@ def _refresh_status(ctx: Context, row: dict) -> dict:
 
 
 def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
-    canonical = as_uuid(instance_id)
-    rows = ctx.store.list_instances(visible_to=perms.visible_to(requester), instance_id=canonical) if canonical else []
-    if not rows:
-        raise NotFound(f"server-instance {instance_id} not found")
-    return rows[0]
+    scope = perms.visible_to(requester)
+    return find_or_404("server-instance", instance_id,
+                       lambda i: next(iter(ctx.store.list_instances(visible_to=scope, instance_id=i)), None))
 
 
 def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:

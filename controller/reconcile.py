@@ -31,6 +31,9 @@ class _Run:
     def __init__(self, ctx: Context, *, fix: bool, progress: Callable[[str], None] | None):
         self.ctx, self.fix, self.progress = ctx, fix, progress or (lambda _msg: None)
         self.drift: list[Drift] = []
+        # username -> the uid the directory gives it now (None: no such account), for
+        # the accounts _accounts could read; a home is only repaired for a matching uid.
+        self.directory_uids: dict[str, int | None] = {}
 
     def probe(self, target: str, what: str, look: Callable[[], object]) -> tuple[bool, object]:
         """Run one host look-up; one that fails is reported and the run goes on with the rest."""
@@ -148,15 +151,34 @@ def _accounts(run: _Run) -> None:
                                 lambda a=account: directory.get_account(a["username"]))
         if not read:
             continue
+        run.directory_uids[account["username"]] = None if posix is None else posix.uid
+        user = run.ctx.store.get_user(account["user_id"])
+        inactive = user is not None and not user["active"]
         if posix is None:
             run.found(
                 "account-missing", account["username"],
                 f"system account {account['username']} (uid {account['uid']}) is not in the directory",
-                lambda a=account: directory.create_account(a["username"], home=a["home"], uid=a["uid"]),
+                lambda a=account, i=inactive: _recreate_account(run, a, locked=i),
             )
         elif posix.uid != account["uid"]:
             run.found("account-uid", account["username"],
                       f"directory uid {posix.uid}, recorded uid {account['uid']}; left for the admin")
+        elif inactive and not posix.locked:
+            run.found("account-lock", account["username"],
+                      "the user is inactive but its system account is not locked",
+                      lambda a=account: directory.lock_account(a["username"]))
+        elif not inactive and posix.locked:
+            run.found("account-lock", account["username"],
+                      "the user is active but its system account is locked",
+                      lambda a=account: directory.unlock_account(a["username"]))
+
+
+def _recreate_account(run: _Run, account: dict, *, locked: bool) -> None:
+    directory = run.ctx.adapters.directory
+    posix = directory.create_account(account["username"], home=account["home"], uid=account["uid"])
+    run.directory_uids[account["username"]] = posix.uid
+    if locked:  # an inactive user's account comes back locked
+        directory.lock_account(account["username"])
 
 
 # -- home volumes ---------------------------------------------------------------------
@@ -185,28 +207,34 @@ def _homes(run: _Run) -> None:
         read, state = run.probe(volume["id"], f"home {homes.path(name)}", lambda n=name: homes.inspect(n))
         if not read:
             continue
+        # A home is made, chowned or given a quota only for the uid the directory gives the
+        # account now. While it differs from the record (reported as account-uid) the recorded
+        # uid may be someone else's: repairing by it would hand them this home.
+        unsure = _uid_doubt(run, account)
+        guarded = _unless(unsure)
+        why = f"; left for the admin: {unsure}" if unsure else ""
         if not state.exists:
             run.found(
-                "home-missing", volume["id"], f"home {homes.path(name)} is missing (its data is gone)",
-                lambda a=account, s=size: homes.create(a["username"], uid=a["uid"], gid=a["gid"], size_gb=s),
+                "home-missing", volume["id"], f"home {homes.path(name)} is missing (its data is gone){why}",
+                guarded(lambda a=account, s=size: homes.create(a["username"], uid=a["uid"], gid=a["gid"], size_gb=s)),
             )
             continue
         if (state.uid, state.gid) != (account["uid"], account["gid"]) or state.mode != 0o700:
             run.found(
                 "home-owner", volume["id"],
                 f"home {homes.path(name)} is {state.uid}:{state.gid} mode {state.mode:o}, "
-                f"expected {account['uid']}:{account['gid']} mode 700",
-                lambda a=account: homes.repair_owner(a["username"], uid=a["uid"], gid=a["gid"]),
+                f"expected {account['uid']}:{account['gid']} mode 700{why}",
+                guarded(lambda a=account: homes.repair_owner(a["username"], uid=a["uid"], gid=a["gid"])),
             )
         if state.limit_gb is not None and state.limit_gb != size:
             run.found(
-                "home-quota", volume["id"], f"quota {state.limit_gb} GB, recorded {size} GB",
-                lambda a=account, s=size: homes.resize(a["username"], uid=a["uid"], size_gb=s),
+                "home-quota", volume["id"], f"quota {state.limit_gb} GB, recorded {size} GB{why}",
+                guarded(lambda a=account, s=size: homes.resize(a["username"], uid=a["uid"], size_gb=s)),
             )
         elif state.limit_gb is None and state.quota_expected:
             run.found(
-                "home-quota", volume["id"], f"no quota, recorded {size} GB",
-                lambda a=account, s=size: homes.resize(a["username"], uid=a["uid"], size_gb=s),
+                "home-quota", volume["id"], f"no quota, recorded {size} GB{why}",
+                guarded(lambda a=account, s=size: homes.resize(a["username"], uid=a["uid"], size_gb=s)),
             )
         # Removing them would lose the user's data, so they are only reported.
         if state.nested_subvolumes:
@@ -216,6 +244,24 @@ def _homes(run: _Run) -> None:
                 f"{', '.join(repr(p) for p in state.nested_subvolumes)}; data in them escapes the "
                 f"{size} GB quota; left for the admin",
             )
+
+
+def _unless(doubt: str) -> Callable[[Callable[[], None] | None], Callable[[], None] | None]:
+    """No repair while there is a doubt (the drift is then reported as not fixable)."""
+    return lambda repair: None if doubt else repair
+
+
+def _uid_doubt(run: _Run, account: dict) -> str:
+    """Why the recorded uid cannot be trusted for this account's home now ("" if it can)."""
+    name = account["username"]
+    if name not in run.directory_uids:
+        return f"the directory entry of {name} could not be read"
+    current = run.directory_uids[name]
+    if current is None:
+        return f"{name} is not in the directory"
+    if current != account["uid"]:
+        return f"the directory gives {name} uid {current}, the record says {account['uid']}"
+    return ""
 
 
 # -- groups ------------------------------------------------------------------------------

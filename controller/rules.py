@@ -1,10 +1,14 @@
-"""Value rules shared by the API and the agent: emails, passwords, UUIDs."""
+"""Value rules shared by the API and the agent: emails, passwords, UUIDs, id lookups."""
 
 import re
 import string
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
-from controller.errors import InvalidInput
+from controller.errors import InvalidInput, NotFound
+
+T = TypeVar("T")
 
 # Deliberately plain: one @, a dot-atom local part (no leading, trailing or double
 # dot), no spaces, a dotted domain. Full RFC 5322 is not what an admin means by
@@ -73,3 +77,26 @@ def as_uuid(value: object) -> str | None:
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+# A 404 names the id the client sent; this much of it is enough to recognise it.
+_SHOWN_ID_CHARS = 64
+
+
+def find_or_404(kind: str, given: object, fetch: Callable[[str], T | None],
+                *, parse: Callable[[object], str | None] = as_uuid) -> T:
+    """The one "parse the id, fetch, 404" of every resource.
+
+    `given` is the id as the client (or admin) sent it: it is parsed (by
+    default into a lower-case UUID), `fetch` gets the parsed form, and a
+    malformed id or a missing (or invisible) row is NotFound naming `given`
+    as sent, never the parsed form, which is None for a malformed id.
+    """
+    parsed = parse(given)
+    found = fetch(parsed) if parsed is not None else None
+    if found is None:
+        shown = str(given)
+        if len(shown) > _SHOWN_ID_CHARS:
+            shown = shown[:_SHOWN_ID_CHARS] + "..."
+        raise NotFound(f"{kind} {shown} not found")
+    return found

@@ -19,6 +19,7 @@ from controller.rules import (
     check_email,
     check_length,
     check_password,
+    find_or_404,
     new_id,
 )
 from controller.security import new_api_key, new_api_secret
@@ -67,11 +68,7 @@ def user_object(ctx: Context, user: dict, *, superuser_view: bool) -> dict:
 
 # -- lookups ------------------------------------------------------------------
 def get_user_or_404(ctx: Context, userid: str) -> dict:
-    canonical = as_uuid(userid)
-    user = ctx.store.get_user(canonical) if canonical else None
-    if user is None:
-        raise NotFound(f"user {userid} does not exist")
-    return user
+    return find_or_404("user", userid, ctx.store.get_user)
 
 
 def get_user_by_email_or_404(ctx: Context, email: str) -> dict:
@@ -270,7 +267,19 @@ def update_user(
         changes["email"] = check_email(email)
     if name is not None:
         changes["name"] = check_length("name", name, NAME_MAX)
-    ctx.store.update_user(user["id"], changes)
+    # Deactivation locks the system account too, reactivation unlocks it (issue 8, finding 9).
+    undo = _follow_active(ctx, user["id"], active) if active is not None else (lambda: None)
+    try:
+        ctx.store.update_user(user["id"], changes)
+    except BaseException:
+        undo()
+        raise
+
+
+def _follow_active(ctx: Context, user_id: str, active: int):
+    from controller.accounts import follow_active  # accounts imports this module
+
+    return follow_active(ctx, user_id, active)
 
 
 def search_users(

@@ -2,11 +2,11 @@
 
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import Conflict, InvalidInput, NotFound
 from controller.background import run_later
+from controller.errors import Conflict, InvalidInput
 from controller.locks import host_changes
 from controller.permissions import Requester
-from controller.rules import as_uuid, new_id
+from controller.rules import as_uuid, find_or_404, new_id
 from controller.store import utc_now
 
 
@@ -38,11 +38,8 @@ def list_volumes(ctx: Context, requester: Requester, *, cloudauth_id: str | None
 
 def _get_row(ctx: Context, requester: Requester | None, volume_id: str) -> dict:
     scope = None if requester is None else perms.visible_to(requester)
-    canonical = as_uuid(volume_id)
-    rows = ctx.store.list_volumes(visible_to=scope, volume_id=canonical) if canonical else []
-    if not rows:
-        raise NotFound(f"storage-volume {volume_id} not found")
-    return rows[0]
+    return find_or_404("storage-volume", volume_id,
+                       lambda i: next(iter(ctx.store.list_volumes(visible_to=scope, volume_id=i)), None))
 
 
 def get_volume(ctx: Context, requester: Requester, volume_id: str) -> dict:

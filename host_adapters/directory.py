@@ -5,9 +5,9 @@ in host_adapters/local_directory.py, `LdapDirectory` (posixAccount entries) in
 host_adapters/ldap_directory.py, and `FakeDirectory` for fast tests.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from common.errors import Conflict, InvalidInput
+from common.errors import Conflict, HostError, InvalidInput, NotFound
 from host_adapters.names import check_username
 
 
@@ -18,6 +18,14 @@ class PosixAccount:
     gid: int  # gid of the user's private group, which has the same name
     home: str
     shell: str
+    # Whether lock_account locked it (the account expired on day 1 of 1970:
+    # shadow's expire field or LDAP's shadowExpire is 1).
+    locked: bool = False
+
+
+# The expiry day lock_account sets, as days since 1970-01-01. Day 1, not 0: an
+# expire field of 0 is read differently by different tools.
+LOCKED_EXPIRE_DAY = 1
 
 
 class Directory:
@@ -30,9 +38,13 @@ class Directory:
     def create_account(self, username: str, *, home: str, uid: int | None = None) -> PosixAccount:
         """Create the account and its private group (same name) and return it.
 
-        `uid` None lets the backend allocate one. Raises InvalidInput for a bad
-        username, Conflict if the username, its group name or the uid is taken.
-        All or nothing: on any failure neither the account nor the group remains.
+        `uid` None lets the backend allocate one: a number above every number
+        it ever allocated or was given (a stored high-water mark that only
+        grows), so a new account never inherits the files of a removed one.
+        A given uid raises the mark when it is above it. Raises InvalidInput
+        for a bad username, Conflict if the username, its group name or the
+        uid is taken, HostError when the allocation range is used up. All or
+        nothing: on any failure neither the account nor the group remains.
         """
         raise NotImplementedError
 
@@ -46,6 +58,18 @@ class Directory:
 
     def delete_account(self, username: str) -> None:
         """Remove the account and its private group. Succeeds when they are already gone."""
+        raise NotImplementedError
+
+    def lock_account(self, username: str) -> None:
+        """Afterwards nobody can log in as the account: it is expired (day 1 of 1970)
+        and, where it has one, its password is locked. Uid, files and groups stay.
+        Succeeds when it is locked already; NotFound if there is no such account."""
+        raise NotImplementedError
+
+    def unlock_account(self, username: str) -> None:
+        """Undo lock_account: the expiry and password lock it set are removed. An
+        account it did not lock (other expiry, or none) is left as it is. NotFound
+        if there is no such account."""
         raise NotImplementedError
 
 
@@ -66,7 +90,8 @@ def check_uid(uid: object) -> int | None:
 
 
 class FakeDirectory(Directory):
-    """In-memory accounts with uids allocated from `first_uid` upward.
+    """In-memory accounts with uids allocated from `first_uid` upward, above
+    `uid_mark` (the highest number ever allocated or given), up to `last_uid`.
 
     `groups` (name -> members) holds the private groups and is shared with a
     FakeUnixGroups built on this directory, as /etc/group is on a real host.
@@ -74,9 +99,11 @@ class FakeDirectory(Directory):
     changing anything.
     """
 
-    def __init__(self, *, shell: str = "/bin/bash", first_uid: int = 10000):
+    def __init__(self, *, shell: str = "/bin/bash", first_uid: int = 10000, last_uid: int = 60000):
         self.shell = shell
         self.first_uid = first_uid
+        self.last_uid = last_uid
+        self.uid_mark = first_uid - 1
         self.accounts: dict[str, PosixAccount] = {}
         self.groups: dict[str, list[str]] = {}
         self.fail_on: dict[str, Exception] = {}
@@ -102,9 +129,13 @@ class FakeDirectory(Directory):
         if uid in used:
             raise Conflict(f"uid {uid} is already in use")
         if uid is None:
-            uid = self.first_uid
+            uid = self.uid_mark + 1
             while uid in used:
                 uid += 1
+            if uid > self.last_uid:
+                raise HostError(f"no free uid left in {self.first_uid}-{self.last_uid}")
+        if self.first_uid <= uid <= self.last_uid:
+            self.uid_mark = max(self.uid_mark, uid)
         account = PosixAccount(username=username, uid=uid, gid=uid, home=home, shell=self.shell)
         self.accounts[username] = account
         self.groups[username] = []
@@ -131,3 +162,17 @@ class FakeDirectory(Directory):
         for members in self.groups.values():
             if username in members:
                 members.remove(username)
+
+    def _set_locked(self, username: str, locked: bool) -> None:
+        check_username(username)
+        self._maybe_fail("lock_account" if locked else "unlock_account")
+        account = self.accounts.get(username)
+        if account is None:
+            raise NotFound(f"no account {username}")
+        self.accounts[username] = replace(account, locked=locked)
+
+    def lock_account(self, username: str) -> None:
+        self._set_locked(username, True)
+
+    def unlock_account(self, username: str) -> None:
+        self._set_locked(username, False)

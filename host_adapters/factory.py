@@ -85,7 +85,8 @@ def build_adapters(config: "Config") -> Adapters:
         hypervisor_in_process=config.get("libvirt", "uri").startswith("test:"),
         hypervisor=build_hypervisor(config),
         homes=DirectoryHomeVolumes(config.get("volumes", "home_root"), build_quota(config)),
-        groups=CommandUnixGroups(config.get("unix", "root") or None),
+        groups=CommandUnixGroups(config.get("unix", "root") or None,
+                                 gid_range=(config.get_int("groups", "gid_min"), config.get_int("groups", "gid_max"))),
         directory=build_directory(config),
     )
 

@@ -7,8 +7,10 @@ users, one NIC per address, and one virtiofs share per home. The libvirt
 implementation is in host_adapters/libvirt_hypervisor.py.
 """
 
+import errno
 import os
 import re
+import stat
 import struct
 import threading
 import uuid
@@ -115,9 +117,12 @@ class Hypervisor:
         Without `source` the volume is a blank qcow2 disk of `size_gb` GiB;
         with it, the content of that local qcow2 file, whose virtual size must
         not exceed `size_gb` GiB and which must not refer to other files
-        (InvalidInput otherwise). `progress(sent_bytes, total_bytes)` is called
-        while uploading. Conflict if the volume exists. All or nothing: on
-        failure no volume remains.
+        (InvalidInput otherwise). The file is opened once (a symlink is
+        refused), checked and uploaded from that one descriptor, and the stored
+        volume is checked again (qcow2, no backing file) where its content is
+        kept. `progress(sent_bytes, total_bytes)` is called while uploading.
+        Conflict if the volume exists. All or nothing: on failure no volume
+        remains.
         """
         raise NotImplementedError
 
@@ -247,32 +252,74 @@ def check_guest(value: object) -> GuestSpec:
     return value
 
 
-def check_image_source(source: str, size_gb: int) -> int:
-    """Size in bytes of a qcow2 file fit to become a base image; InvalidInput otherwise."""
-    try:
-        with open(source, "rb") as f:
-            header = f.read(80)
-            size = os.fstat(f.fileno()).st_size
-    except OSError as e:
-        raise InvalidInput(f"cannot read image source {source}: {e.strerror}") from None
+class ImageSource:
+    """A source image opened once, by open_image_source: checked from this descriptor
+    and uploaded from it, so whatever is at the path later is never read.
+
+    A context manager; `read(offset, n)` reads without moving a file position,
+    so the header check and the upload cannot disturb each other.
+    """
+
+    def __init__(self, path: str, fd: int, size: int):
+        self.path, self.fd, self.size = path, fd, size
+
+    def read(self, offset: int, n: int) -> bytes:
+        return os.pread(self.fd, n, offset)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> "ImageSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_qcow2_header(header: bytes, size_gb: int, what: str) -> None:
+    """InvalidInput unless header (the first 80 bytes or all there are) is a qcow2 header fit for a
+    base image: no backing file, no external data file, a virtual size of at most size_gb GiB."""
     if len(header) < 32 or header[:4] != _QCOW2_MAGIC:
-        raise InvalidInput(
-            f"image source {source} is not a qcow2 file (convert it with qemu-img convert -O qcow2)"
-        )
+        raise InvalidInput(f"{what} is not a qcow2 file (convert it with qemu-img convert -O qcow2)")
     version, backing_offset = struct.unpack(">IQ", header[4:16])
     # A backing file or external data file would let the guest read a host file.
     if backing_offset != 0:
-        raise InvalidInput(f"image source {source} refers to a backing file; flatten it first")
+        raise InvalidInput(f"{what} refers to a backing file; flatten it first")
     if version >= 3 and len(header) >= 80:
         (incompatible,) = struct.unpack(">Q", header[72:80])
         if incompatible & _QCOW2_EXTERNAL_DATA_FILE:
-            raise InvalidInput(f"image source {source} uses an external data file")
+            raise InvalidInput(f"{what} uses an external data file")
     (virtual_size,) = struct.unpack(">Q", header[24:32])
     if virtual_size > size_gb * GiB:
-        raise InvalidInput(
-            f"image source {source} has a virtual size of {virtual_size} bytes, more than {size_gb} GiB"
-        )
-    return size
+        raise InvalidInput(f"{what} has a virtual size of {virtual_size} bytes, more than {size_gb} GiB")
+
+
+def open_image_source(source: str, size_gb: int) -> ImageSource:
+    """Open a qcow2 file to become a base image and check it from that descriptor; InvalidInput
+    if it cannot be read, is a symlink (O_NOFOLLOW) or not a regular file, or is unfit."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    try:
+        fd = os.open(source, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InvalidInput(f"image source {source} is a symbolic link; give the file itself") from None
+        raise InvalidInput(f"cannot read image source {source}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(f"image source {source} is not a regular file")
+        image = ImageSource(source, fd, st.st_size)
+        try:
+            header = image.read(0, 80)
+        except OSError as e:
+            raise InvalidInput(f"cannot read image source {source}: {e.strerror}") from None
+        check_qcow2_header(header, size_gb, f"image source {source}")
+        return image
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class Names:
@@ -449,15 +496,19 @@ class FakeHypervisor(Hypervisor):
     ) -> str:
         check_id(image_id, "image id")
         check_positive(size_gb=size_gb)
-        size = check_image_source(source, size_gb) if source is not None else None
+        image = open_image_source(source, size_gb) if source is not None else None
         name = self._names.base(image_id)
-        with self._lock:
-            self._step("create_base_image")
-            if name in self.base_images:
-                raise Conflict(f"base image of image {image_id} already exists")
-            if size is not None and progress is not None:
-                progress(size, size)
-            self.base_images[name] = size_gb
+        try:
+            with self._lock:
+                self._step("create_base_image")
+                if name in self.base_images:
+                    raise Conflict(f"base image of image {image_id} already exists")
+                if image is not None and progress is not None:
+                    progress(image.size, image.size)
+                self.base_images[name] = size_gb
+        finally:
+            if image is not None:
+                image.close()
         return name
 
     def delete_base_image(self, image_id: str) -> None:

@@ -6,16 +6,17 @@ Configuration, section `[directory]` with `backend = ldap`:
     base_dn             the directory suffix, e.g. dc=example,dc=org (required);
                         clashes of names and numbers are searched below it
     bind_dn             the DN the controller binds as (required); it needs read
-                        access below base_dn and add/delete below people_ou
-                        and groups_ou
+                        access below base_dn, add/delete/modify below people_ou
+                        and groups_ou, and add/modify of the uid mark entry
+                        cn=cloud-controller-uid-mark,<base_dn>
     bind_password_file  a file holding the bind password; one trailing newline
                         is stripped (required; keep it mode 0600)
     people_ou           where accounts go, relative to base_dn (default ou=people)
     groups_ou           where private groups go, relative to base_dn (default ou=groups)
     uid_min, uid_max    inclusive range uidNumbers are allocated from
-                        (default 10000 and 60000); keep it apart from the
-                        ranges of local accounts and of other tools writing
-                        to the same directory
+                        (default 10000 and 60000), each number once only;
+                        keep it apart from the ranges of local accounts and
+                        of other tools writing to the same directory
     default_shell       loginShell of new accounts (default /bin/bash)
     tls_ca_file         CA certificates that verify the server (ldaps:// or STARTTLS);
                         without it the system's ldap.conf defaults apply
@@ -36,13 +37,28 @@ Entries written for account NAME with number N:
 naming the account in posixGroups below base_dn, and leaves a group of that
 name alone when there is no account or its gidNumber is not the account's.
 
-Allocation: N is the lowest number of the range used by no entry below base_dn
-as a uidNumber or a gidNumber. Two controllers may pick the same N at once, so
-after adding the account entry its creator searches for every entry holding N;
-if one was written before its own (by entryCSN, else createTimestamp), it
-removes its entry and tries the next number. The earliest writer never yields,
-so exactly one keeps N. An exhausted range raises HostError (the operator must
-widen uid_min/uid_max; nothing the client sends can fix it).
+Allocation: numbers are never reused, so a new account never inherits a
+removed one's files. The entry `cn=cloud-controller-uid-mark,<base_dn>`
+(objectClass applicationProcess + extensibleObject) holds in its uidNumber the
+highest number ever handed out; every controller writing to the directory
+shares it. A creator moves it from M to M+1 with one compare-and-swap modify
+(delete the value M, add M+1: the server applies both or neither, and refuses
+with noSuchAttribute when another creator moved it first, after which the
+creator reads it again), so N = M+1 is its own. The mark is made on first use
+above every number of the range then in use. N is still skipped if some entry
+below base_dn holds it as a uidNumber or gidNumber (written by another tool or
+given by hand). A given uid raises the mark when it is above it. After adding
+the account entry its creator searches for every entry holding N; if one was
+written before its own (by entryCSN, else createTimestamp), it removes its
+entry and takes the next number: the earliest writer never yields. An
+exhausted range raises HostError (the operator must widen uid_min/uid_max;
+nothing the client sends can fix it). The bind DN needs write access to the
+mark entry (and the right to add it once below base_dn).
+
+Locking: `lock_account` sets shadowExpire to 1 (expired since 1970-01-02),
+which pam_ldap/nslcd enforce, and sssd with `ldap_account_expire_policy =
+shadow` (or `access_provider = ldap` with `ldap_access_order = expire`);
+sshd refuses expired accounts too. `unlock_account` removes that value only.
 
 A lost connection (server down, restarted, timed out) is retried once on a
 fresh connection; a second failure raises HostUnavailable. Any other LDAP
@@ -61,8 +77,8 @@ import ldap.filter
 import ldap.modlist
 from ldap.controls import SimplePagedResultsControl
 
-from common.errors import Conflict, HostError, HostUnavailable, InvalidInput
-from host_adapters.directory import Directory, PosixAccount, check_home, check_uid
+from common.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
+from host_adapters.directory import LOCKED_EXPIRE_DAY, Directory, PosixAccount, check_home, check_uid
 from host_adapters.names import check_username
 
 log = logging.getLogger(__name__)
@@ -75,11 +91,18 @@ _PAGE_SIZE = 500
 # Losing the race for a number this many times in a row means something else
 # is wrong (e.g. another tool writes clashing entries without this protocol).
 _MAX_RACES = 20
+# Compare-and-swap attempts on the uid mark before giving up (each loses only
+# to another creator's success, so this bounds a storm, not normal use).
+_MAX_MARK_TRIES = 200
 _MAX_ID = 2**32 - 2  # (2**32 - 1) is (uid_t) -1, "no change" to chown()
 
 _ACCOUNT_CLASSES = [b"top", b"account", b"posixAccount", b"shadowAccount"]
 _GROUP_CLASSES = [b"top", b"posixGroup"]
-_ACCOUNT_ATTRS = ["uid", "uidNumber", "gidNumber", "homeDirectory", "loginShell"]
+_ACCOUNT_ATTRS = ["uid", "uidNumber", "gidNumber", "homeDirectory", "loginShell", "shadowExpire"]
+_MARK_RDN = "cn=cloud-controller-uid-mark"
+_MARK_CLASSES = [b"top", b"applicationProcess", b"extensibleObject"]
+_MARK_DESCRIPTION = (b"uidNumber: the highest uidNumber cloud controllers have handed out below this "
+                     b"entry's parent; it only grows. Never lower it or numbers are reused.")
 
 
 def read_bind_password(path: str) -> str:
@@ -200,6 +223,7 @@ class LdapDirectory(Directory):
         self._bind_password = bind_password
         self._people_dn = f"{people_ou},{base_dn}"
         self._groups_dn = f"{groups_ou},{base_dn}"
+        self._mark_dn = f"{_MARK_RDN},{base_dn}"
         self._uid_min = uid_min
         self._uid_max = uid_max
         self._shell = shell
@@ -235,7 +259,7 @@ class LdapDirectory(Directory):
             if uid is not None:
                 number = self._claim_given(username, home, uid)
             else:
-                number = self._claim_lowest(username, home)
+                number = self._claim_next(username, home)
             group = {"objectClass": _GROUP_CLASSES, "cn": [username.encode()],
                      "gidNumber": [str(number).encode()]}
             try:
@@ -280,6 +304,32 @@ class LdapDirectory(Directory):
                 self._delete(group_dn)
             self._delete(account_dn)
 
+    def lock_account(self, username: str) -> None:
+        check_username(username)
+        with self._lock, self._errors(f"lock of account {username}"):
+            self._modify_existing(username, [(ldap.MOD_REPLACE, "shadowExpire", [str(LOCKED_EXPIRE_DAY).encode()])])
+
+    def unlock_account(self, username: str) -> None:
+        check_username(username)
+        with self._lock, self._errors(f"unlock of account {username}"):
+            # Deleting the value 1 only: an expiry an admin set stays (noSuchAttribute).
+            self._modify_existing(username, [(ldap.MOD_DELETE, "shadowExpire", [str(LOCKED_EXPIRE_DAY).encode()])],
+                                  absent_is_fine=True)
+
+    def _modify_existing(self, username: str, changes: list, *, absent_is_fine: bool = False) -> None:
+        dn = self._account_dn(username)
+
+        def op(conn, attempt):
+            try:
+                conn.modify_s(dn, changes)
+            except ldap.NO_SUCH_OBJECT:
+                raise NotFound(f"no account {username} in the directory") from None
+            except ldap.NO_SUCH_ATTRIBUTE:
+                if not absent_is_fine:
+                    raise
+
+        self._call(f"modify of {dn}", op)
+
     # -- allocation ---------------------------------------------------------
 
     def _refuse_taken_name(self, username: str) -> None:
@@ -293,18 +343,96 @@ class LdapDirectory(Directory):
             raise Conflict(f"uid {uid} is already used in the directory")
         if not self._add_and_keep(username, home, uid):
             raise Conflict(f"uid {uid} was just taken in the directory")
+        if self._uid_min <= uid <= self._uid_max:
+            try:
+                self._raise_mark(uid)
+            except BaseException:
+                self._remove_quietly(self._account_dn(username))
+                raise
         return uid
 
-    def _claim_lowest(self, username: str, home: str) -> int:
-        lost: set[int] = set()
+    def _claim_next(self, username: str, home: str) -> int:
         for _ in range(_MAX_RACES):
-            number = self._lowest_free(lost)
+            number = self._take_next_number()
+            if self._holders(number):
+                log.info("uidNumber %d is held by an entry made without the mark; %s takes the next one",
+                         number, username)
+                continue
             if self._add_and_keep(username, home, number):
                 return number
             log.info("uidNumber %d was taken concurrently; %s tries the next one", number, username)
-            lost.add(number)
         raise HostError(f"could not allocate a uidNumber for {username}: "
-                        f"lost {_MAX_RACES} races for free numbers in a row")
+                        f"{_MAX_RACES} numbers in a row were taken")
+
+    # -- the high-water mark ------------------------------------------------
+
+    def _read_mark(self) -> int:
+        """The mark's value, making the entry (above every number in use) on first use."""
+        attrs = self._read(self._mark_dn, ["uidNumber"])
+        if attrs is None:
+            start = max([self._uid_min - 1, *self._numbers_in_range()])
+            entry = {"objectClass": _MARK_CLASSES, "cn": [_MARK_RDN.split("=", 1)[1].encode()],
+                     "uidNumber": [str(start).encode()], "description": [_MARK_DESCRIPTION]}
+            try:
+                self._add(self._mark_dn, entry)
+            except ldap.ALREADY_EXISTS:
+                pass  # another controller made it first: its value counts
+            attrs = self._read(self._mark_dn, ["uidNumber"])
+        try:
+            return int(_first(attrs or {}, "uidNumber") or "")
+        except ValueError:
+            raise HostError(f"LDAP entry {self._mark_dn} has no numeric uidNumber; set it to the "
+                            "highest uidNumber ever handed out") from None
+
+    def _move_mark(self, old: int, new: int) -> bool:
+        """Compare-and-swap old -> new; False if another writer moved the mark first."""
+        changes = [(ldap.MOD_DELETE, "uidNumber", [str(old).encode()]),
+                   (ldap.MOD_ADD, "uidNumber", [str(new).encode()])]
+
+        def op(conn, attempt):
+            try:
+                conn.modify_s(self._mark_dn, changes)
+                return True
+            except ldap.NO_SUCH_ATTRIBUTE:
+                # Moved by another writer, or by our own first try before the
+                # connection broke: either way `new` may not be ours.
+                return False
+
+        return self._call(f"modify of {self._mark_dn}", op)
+
+    def _take_next_number(self) -> int:
+        for _ in range(_MAX_MARK_TRIES):
+            mark = self._read_mark()
+            number = max(mark, self._uid_min - 1) + 1
+            if number > self._uid_max:
+                raise HostError(f"no uidNumber left in the LDAP range {self._uid_min}-{self._uid_max} "
+                                f"(numbers up to {mark} were handed out and are never reused); "
+                                "widen [directory] uid_min/uid_max")
+            if self._move_mark(mark, number):
+                return number
+        raise HostError(f"the uid mark {self._mark_dn} kept moving under {_MAX_MARK_TRIES} tries")
+
+    def _raise_mark(self, number: int) -> None:
+        for _ in range(_MAX_MARK_TRIES):
+            mark = self._read_mark()
+            if mark >= number or self._move_mark(mark, number):
+                return
+        raise HostError(f"the uid mark {self._mark_dn} kept moving under {_MAX_MARK_TRIES} tries")
+
+    def _numbers_in_range(self) -> list[int]:
+        found = self._search(self._base_dn, ldap.SCOPE_SUBTREE, "(|(uidNumber=*)(gidNumber=*))",
+                             ["uidNumber", "gidNumber"])
+        numbers = []
+        for dn, attrs in found:
+            if _norm_dn(dn) == _norm_dn(self._mark_dn):
+                continue
+            for key, values in attrs.items():
+                if key.lower() in ("uidnumber", "gidnumber"):
+                    for v in values:
+                        with contextlib.suppress(ValueError):
+                            if self._uid_min <= int(v) <= self._uid_max:
+                                numbers.append(int(v))
+        return numbers
 
     def _add_and_keep(self, username: str, home: str, number: int) -> bool:
         """Add the account entry with `number`; False (and no entry) if another entry won the number."""
@@ -318,26 +446,13 @@ class LdapDirectory(Directory):
             self._remove_quietly(self._account_dn(username))
         return not lost
 
-    def _lowest_free(self, lost: set[int]) -> int:
-        used = set(lost)
-        found = self._search(self._base_dn, ldap.SCOPE_SUBTREE, "(|(uidNumber=*)(gidNumber=*))",
-                             ["uidNumber", "gidNumber"])
-        for _, attrs in found:
-            for key, values in attrs.items():
-                if key.lower() in ("uidnumber", "gidnumber"):
-                    for v in values:
-                        with contextlib.suppress(ValueError):
-                            used.add(int(v))
-        for number in range(self._uid_min, self._uid_max + 1):
-            if number not in used:
-                return number
-        raise HostError(f"no free uidNumber left in the LDAP range {self._uid_min}-{self._uid_max}; "
-                        "widen [directory] uid_min/uid_max")
-
     def _holders(self, number: int) -> list[tuple[str, dict]]:
+        """Entries holding number as a uidNumber or gidNumber, the mark entry left out."""
         n = ldap.filter.escape_filter_chars(str(number))
-        return self._search(self._base_dn, ldap.SCOPE_SUBTREE, f"(|(uidNumber={n})(gidNumber={n}))",
-                            ["entryCSN", "createTimestamp"])
+        found = self._search(self._base_dn, ldap.SCOPE_SUBTREE, f"(|(uidNumber={n})(gidNumber={n}))",
+                             ["entryCSN", "createTimestamp"])
+        mark = _norm_dn(self._mark_dn)
+        return [(dn, attrs) for dn, attrs in found if _norm_dn(dn) != mark]
 
     def _lost_race(self, username: str, number: int) -> bool:
         """Whether an entry other than this account's holds `number` and was written first."""
@@ -392,7 +507,8 @@ class LdapDirectory(Directory):
                 username = rdn[1] if rdn[0].lower() == "uid" else (_first(attrs, "uid") or "")
             return PosixAccount(username=username, uid=uid, gid=gid,
                                 home=_first(attrs, "homeDirectory") or "",
-                                shell=_first(attrs, "loginShell") or "")
+                                shell=_first(attrs, "loginShell") or "",
+                                locked=_first(attrs, "shadowExpire") == str(LOCKED_EXPIRE_DAY))
         return None
 
     def _remove_memberships(self, username: str) -> None:

@@ -28,11 +28,12 @@ from host_adapters.hypervisor import (
     Progress,
     check_guest,
     check_id,
-    check_image_source,
     check_positive,
+    check_qcow2_header,
     check_volume_name,
     domain_uuid,
     nic_devices_for,
+    open_image_source,
     reservations_for,
 )
 from host_adapters.volume_io import StreamVolumeIO, VolumeIO
@@ -508,7 +509,8 @@ class LibvirtHypervisor(Hypervisor):
     ) -> str:
         check_id(image_id, "image id")
         check_positive(size_gb=size_gb)
-        upload_size = check_image_source(source, size_gb) if source is not None else None
+        # Opened once: the check and the upload read this descriptor, never the path again.
+        image = open_image_source(source, size_gb) if source is not None else None
         name = self._names.base(image_id)
         began = []  # past the existence check: from here a failure removes the volume by name
 
@@ -517,19 +519,20 @@ class LibvirtHypervisor(Hypervisor):
             if self._volume(pool, name) is not None:
                 raise Conflict(f"base image of image {image_id} already exists")
             began.append(True)
-            if source is None or not self._io.keeps_content:
+            if image is None or not self._io.keeps_content:
                 # Without content streams (the test driver) the checked source stands
                 # in as a blank disk of the image's size.
                 volume = domain_xml.Volume(name=name, capacity_bytes=size_gb * GiB)
                 pool.createXML(volume.to_xml(), 0)
-                if source is not None and progress is not None:
-                    progress(upload_size, upload_size)
+                if image is not None and progress is not None:
+                    progress(image.size, image.size)
                 return
             # Upload writes over the file without truncating it: start from
             # an empty file of the exact size; libvirt probes it as qcow2 after.
-            volume = domain_xml.Volume(name=name, capacity_bytes=upload_size, format="raw")
+            volume = domain_xml.Volume(name=name, capacity_bytes=image.size, format="raw")
             vol = pool.createXML(volume.to_xml(), 0)
-            self._io.upload_file(conn, vol, source, upload_size, progress)
+            self._io.upload_file(conn, vol, image, progress)
+            self._check_stored_base(conn, pool, name, size_gb)
 
         try:
             self._call(f"create base image of image {image_id}", op, retry=False)
@@ -537,7 +540,27 @@ class LibvirtHypervisor(Hypervisor):
             if began:
                 self._undo(err, f"volume {name}", lambda conn: self._remove(conn, volumes=[name]))
             raise
+        finally:
+            if image is not None:
+                image.close()
         return name
+
+    def _check_stored_base(self, conn, pool, name: str, size_gb: int) -> None:
+        """What was stored is what was checked: libvirt sees a qcow2 volume without a backing
+        file, and its own header passes the source check (the source file may have been
+        written to in place while it was uploaded). InvalidInput otherwise (the caller
+        removes the volume)."""
+        # Upload ends with an asynchronous refresh; ours makes libvirt probe the file now.
+        pool.refresh(0)
+        vol = pool.storageVolLookupByName(name)
+        xml = vol.XMLDesc(0)
+        fmt = ET.fromstring(xml).find("target/format")
+        if fmt is None or fmt.get("type") != "qcow2":
+            found = fmt.get("type") if fmt is not None else "unknown"
+            raise InvalidInput(f"the uploaded base image {name} is stored as {found}, not qcow2; removed")
+        if domain_xml.backing_path_of(xml) is not None:
+            raise InvalidInput(f"the uploaded base image {name} refers to a backing file; removed")
+        check_qcow2_header(self._io.read_head(conn, vol, 80), size_gb, f"the uploaded base image {name}")
 
     def _undo(self, err: BaseException, what: str, undo) -> None:
         """Run undo(conn) after a failed create; if that fails too, raise an error naming what is left."""

@@ -618,11 +618,17 @@ class XfsQuota(QuotaBackend):
 # --- user quota (ext4 and others) ------------------------------------------
 
 
+# What a uid gets on the filesystem once its home is removed (SetQuota.remove).
+DENY_KIB = 1
+DENY_INODES = 1
+
+
 class SetQuota(QuotaBackend):
     """Classic user quota set with setquota on `filesystem` (its mount point).
 
     The limit is the uid's over the whole filesystem, so files the user owns
-    elsewhere on it count too.
+    elsewhere on it count too. After `remove` the uid keeps the smallest
+    limits there are (DENY_KIB, DENY_INODES), never "unlimited".
     """
 
     name = "setquota"
@@ -647,8 +653,10 @@ class SetQuota(QuotaBackend):
         check_id("uid", uid)
         make_plain_home(path)
 
-    def _setquota(self, uid: int, hard_kib: int) -> None:
-        subp.run(["setquota", "-u", str(check_id("uid", uid)), "0", str(hard_kib), "0", "0", self.filesystem])
+    def _setquota(self, uid: int, hard_kib: int, hard_inodes: int = 0) -> None:
+        # block-soft block-hard inode-soft inode-hard; 0 means "no limit".
+        subp.run(["setquota", "-u", str(check_id("uid", uid)), "0", str(hard_kib), "0", str(hard_inodes),
+                  self.filesystem])
 
     def set_limit(self, path: str, *, uid: int, size_gb: int) -> None:
         self._setquota(uid, check_size_gb(size_gb) * GIB // KIB)
@@ -668,7 +676,11 @@ class SetQuota(QuotaBackend):
 
     def remove(self, path: str, *, uid: int) -> None:
         remove_tree(path)
-        self._setquota(uid, 0)
+        # Zero would mean "unlimited": the account outlives its volume, and a uid
+        # without a home must not fill the filesystem from elsewhere on it (a
+        # scratch or shared directory). The smallest limits setquota can express
+        # (1 KiB, 1 inode) leave it nothing; a new volume sets its own limit.
+        self._setquota(uid, DENY_KIB, DENY_INODES)
 
 
 BACKENDS = ("none", "btrfs", "xfs", "setquota")

@@ -55,6 +55,13 @@ class GroupEntry:
     members: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ShadowEntry:
+    name: str
+    password: str
+    expire: int | None  # days since 1970-01-01; None when the field is empty
+
+
 def normalize_root(root: "str | os.PathLike[str] | None") -> str | None:
     """None for the host itself, else the absolute path (the commands refuse relative roots)."""
     if root is None:
@@ -127,6 +134,54 @@ def read_group(root: str | None) -> list[GroupEntry]:
         except ValueError:
             raise _malformed(root, "group", number) from None
     return entries
+
+
+def read_shadow(root: str | None) -> list[ShadowEntry]:
+    """etc/shadow's entries (root reads it; a root without the file has none)."""
+    try:
+        lines = _read_lines(root, "shadow")
+    except HostUnavailable:
+        if not os.path.exists(etc_file(root, "shadow")):
+            return []
+        raise
+    entries = []
+    for number, fields in lines:
+        try:
+            if len(fields) != 9:
+                raise ValueError
+            entries.append(ShadowEntry(name=fields[0], password=fields[1],
+                                       expire=int(fields[7]) if fields[7] else None))
+        except ValueError:
+            raise _malformed(root, "shadow", number) from None
+    return entries
+
+
+def find_shadow(root: str | None, name: str) -> ShadowEntry | None:
+    return next((e for e in read_shadow(root) if e.name == name), None)
+
+
+def login_defs(root: str | None) -> dict[str, str]:
+    """The settings of etc/login.defs (what useradd and groupadd read), {} without the file."""
+    path = etc_file(root, "login.defs")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise HostUnavailable(f"cannot read {path}: {e.strerror}") from None
+    settings = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and not fields[0].startswith("#"):
+            settings[fields[0]] = fields[1]
+    return settings
+
+
+def state_file(root: str | None, name: str) -> str:
+    """A file of the controller's own about this system root's accounts (e.g. the uid mark),
+    kept inside that root: /var/lib/cloud-controller/NAME on the host."""
+    return os.path.join(root or HOST_ROOT, "var", "lib", "cloud-controller", name)
 
 
 def find_group(root: str | None, name: str) -> GroupEntry | None:

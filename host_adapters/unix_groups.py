@@ -11,6 +11,7 @@ from common.errors import (
     CommandError,
     Conflict,
     ControllerError,
+    HostError,
     InvalidInput,
     NotFound,
 )
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 # Exit codes of shadow's tools that mean a state conflict rather than a host fault.
 _GROUPADD_NAME_IN_USE = 9
+_GROUPADD_NO_FREE_GID = 4  # without -g: no free number left in GID_MIN..GID_MAX
 _GROUPDEL_NO_SUCH_GROUP = 6
 _GROUPDEL_PRIMARY_GROUP = 8
 
@@ -46,10 +48,11 @@ class UnixGroups:
         raise NotImplementedError
 
     def create(self, name: str, *, members: Iterable[str] = ()) -> None:
-        """Create the group with exactly these members.
+        """Create the group with exactly these members, its number from the adapter's gid range.
 
         Conflict if the group exists; InvalidInput for a bad name or a member
-        that is not an account. All or nothing: on any failure no group remains.
+        that is not an account; HostError when the gid range is used up. All
+        or nothing: on any failure no group remains.
         """
         raise NotImplementedError
 
@@ -106,11 +109,17 @@ class CommandUnixGroups(UnixGroups):
     gpasswd per user and puts back the users already changed if one fails.
     """
 
-    def __init__(self, root: str | None = None):
+    def __init__(self, root: str | None = None, *, gid_range: tuple[int, int] | None = None):
         self.root = sysroot.normalize_root(root)
+        # None: the system root's login.defs decides; else groupadd is told this range,
+        # kept apart from the accounts' private groups (`[groups] gid_min`, `gid_max`).
+        self.gid_range = gid_range
 
     def _groupadd(self, name: str) -> list[str]:
-        return ["groupadd", *sysroot.root_args("-R", self.root), name]
+        limits = []
+        if self.gid_range is not None:
+            limits = ["-K", f"GID_MIN={self.gid_range[0]}", "-K", f"GID_MAX={self.gid_range[1]}"]
+        return ["groupadd", *sysroot.root_args("-R", self.root), *limits, name]
 
     def _groupdel(self, name: str) -> list[str]:
         return ["groupdel", *sysroot.root_args("-R", self.root), name]
@@ -155,6 +164,10 @@ class CommandUnixGroups(UnixGroups):
                 if e.returncode == _GROUPADD_NAME_IN_USE:
                     # Known to NSS (e.g. LDAP) though absent from the group file.
                     raise Conflict(f"group {name} already exists") from None
+                if e.returncode == _GROUPADD_NO_FREE_GID and self.gid_range is not None:
+                    low, high = self.gid_range
+                    raise HostError(f"no free group number left in {low}-{high}; "
+                                    "widen [groups] gid_min/gid_max") from None
                 raise
             if not members:
                 return
@@ -234,10 +247,12 @@ class FakeUnixGroups(UnixGroups):
     method raise it before changing anything.
     """
 
-    def __init__(self, *, directory: FakeDirectory | None = None, users: Iterable[str] = ()):
+    def __init__(self, *, directory: FakeDirectory | None = None, users: Iterable[str] = (),
+                 gid_range: tuple[int, int] = (20000, 29999)):
         self.directory = directory if directory is not None else FakeDirectory()
         self.users = set(users)
         self.fail_on: dict[str, Exception] = {}
+        self.gid_range = gid_range
         self.gids: dict[str, int] = {}  # numbers of groups made here, as groupadd would pick them
 
     @property
@@ -276,7 +291,7 @@ class FakeUnixGroups(UnixGroups):
         account = self.directory.accounts.get(name)
         if account is not None:
             return account.gid
-        return self.gids.setdefault(name, 20000 + len(self.gids))
+        return self.gids.setdefault(name, self.gid_range[0] + len(self.gids))
 
     def create(self, name: str, *, members: Iterable[str] = ()) -> None:
         check_group_name(name)
@@ -285,7 +300,11 @@ class FakeUnixGroups(UnixGroups):
         if name in self.groups:
             raise Conflict(f"group {name} already exists")
         self._require_accounts(members)
+        low, high = self.gid_range
+        if low + len(self.gids) > high:
+            raise HostError(f"no free group number left in {low}-{high}; widen [groups] gid_min/gid_max")
         self.groups[name] = list(members)
+        self.gids.setdefault(name, low + len(self.gids))
 
     def add_members(self, name: str, members: Iterable[str]) -> None:
         check_group_name(name)

@@ -8,7 +8,7 @@ process, which is as long as the test driver keeps its volumes anyway.
 
 import threading
 
-from host_adapters.hypervisor import Progress
+from host_adapters.hypervisor import ImageSource, Progress
 
 
 class VolumeIO:
@@ -25,8 +25,13 @@ class VolumeIO:
         """The volume's content (of its capacity)."""
         raise NotImplementedError
 
-    def upload_file(self, conn, vol, source: str, size: int, progress: Progress | None) -> None:
-        """Write the first `size` bytes of the file at `source`, calling progress(sent, size)."""
+    def upload_file(self, conn, vol, source: ImageSource, progress: Progress | None) -> None:
+        """Write the content of the opened source (its `size` bytes, read from its own
+        descriptor, never from its path), calling progress(sent, size)."""
+        raise NotImplementedError
+
+    def read_head(self, conn, vol, nbytes: int) -> bytes:
+        """The first nbytes of the volume (fewer if it is shorter); b"" where content is not kept."""
         raise NotImplementedError
 
 
@@ -43,19 +48,36 @@ class StreamVolumeIO(VolumeIO):
 
         self._send(conn, vol, len(data), chunk)
 
-    def upload_file(self, conn, vol, source: str, size: int, progress: Progress | None) -> None:
+    def upload_file(self, conn, vol, source: ImageSource, progress: Progress | None) -> None:
+        size = source.size
         sent = 0
-        with open(source, "rb") as f:
 
-            def chunk(_stream, nbytes, _opaque):
-                nonlocal sent
-                data = f.read(min(nbytes, size - sent))
-                sent += len(data)
-                if progress is not None and data:
-                    progress(sent, size)
-                return data
+        def chunk(_stream, nbytes, _opaque):
+            nonlocal sent
+            data = source.read(sent, min(nbytes, size - sent))
+            sent += len(data)
+            if progress is not None and data:
+                progress(sent, size)
+            return data
 
-            self._send(conn, vol, size, chunk)
+        self._send(conn, vol, size, chunk)
+
+    def read_head(self, conn, vol, nbytes: int) -> bytes:
+        import libvirt
+
+        parts: list[bytes] = []
+        stream = conn.newStream(0)
+        try:
+            vol.download(stream, 0, min(nbytes, vol.info()[1]), 0)
+            stream.recvAll(lambda _stream, data, _opaque: parts.append(data) or len(data), None)
+            stream.finish()
+        except BaseException:
+            try:
+                stream.abort()
+            except libvirt.libvirtError:
+                pass
+            raise
+        return b"".join(parts)[:nbytes]
 
     @staticmethod
     def _send(conn, vol, size: int, chunk) -> None:
@@ -113,6 +135,10 @@ class InProcessVolumeIO(VolumeIO):
         with self._lock:
             return self._data.get(vol.path(), b"")
 
-    def upload_file(self, conn, vol, source: str, size: int, progress: Progress | None) -> None:
+    def upload_file(self, conn, vol, source: ImageSource, progress: Progress | None) -> None:
         if progress is not None:
-            progress(size, size)
+            progress(source.size, source.size)
+
+    def read_head(self, conn, vol, nbytes: int) -> bytes:
+        with self._lock:
+            return self._data.get(vol.path(), b"")[:nbytes]

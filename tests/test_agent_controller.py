@@ -399,6 +399,18 @@ def test_image_deactivate_and_activate(sandbox, api):
     assert sandbox.rows("SELECT active FROM images")[0]["active"] == 1
 
 
+def test_image_commands_take_an_upper_case_id(sandbox, api):
+    """UUIDs are case-insensitive: the upper-case spelling names the same image (it used to end
+    in an unmapped error after the row was found, and grant stored the id as typed)."""
+    image = add_image(sandbox, "--private", name="P")
+    out = sandbox.ok("image", "deactivate", image["id"].upper())
+    assert out["id"] == image["id"] and out["active"] is False
+    assert sandbox.rows("SELECT id, active FROM images") == [{"id": image["id"], "active": 0}]
+    assert sandbox.ok("image", "activate", image["id"].upper())["active"] is True
+    sandbox.ok("image", "grant", image["id"].upper(), BOB_EMAIL)
+    assert [r["image_id"] for r in sandbox.rows("SELECT image_id FROM image_access")] == [image["id"]]
+
+
 @pytest.mark.parametrize("command", ["activate", "deactivate"])
 def test_image_activation_of_an_unknown_image(sandbox, command):
     assert "not found" in sandbox.error("image", command, UNKNOWN_UUID)

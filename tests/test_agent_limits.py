@@ -49,7 +49,7 @@ def test_user_limits_sets_overrides_by_email_or_userid(sandbox, bob):
     ([], 2, "give the user's EMAIL or --userid UUID"),
     ([BOB_EMAIL, "--userid", UNKNOWN_UUID], 2, "give the user's EMAIL or --userid UUID"),
     (["nobody@example.org", "--instances", "1"], 1, "no user with email nobody@example.org"),
-    (["--userid", UNKNOWN_UUID], 1, f"user {UNKNOWN_UUID} does not exist"),
+    (["--userid", UNKNOWN_UUID], 1, f"user {UNKNOWN_UUID} not found"),
     ([BOB_EMAIL, "--instances", "-2"], 2, "-2 is not in the range x>=-1"),
     ([BOB_EMAIL, "--vcpus", "many"], 2, "'many' is not a valid integer"),
 ])

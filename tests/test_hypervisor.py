@@ -1,5 +1,6 @@
 import inspect
 import ipaddress
+import os
 import struct
 import uuid
 import xml.etree.ElementTree as ET
@@ -294,6 +295,29 @@ class HypervisorContract:
     def test_create_base_image_from_a_missing_source(self, hv, tmp_path):
         with pytest.raises(InvalidInput, match="cannot read"):
             hv.create_base_image(new_id(), size_gb=1, source=str(tmp_path / "nope"))
+
+    def test_create_base_image_refuses_a_symlink_source(self, hv, tmp_path):
+        """Issue 8, finding 8: the path could be pointed elsewhere between check and upload."""
+        target = tmp_path / "image.qcow2"
+        target.write_bytes(qcow2_header())
+        link = tmp_path / "link.qcow2"
+        link.symlink_to(target)
+        image_id = new_id()
+        with pytest.raises(InvalidInput, match="symbolic link"):
+            hv.create_base_image(image_id, size_gb=1, source=str(link))
+        assert image_id not in hv.list_base_images()
+
+    @pytest.mark.parametrize("special", ["/dev/null", "fifo", "directory"])
+    def test_create_base_image_refuses_what_is_not_a_regular_file(self, hv, tmp_path, special):
+        if special == "fifo":
+            special = str(tmp_path / "fifo")
+            os.mkfifo(special)  # opening it must not wait for a writer
+        elif special == "directory":
+            special = str(tmp_path)
+        image_id = new_id()
+        with pytest.raises(InvalidInput):
+            hv.create_base_image(image_id, size_gb=1, source=special)
+        assert image_id not in hv.list_base_images()
 
     @pytest.mark.parametrize("size_gb", [0, -1, "1", None])
     def test_create_base_image_refuses_a_bad_size(self, hv, size_gb):

@@ -294,12 +294,17 @@ def test_get_account_and_by_uid(directory):
 
 
 @integration
-def test_given_uid_and_lowest_free_number(directory):
+def test_given_uid_raises_the_mark_and_numbers_are_never_reused(directory):
     assert directory.create_account("carol", home="/h/carol", uid=UID_MIN + 1).uid == UID_MIN + 1
-    assert directory.create_account("dave", home="/h/dave").uid == UID_MIN
-    assert directory.create_account("erin", home="/h/erin").uid == UID_MIN + 2
+    assert directory.create_account("dave", home="/h/dave").uid == UID_MIN + 2
+    assert directory.create_account("erin", home="/h/erin").uid == UID_MIN + 3
     directory.delete_account("dave")
-    assert directory.create_account("frank", home="/h/frank").uid == UID_MIN
+    directory.delete_account("erin")
+    # The lowest free number is UID_MIN and the highest used UID_MIN + 1: neither is handed out.
+    assert directory.create_account("frank", home="/h/frank").uid == UID_MIN + 4
+    # An admin may still give a free number below the mark (e.g. an old cluster account's).
+    assert directory.create_account("gina", home="/h/gina", uid=UID_MIN).uid == UID_MIN
+    assert directory.create_account("hank", home="/h/hank").uid == UID_MIN + 5
 
 
 @integration
@@ -335,9 +340,12 @@ def test_exhausted_range_is_a_host_error(ldap_tree):
     d = make(ldap_tree.server, ldap_tree.base_dn, uid_min=UID_MIN, uid_max=UID_MIN + 1)
     d.create_account("alice", home="/home/alice")
     d.create_account("bob", home="/home/bob")
-    with pytest.raises(HostError, match=f"no free uidNumber left in the LDAP range {UID_MIN}-{UID_MIN + 1}"):
+    with pytest.raises(HostError, match=f"no uidNumber left in the LDAP range {UID_MIN}-{UID_MIN + 1}"):
         d.create_account("carol", home="/home/carol")
     assert ldapsearch(ldap_tree.server, ldap_tree.base_dn, "(|(uid=carol)(cn=carol))") == {}
+    d.delete_account("bob")  # its number is not free again
+    with pytest.raises(HostError, match="never reused"):
+        d.create_account("carol", home="/home/carol")
 
 
 @integration
@@ -354,7 +362,8 @@ def test_a_failed_group_add_removes_the_account(directory, monkeypatch):
         directory.create_account("alice", home="/home/alice")
     monkeypatch.undo()
     assert directory.get_account("alice") is None
-    assert directory.create_account("alice", home="/home/alice").uid == UID_MIN
+    # The number the failed create took stays spent: numbers only go up.
+    assert directory.create_account("alice", home="/home/alice").uid == UID_MIN + 1
 
 
 @integration
@@ -370,16 +379,36 @@ def test_delete_leaves_a_group_that_is_not_the_accounts(directory, ldap_tree):
 
 
 @integration
-def test_a_creator_that_lost_the_race_for_a_number_takes_the_next(ldap_tree, monkeypatch, caplog):
+def test_a_number_another_tool_took_after_the_mark_is_skipped(directory, ldap_tree, caplog):
+    caplog.set_level("INFO", logger="host_adapters.ldap_directory")
+    assert directory.create_account("alice", home="/home/alice").uid == UID_MIN
+    server = ldap_tree.server
+    conn = ldap.initialize(server.uri)
+    conn.simple_bind_s(server.bind_dn, server.password)
+    conn.add_s(f"cn=handmade,ou=groups,{ldap_tree.base_dn}",
+               [("objectClass", [b"posixGroup"]), ("cn", [b"handmade"]), ("gidNumber", [str(UID_MIN + 1).encode()])])
+    conn.unbind_s()
+    assert directory.create_account("bob", home="/home/bob").uid == UID_MIN + 2
+    assert f"uidNumber {UID_MIN + 1} is held by an entry made without the mark; bob takes the next one" in caplog.text
+
+
+@integration
+def test_a_creator_whose_add_lost_to_an_earlier_writer_yields(ldap_tree, monkeypatch, caplog):
     caplog.set_level("INFO", logger="host_adapters.ldap_directory")
     first = make(ldap_tree.server, ldap_tree.base_dn)
     second = make(ldap_tree.server, ldap_tree.base_dn)
-    # The second creator scanned before the first one's add became visible.
-    stale = iter([UID_MIN])
-    real_lowest = second._lowest_free
-    monkeypatch.setattr(second, "_lowest_free", lambda lost: next(stale, None) or real_lowest(lost))
     assert first.create_account("alice", home="/home/alice").uid == UID_MIN
-    assert second.create_account("bob", home="/home/bob").uid == UID_MIN + 1
+    # As if the second creator had checked for holders just before alice's entry appeared.
+    real_holders = second._holders
+    calls = []
+
+    def holders(n):
+        calls.append(n)
+        return [] if len(calls) == 1 else real_holders(n)
+
+    monkeypatch.setattr(second, "_holders", holders)
+    monkeypatch.setattr(second, "_take_next_number", iter([UID_MIN, UID_MIN + 5]).__next__)
+    assert second.create_account("bob", home="/home/bob").uid == UID_MIN + 5
     assert first.get_account("alice").uid == UID_MIN
     assert f"uidNumber {UID_MIN} was taken concurrently; bob tries the next one" in caplog.text
 
@@ -403,6 +432,57 @@ def test_concurrent_creators_get_distinct_numbers(ldap_tree):
         t.join(60)
     assert errors == []
     assert sorted(a.uid for a in made) == list(range(UID_MIN, UID_MIN + 16))
+
+
+@integration
+@pytest.mark.real_commands
+def test_lock_sets_shadow_expire_and_unlock_removes_only_its_own(directory, ldap_tree):
+    server, base = ldap_tree.server, ldap_tree.base_dn
+    directory.create_account("alice", home="/home/alice")
+    directory.lock_account("alice")
+    people = ldapsearch(server, base, "(uid=alice)", "shadowExpire")
+    assert people[f"uid=alice,ou=people,{base}"] == {"shadowExpire": ["1"]}
+    directory.unlock_account("alice")
+    assert ldapsearch(server, base, "(uid=alice)", "shadowExpire")[f"uid=alice,ou=people,{base}"] == {}
+    # An expiry an admin set is not the controller's lock: unlock leaves it.
+    conn = ldap.initialize(server.uri)
+    conn.simple_bind_s(server.bind_dn, server.password)
+    conn.modify_s(f"uid=alice,ou=people,{base}", [(ldap.MOD_REPLACE, "shadowExpire", [b"25000"])])
+    conn.unbind_s()
+    assert directory.get_account("alice").locked is False
+    directory.unlock_account("alice")
+    assert ldapsearch(server, base, "(uid=alice)", "shadowExpire")[f"uid=alice,ou=people,{base}"] == {
+        "shadowExpire": ["25000"]}
+    directory.lock_account("alice")
+    assert directory.get_account("alice").locked is True
+
+
+@integration
+@pytest.mark.real_commands
+def test_the_uid_mark_entry(directory, ldap_tree):
+    server, base = ldap_tree.server, ldap_tree.base_dn
+    directory.create_account("alice", home="/home/alice")
+    directory.create_account("bob", home="/home/bob")
+    directory.delete_account("bob")
+    mark = ldapsearch(server, base, "(cn=cloud-controller-uid-mark)", "uidNumber", "objectClass")
+    assert mark == {f"cn=cloud-controller-uid-mark,{base}": {
+        "uidNumber": [str(UID_MIN + 1)], "objectClass": ["top", "applicationProcess", "extensibleObject"]}}
+    # Not an account: NSS looks for posixAccount entries.
+    assert directory.get_account_by_uid(UID_MIN + 1) is None
+
+
+@integration
+def test_the_mark_starts_above_every_number_in_use(directory, ldap_tree):
+    """A directory that had accounts before the mark existed: their numbers and the gaps
+    between them are never handed out."""
+    server = ldap_tree.server
+    conn = ldap.initialize(server.uri)
+    conn.simple_bind_s(server.bind_dn, server.password)
+    for name, number in (("old1", UID_MIN + 3), ("old2", UID_MIN + 7), ("outside", UID_MIN + 500)):
+        conn.add_s(f"cn={name},ou=groups,{ldap_tree.base_dn}",
+                   [("objectClass", [b"posixGroup"]), ("cn", [name.encode()]), ("gidNumber", [str(number).encode()])])
+    conn.unbind_s()
+    assert directory.create_account("alice", home="/home/alice").uid == UID_MIN + 8
 
 
 @integration

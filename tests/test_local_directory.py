@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
+from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput, NotFound
 from host_adapters import subp
 from host_adapters import sysroot as sysroot_mod
 from host_adapters.directory import Directory, FakeDirectory, PosixAccount
@@ -129,6 +129,42 @@ class DirectoryContract:
             directory.get_account(name)
         with pytest.raises(InvalidInput):
             directory.delete_account(name)
+        with pytest.raises(InvalidInput):
+            directory.lock_account(name)
+        with pytest.raises(InvalidInput):
+            directory.unlock_account(name)
+
+    # -- uids are never reused (issue 8, finding 7) --
+    def test_a_removed_accounts_uid_is_never_handed_out_again(self, directory):
+        directory.create_account("alice", home="/home/alice")
+        bob = directory.create_account("bob", home="/home/bob")
+        # bob held the highest uid: allocating "the highest + 1" or "the lowest free" would reuse it.
+        directory.delete_account("bob")
+        carol = directory.create_account("carol", home="/home/carol")
+        assert carol.uid == bob.uid + 1
+        directory.delete_account("alice")
+        directory.delete_account("carol")
+        assert directory.create_account("dave", home="/home/dave").uid == carol.uid + 1
+
+    # -- locking logins (issue 8, finding 9) --
+    def test_lock_and_unlock(self, directory, host_account):
+        alice = directory.create_account("alice", home="/home/alice")
+        assert alice.locked is False
+        directory.lock_account("alice")
+        directory.lock_account("alice")  # already locked: fine
+        locked = directory.get_account("alice")
+        assert locked.locked is True
+        assert (locked.uid, locked.gid, locked.home, locked.shell) == (alice.uid, alice.gid, alice.home, alice.shell)
+        assert directory.get_account_by_uid(alice.uid).locked is True
+        directory.unlock_account("alice")
+        directory.unlock_account("alice")  # not locked: fine
+        assert directory.get_account("alice") == alice
+
+    def test_lock_of_a_missing_account_is_not_found(self, directory):
+        with pytest.raises(NotFound):
+            directory.lock_account("ghost")
+        with pytest.raises(NotFound):
+            directory.unlock_account("ghost")
 
     @pytest.mark.parametrize("home", BAD_HOMES)
     def test_bad_home_refused(self, directory, home, host_account, no_commands):
@@ -229,6 +265,34 @@ class TestLocalDirectory(DirectoryContract):
         directory.create_account("alice", home=str(home))
         assert not home.exists()
 
+    def test_lock_expires_the_account_and_locks_its_password(self, directory, sysroot):
+        directory.create_account("alice", home="/home/alice")
+        subp.run(["usermod", "-R", sysroot, "-p", "$6$salt$hash", "alice"])
+        directory.lock_account("alice")
+        fields = find_line(sysroot, "shadow", "alice")
+        assert fields[1] == "!$6$salt$hash" and fields[7] == "1"
+        directory.unlock_account("alice")
+        fields = find_line(sysroot, "shadow", "alice")
+        assert fields[1] == "$6$salt$hash" and fields[7] == ""
+
+    def test_unlock_leaves_an_expiry_an_admin_set(self, directory, sysroot):
+        directory.create_account("alice", home="/home/alice")
+        subp.run(["usermod", "-R", sysroot, "-e", "2031-01-01", "alice"])
+        expire = find_line(sysroot, "shadow", "alice")[7]
+        assert directory.get_account("alice").locked is False
+        directory.unlock_account("alice")
+        assert find_line(sysroot, "shadow", "alice")[7] == expire
+
+    def test_uid_mark_file_is_kept_in_the_system_root(self, directory, sysroot):
+        directory.create_account("alice", home="/home/alice", uid=12000)
+        mark = os.path.join(sysroot, "var", "lib", "cloud-controller", "uid-mark")
+        with open(mark) as f:
+            assert f.read() == "12000\n"
+        directory.delete_account("alice")
+        assert directory.create_account("bob", home="/home/bob").uid == 12001
+        with open(mark) as f:
+            assert f.read() == "12001\n"
+
     def test_private_group_removed_when_userdel_keeps_it(self, directory, sysroot):
         login_defs = os.path.join(sysroot, "etc", "login.defs")
         with open(login_defs, encoding="utf-8") as f:
@@ -324,12 +388,13 @@ def mode(request, fake_root, monkeypatch):
 
 
 def test_argv_create(mode, fake_root, recorder):
+    """The controller picks the uid itself (-u): above its mark, never reusing one."""
     directory, r = mode
     recorder.effects["useradd"] = pretend_useradd(fake_root)
     account = directory.create_account("alice", home="/home/alice")
     assert account.uid == 10000
     assert recorder.calls == [
-        ["useradd", *r, "-U", "-M", "-d", "/home/alice", "-s", "/bin/bash", "alice"]
+        ["useradd", *r, "-U", "-M", "-d", "/home/alice", "-s", "/bin/bash", "-u", "10000", "alice"]
     ]
 
 
@@ -341,6 +406,68 @@ def test_argv_create_with_uid_and_shell(fake_root, recorder):
         ["useradd", "-R", fake_root, "-U", "-M", "-d", "/h/alice", "-s", "/bin/zsh", "-u", "12345",
          "alice"]
     ]
+
+
+def test_argv_lock_and_unlock(mode, fake_root, recorder):
+    directory, r = mode
+    append_line(fake_root, "passwd", "alice:x:10000:10000::/home/alice:/bin/bash")
+    append_line(fake_root, "shadow", "alice:!:20000::::::")
+    directory.lock_account("alice")
+    assert recorder.calls == [["usermod", *r, "-L", "-e", "1", "alice"]]
+    directory.unlock_account("alice")  # the recorder changed nothing: not locked, nothing to undo
+    assert len(recorder.calls) == 1
+    append_line(fake_root, "passwd", "bob:x:10001:10001::/home/bob:/bin/bash")
+    append_line(fake_root, "shadow", "bob:!:20000:::::1:")
+    directory.lock_account("bob")  # already locked
+    directory.unlock_account("bob")
+    assert recorder.calls[1:] == [["usermod", *r, "-U", "-e", "", "bob"]]
+
+
+def test_usermod_of_a_vanished_account_is_not_found(fake_root, recorder):
+    append_line(fake_root, "passwd", "alice:x:10000:10000::/home/alice:/bin/bash")
+    recorder.codes["usermod"] = 6
+    with pytest.raises(NotFound):
+        LocalDirectory(fake_root).lock_account("alice")
+
+
+def test_argv_create_skips_uids_only_nss_knows(fake_root, recorder):
+    answers = iter([4, 4, 0])
+
+    def useradd():
+        code = next(answers)
+        recorder.codes["useradd"] = code
+        if code == 0:
+            pretend_useradd(fake_root, 10002)()
+
+    recorder.effects["useradd"] = useradd
+    assert LocalDirectory(fake_root).create_account("alice", home="/home/alice").uid == 10002
+    assert [c[-2] for c in recorder.calls] == ["10000", "10001", "10002"]
+
+
+def test_argv_create_goes_above_the_mark_and_the_highest_uid(fake_root, recorder):
+    append_line(fake_root, "passwd", "old:x:10040:10040::/home/old:/bin/bash")
+    os.makedirs(os.path.join(fake_root, "var", "lib", "cloud-controller"))
+    with open(os.path.join(fake_root, "var", "lib", "cloud-controller", "uid-mark"), "w") as f:
+        f.write("10100\n")
+    recorder.effects["useradd"] = pretend_useradd(fake_root, 10101)
+    LocalDirectory(fake_root).create_account("alice", home="/home/alice")
+    assert recorder.calls[0][-3:] == ["-u", "10101", "alice"]
+
+
+def test_a_used_up_range_is_a_host_error(fake_root, no_commands):
+    os.makedirs(os.path.join(fake_root, "var", "lib", "cloud-controller"))
+    with open(os.path.join(fake_root, "var", "lib", "cloud-controller", "uid-mark"), "w") as f:
+        f.write("59999\n")  # UID_MAX of the scratch root
+    with pytest.raises(HostError, match="no uid left above the highest ever given out in 10000-59999"):
+        LocalDirectory(fake_root).create_account("alice", home="/home/alice")
+
+
+def test_a_garbled_mark_is_a_host_error_not_a_guess(fake_root, no_commands):
+    os.makedirs(os.path.join(fake_root, "var", "lib", "cloud-controller"))
+    with open(os.path.join(fake_root, "var", "lib", "cloud-controller", "uid-mark"), "w") as f:
+        f.write("lots\n")
+    with pytest.raises(HostError, match="not a number"):
+        LocalDirectory(fake_root).create_account("alice", home="/home/alice")
 
 
 def test_argv_delete(mode, fake_root, recorder):

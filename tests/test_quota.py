@@ -196,14 +196,22 @@ def test_setquota_set_limit_in_kib(runner):
     ]
 
 
-def test_setquota_remove_deletes_the_tree_and_zeroes_the_limits(runner, tmp_path):
+def test_setquota_remove_deletes_the_tree_and_leaves_the_uid_no_space(runner, tmp_path):
+    """Not 0 0 0 0, which means unlimited: the account outlives its volume (issue 8, finding 11)."""
     backend = q.SetQuota(filesystem="/home")
     home = tmp_path / "alice"
     home.mkdir()
     (home / "f").write_text("x")
     backend.remove(str(home), uid=12345)
     assert not home.exists()
-    assert runner.calls == [["setquota", "-u", "12345", "0", "0", "0", "0", "/home"]]
+    assert runner.calls == [["setquota", "-u", "12345", "0", "1", "0", "1", "/home"]]
+
+
+def test_setquota_a_new_volume_after_a_delete_lifts_the_inode_limit(runner, tmp_path):
+    backend = q.SetQuota(filesystem="/home")
+    backend.remove(str(tmp_path / "gone"), uid=12345)
+    backend.set_limit("/home/alice", uid=12345, size_gb=2)
+    assert runner.calls[-1] == ["setquota", "-u", "12345", "0", "2097152", "0", "0", "/home"]
 
 
 QUOTA_ARGV = ["quota", "-u", "-v", "-w", "-p", "--filesystem=/home", "12345"]

@@ -1,5 +1,6 @@
 """reconcile: drift made on purpose behind the service's back is reported, and --fix repairs it."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -100,6 +101,7 @@ def test_drift_is_reported_then_fixed(service):
     dom.undefine()
     pool = conn.storagePoolLookupByName("default-pool")
     pool.storageVolLookupByName(f"{prefix}disk-{instance['id']}.qcow2").delete(0)
+    pool.storageVolLookupByName(f"{prefix}seed-{instance['id']}.iso").delete(0)
     # A home directory removed.
     shutil.rmtree(ctx.adapters.homes.path("bob"))
     # A group member added by hand.
@@ -141,7 +143,6 @@ def test_state_and_shares_drift(service):
     ctx, instance = service["ctx"], service["instance"]
     hv = ctx.adapters.hypervisor
     hv.power_off(instance["id"])
-    import dataclasses
 
     from controller.instances import guest_spec
 
@@ -254,3 +255,20 @@ def test_a_host_read_that_fails_is_reported_and_the_run_goes_on(service, monkeyp
     assert "check-failed" in kinds_found and "home-missing" in kinds_found
     [failed] = [d for d in drift if d["kind"] == "check-failed"]
     assert "moved" in failed["detail"] and not failed["fixable"]
+
+
+def test_a_home_is_never_chowned_back_across_a_uid_mismatch(service):
+    """Issue 8, finding 7: alice's uid was changed in the account files (and her home with
+    it); the recorded uid may now be anyone's. reconcile --fix reports both and leaves them."""
+    ctx, sysroot = service["ctx"], service["sysroot"]
+    recorded = ctx.store.get_account_by_username("alice")["uid"]
+    run(["usermod", "-R", sysroot, "-u", "23456", "alice"])
+    home = ctx.adapters.homes.path("alice")
+    os.chown(home, 23456, -1)
+    drift = reconcile(ctx, fix=True)
+    found = {d["kind"]: d for d in drift if d["target"] in ("alice", ctx.store.volume_of_user(
+        ctx.store.get_user_by_email("alice@example.org")["id"])["id"])}
+    assert found["account-uid"]["fixed"] is False
+    assert found["home-owner"]["fixable"] is False and found["home-owner"]["fixed"] is False
+    assert f"uid 23456, the record says {recorded}" in found["home-owner"]["detail"]
+    assert os.stat(home).st_uid == 23456
