@@ -357,11 +357,11 @@ def _instances(run: _Run) -> None:
             run.found("network-reservation", row["id"],
                       f"DHCP reservations {[(r.mac, r.address) for r in info.reservations]}, "
                       f"expected {[(r.mac, r.address) for r in reservations_for(guest)]}", update)
+        expected_seed = seeds.render(row["id"], guest)
         if info.seed is None:
             run.found("seed-missing", row["id"], "the instance has no seed disk", update)
-        elif info.seed != seeds.render(row["id"], guest):
-            changed = sorted(k for k in set(info.seed) | set(seeds.render(row["id"], guest))
-                             if info.seed.get(k) != seeds.render(row["id"], guest).get(k))
+        elif info.seed != expected_seed:
+            changed = sorted(k for k in set(info.seed) | set(expected_seed) if info.seed.get(k) != expected_seed.get(k))
             run.found("seed-content", row["id"], f"the seed's {', '.join(changed)} differ from the record", update)
         # A guest keeps the devices it booted with: a user removed from a running
         # guest keeps the home mounted until it is power-cycled, and doing that here

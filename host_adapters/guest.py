@@ -7,6 +7,7 @@ get the same thing.
 """
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -32,8 +33,6 @@ def check_hostname(value: object) -> str:
 
 
 def _check_path(value: object, what: str) -> str:
-    import os
-
     if not isinstance(value, str) or not os.path.isabs(value) or "\0" in value or os.path.normpath(value) != value:
         raise InvalidInput(f"invalid {what} {value!r}: must be a normalized absolute path")
     if any(c in value for c in "\n\r'\"\\ \t$`"):

@@ -7,6 +7,7 @@ process, which is as long as the test driver keeps its volumes anyway.
 """
 
 import threading
+from contextlib import contextmanager
 
 from host_adapters.hypervisor import ImageSource, Progress
 
@@ -63,55 +64,41 @@ class StreamVolumeIO(VolumeIO):
         self._send(conn, vol, size, chunk)
 
     def read_head(self, conn, vol, nbytes: int) -> bytes:
-        import libvirt
+        return self._receive(conn, vol, min(nbytes, vol.info()[1]))
 
-        parts: list[bytes] = []
-        stream = conn.newStream(0)
-        try:
-            vol.download(stream, 0, min(nbytes, vol.info()[1]), 0)
-            stream.recvAll(lambda _stream, data, _opaque: parts.append(data) or len(data), None)
-            stream.finish()
-        except BaseException:
-            try:
-                stream.abort()
-            except libvirt.libvirtError:
-                pass
-            raise
-        return b"".join(parts)[:nbytes]
+    def read(self, conn, vol) -> bytes:
+        return self._receive(conn, vol, vol.info()[1])
 
     @staticmethod
     def _send(conn, vol, size: int, chunk) -> None:
-        import libvirt
-
-        stream = conn.newStream(0)
-        try:
+        with _stream(conn) as stream:
             vol.upload(stream, 0, size, 0)
             stream.sendAll(chunk, None)
-            stream.finish()
-        except BaseException:
-            try:
-                stream.abort()
-            except libvirt.libvirtError:
-                pass
-            raise
 
-    def read(self, conn, vol) -> bytes:
-        import libvirt
-
-        size = vol.info()[1]
+    @staticmethod
+    def _receive(conn, vol, length: int) -> bytes:
         parts: list[bytes] = []
-        stream = conn.newStream(0)
-        try:
-            vol.download(stream, 0, size, 0)
+        with _stream(conn) as stream:
+            vol.download(stream, 0, length, 0)
             stream.recvAll(lambda _stream, data, _opaque: parts.append(data) or len(data), None)
-            stream.finish()
-        except BaseException:
-            try:
-                stream.abort()
-            except libvirt.libvirtError:
-                pass
-            raise
-        return b"".join(parts)
+        return b"".join(parts)[:length]
+
+
+@contextmanager
+def _stream(conn):
+    """A libvirt stream, finished when the block ends and aborted when it fails."""
+    import libvirt
+
+    stream = conn.newStream(0)
+    try:
+        yield stream
+        stream.finish()
+    except BaseException:
+        try:
+            stream.abort()
+        except libvirt.libvirtError:
+            pass
+        raise
 
 
 class InProcessVolumeIO(VolumeIO):
