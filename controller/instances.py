@@ -45,6 +45,24 @@ def _refresh_status(ctx: Context, row: dict) -> dict:
     return row
 
 
+def _refresh_statuses(ctx: Context, rows: list[dict]) -> list[dict]:
+    """_refresh_status for a list: one call to the host for all rows, one write for the changes."""
+    if not rows:
+        return rows
+    try:
+        current = ctx.adapters.hypervisor.statuses()
+    except HostError:
+        return rows
+    changed = {}
+    for row in rows:
+        status = current.get(row["id"], "error")
+        if status != row["status"]:
+            changed[row["id"]] = row["status"] = status
+    if changed:
+        ctx.store.set_instance_statuses(changed)
+    return rows
+
+
 def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
     scope = perms.visible_to(requester)
     return find_or_404("server-instance", instance_id,
@@ -62,7 +80,7 @@ def list_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | No
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
     rows = ctx.store.list_instances(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)
-    return [instance_object(_refresh_status(ctx, r)) for r in rows]
+    return [instance_object(r) for r in _refresh_statuses(ctx, rows)]
 
 
 def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:

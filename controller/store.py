@@ -551,6 +551,11 @@ class Store:
         with self.write() as conn:
             conn.execute("UPDATE instances SET status = ? WHERE id = ?", (status, instance_id))
 
+    def set_instance_statuses(self, statuses: dict[str, str]) -> None:
+        with self.write() as conn:
+            conn.executemany("UPDATE instances SET status = ? WHERE id = ?",
+                             [(status, instance_id) for instance_id, status in statuses.items()])
+
     def delete_instance(self, instance_id: str) -> None:
         with self.write() as conn:
             conn.execute("DELETE FROM instances WHERE id = ?", (instance_id,))

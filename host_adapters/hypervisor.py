@@ -14,6 +14,7 @@ import stat
 import struct
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -189,6 +190,12 @@ class Hypervisor:
 
     def status(self, instance_id: str) -> str:
         """One of STATUSES. An instance without a domain is "error" (the host lost it)."""
+        raise NotImplementedError
+
+    def statuses(self) -> dict[str, str]:
+        """The status of every instance with a domain on this host, in one call to the
+        host whatever their number (lists use it; one status() per row would cost a
+        round trip each). An instance missing from it has no domain: "error"."""
         raise NotImplementedError
 
     def set_guest(self, instance_id: str, guest: GuestSpec) -> None:
@@ -442,9 +449,17 @@ class FakeHypervisor(Hypervisor):
         self.networks: dict[str, dict[str, Reservation]] = {network: {}}
         self.fail_on: dict[str, Exception] = {}
         self.capacity = HostCapacity(vcpus=64, memory_mb=256 * 1024)
+        # How often each step ran: tests count the calls a request makes to the host.
+        self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
 
+    @property
+    def host_calls(self) -> int:
+        """Calls of the Hypervisor interface so far (spawn's inner steps are not calls)."""
+        return sum(n for name, n in self.calls.items() if hasattr(Hypervisor, name))
+
     def _step(self, name: str) -> None:
+        self.calls[name] += 1
         err = self.fail_on.get(name)
         if err is not None:
             raise err
@@ -611,6 +626,11 @@ class FakeHypervisor(Hypervisor):
         self._step("status")
         inst = self.instances.get(instance_id)
         return "error" if inst is None else inst.status
+
+    def statuses(self) -> dict[str, str]:
+        self._step("statuses")
+        with self._lock:
+            return {i: inst.status for i, inst in self.instances.items()}
 
     def set_guest(self, instance_id: str, guest: GuestSpec) -> None:
         check_id(instance_id, "instance id")

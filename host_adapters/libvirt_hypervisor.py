@@ -801,6 +801,20 @@ class LibvirtHypervisor(Hypervisor):
 
         return self._call(f"status of instance {instance_id}", op)
 
+    def statuses(self) -> dict[str, str]:
+        def op(conn):
+            lv = _libvirt()
+            # One RPC for every domain's state; the name travels with each domain object.
+            found = {}
+            for dom, stats in conn.getAllDomainStats(lv.VIR_DOMAIN_STATS_STATE):
+                instance_id = self._names.instance_of_domain(dom.name())
+                if instance_id:
+                    found[instance_id] = status_of(stats.get("state.state", lv.VIR_DOMAIN_NOSTATE),
+                                                   stats.get("state.reason", 0))
+            return found
+
+        return self._call("statuses of instances", op)
+
     def set_guest(self, instance_id: str, guest: GuestSpec) -> None:
         check_id(instance_id, "instance id")
         check_guest(guest)

@@ -283,6 +283,31 @@ def test_instance_visibility(client, people, catalog):
     err(client.simulate_get(f"/v1/server-instance/{NOT_A_UUID}", headers=people["owner"].headers), 404)
 
 
+def test_reads_make_one_hypervisor_call_whatever_the_row_count(client, cctx, adapters, people, catalog):
+    owner, hv = people["owner"], adapters.hypervisor
+    give_volume(client, owner)
+    ids = [ok(boot(client, owner, catalog), 201)[0]["id"] for _ in range(5)]
+    hv.instances[ids[0]].status = "shutoff"  # changed behind the controller's back
+    del hv.instances[ids[1]]  # lost by the host
+    for path, rows in (("/v1/server-instance", 5), (f"/v1/server-instance/{ids[2]}", 1)):
+        before = hv.host_calls
+        assert len(ok(client.simulate_get(path, headers=owner.headers))) == rows
+        assert hv.host_calls - before == 1, hv.calls
+    listed = {i["id"]: i["status"] for i in ok(client.simulate_get("/v1/server-instance", headers=owner.headers))}
+    assert listed[ids[0]] == "shutoff" and listed[ids[1]] == "error" and listed[ids[4]] == "running"
+    stored = {r["id"]: r["status"] for r in cctx.store.all_instances()}
+    assert stored[ids[0]] == "shutoff" and stored[ids[1]] == "error"
+
+
+def test_a_list_answers_from_the_record_when_the_host_cannot(client, cctx, adapters, people, catalog):
+    owner = people["owner"]
+    give_volume(client, owner)
+    [inst] = ok(boot(client, owner, catalog), 201)
+    adapters.hypervisor.fail_on["statuses"] = HostError("host down")
+    [listed] = ok(client.simulate_get("/v1/server-instance", headers=owner.headers))
+    assert listed["id"] == inst["id"]
+
+
 def put_task(client, caller, instance_id, task):
     return client.simulate_put(f"/v1/server-instance/{instance_id}", headers=caller.headers, json={"task": task})
 

@@ -106,6 +106,17 @@ class HypervisorContract:
         assert capacity.vcpus >= 1 and capacity.memory_mb >= 1
         assert hv.host_capacity() == capacity
 
+    def test_statuses_gives_every_instance_of_the_host_in_one_call(self, hv, base_image):
+        running, stopped, gone = (self.spawn(hv, base_image) for _ in range(3))
+        hv.power_off(stopped)
+        hv.destroy(gone)
+        found = hv.statuses()
+        assert found[running] == "running" and found[stopped] == "shutoff"
+        assert gone not in found
+        # Only this host's instances: every key is an instance id the host's names map back.
+        assert set(found) <= set(hv.list_instances())
+        assert all(hv.status(i) == s for i, s in found.items())
+
     def test_spawn_runs_the_instance_with_its_shares_and_disk(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image, shares)
         assert hv.status(instance_id) == "running"
