@@ -769,6 +769,10 @@ class Store:
         instances, vcpus, memory_mb = conn.execute(sql, params).fetchone()
         return {"instances": instances, "vcpus": vcpus, "memory_mb": memory_mb}
 
+    def instance_usage(self) -> dict[str, int]:
+        """Live instances of every user, and the sums of their flavors' vcpu and memory."""
+        return self._instance_usage(self.conn)
+
     def usage_of(self, user_id: str) -> dict[str, int]:
         """What a user holds, per limit kind."""
         conn = self.conn
@@ -811,3 +815,45 @@ class Store:
             total += deleted
             if deleted < batch:
                 return total
+
+    # -- bulk load (controller/scale_load.py) ----------------------------------------
+    def insert_loaded(self, *, users: list[dict], accounts: list[dict], volumes: list[dict], groups: list[dict],
+                      members: list[tuple[str, str, int]], instances: list[dict],
+                      instance_users: list[tuple[str, str]]) -> None:
+        """The rows of a bulk load, in one transaction: all of them or none. The caller made
+        them valid; the schema's UNIQUE and foreign keys still refuse a clash (IntegrityError)."""
+        with self.write() as conn:
+            conn.executemany(
+                """INSERT INTO users (id, email, name, password_hash, active, owner_userid, roles,
+                   registration_source, api_key, api_secret_enc, created_at_utc)
+                   VALUES (:id, :email, :name, :password_hash, :active, :owner_userid, :roles,
+                   :registration_source, :api_key, :api_secret_enc, :created_at_utc)""",
+                [dict(u, roles=json.dumps(sorted(u["roles"]))) for u in users])
+            conn.executemany(
+                """INSERT INTO system_accounts (user_id, username, uuid, uid, gid, home, cloud_controller_id,
+                   created_at_utc) VALUES (:user_id, :username, :uuid, :uid, :gid, :home, :cloud_controller_id,
+                   :created_at_utc)""", accounts)
+            conn.executemany(
+                """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state)
+                   VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date, 'ready')""",
+                volumes)
+            conn.executemany(
+                """INSERT INTO groups (id, owner_id, name, creation_date, state)
+                   VALUES (:id, :owner_id, :name, :creation_date, 'ready')""", groups)
+            conn.executemany("INSERT INTO group_members (group_id, username, position) VALUES (?, ?, ?)", members)
+            conn.executemany(
+                """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
+                   private_ip, mac, public_mac, creation_date, intent) VALUES (:id, :owner_id, :image_id,
+                   :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
+                   NULL)""", instances)
+            conn.executemany("INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)", instance_users)
+
+    def used_addresses(self) -> dict[str, set[str]]:
+        """What live instances use (keys private_ip, public_ip, mac, hostname), as allocate() takes it."""
+        used: dict[str, set[str]] = {"private_ip": set(), "public_ip": set(), "mac": set(), "hostname": set()}
+        for r in self.conn.execute("SELECT private_ip, public_ip, mac, public_mac, hostname FROM instances"):
+            for key, value in (("private_ip", r[0]), ("public_ip", r[1]), ("mac", r[2]), ("mac", r[3]),
+                               ("hostname", r[4])):
+                if value is not None:
+                    used[key].add(value)
+        return used

@@ -99,11 +99,42 @@ def _read_lines(root: str | None, name: str) -> list[tuple[int, list[str]]]:
     return rows
 
 
+# Parsed account files, keyed by path and reused while the file is the same one:
+# the shadow tools and write_entries replace a file by renaming a new one over it
+# (a new inode), so (inode, size, mtime) changes with every change. Reconcile and
+# guest specs look up thousands of names; parsing 10,000 lines for each look-up
+# made a sandbox start with 10,000 accounts take minutes.
+_parsed: dict[str, tuple[tuple, list, dict]] = {}
+_parsed_guard = threading.Lock()
+
+
+def _cached(root: str | None, name: str, parse) -> tuple[list, dict]:
+    """(entries, entries by name) of an account file, parsed again only when it changed."""
+    path = etc_file(root, name)
+    try:
+        st = os.stat(path)
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        identity = None
+    with _parsed_guard:
+        hit = _parsed.get(path)
+    if hit is not None and identity is not None and hit[0] == identity:
+        return hit[1], hit[2]
+    entries = parse()
+    by_name = {}
+    for e in entries:
+        by_name.setdefault(e.name, e)  # the first line wins, as for getpwnam
+    if identity is not None:
+        with _parsed_guard:
+            _parsed[path] = (identity, entries, by_name)
+    return entries, by_name
+
+
 def _malformed(root: str | None, name: str, number: int) -> HostError:
     return HostError(f"malformed line {number} in {etc_file(root, name)}")
 
 
-def read_passwd(root: str | None) -> list[PasswdEntry]:
+def _parse_passwd(root: str | None) -> list[PasswdEntry]:
     entries = []
     for number, fields in _read_lines(root, "passwd"):
         try:
@@ -123,7 +154,7 @@ def read_passwd(root: str | None) -> list[PasswdEntry]:
     return entries
 
 
-def read_group(root: str | None) -> list[GroupEntry]:
+def _parse_group(root: str | None) -> list[GroupEntry]:
     entries = []
     for number, fields in _read_lines(root, "group"):
         try:
@@ -136,8 +167,7 @@ def read_group(root: str | None) -> list[GroupEntry]:
     return entries
 
 
-def read_shadow(root: str | None) -> list[ShadowEntry]:
-    """etc/shadow's entries (root reads it; a root without the file has none)."""
+def _parse_shadow(root: str | None) -> list[ShadowEntry]:
     try:
         lines = _read_lines(root, "shadow")
     except HostUnavailable:
@@ -156,8 +186,21 @@ def read_shadow(root: str | None) -> list[ShadowEntry]:
     return entries
 
 
+def read_passwd(root: str | None) -> list[PasswdEntry]:
+    return list(_cached(root, "passwd", lambda: _parse_passwd(root))[0])
+
+
+def read_group(root: str | None) -> list[GroupEntry]:
+    return list(_cached(root, "group", lambda: _parse_group(root))[0])
+
+
+def read_shadow(root: str | None) -> list[ShadowEntry]:
+    """etc/shadow's entries (root reads it; a root without the file has none)."""
+    return list(_cached(root, "shadow", lambda: _parse_shadow(root))[0])
+
+
 def find_shadow(root: str | None, name: str) -> ShadowEntry | None:
-    return next((e for e in read_shadow(root) if e.name == name), None)
+    return _cached(root, "shadow", lambda: _parse_shadow(root))[1].get(name)
 
 
 def login_defs(root: str | None) -> dict[str, str]:
@@ -185,11 +228,11 @@ def state_file(root: str | None, name: str) -> str:
 
 
 def find_group(root: str | None, name: str) -> GroupEntry | None:
-    return next((g for g in read_group(root) if g.name == name), None)
+    return _cached(root, "group", lambda: _parse_group(root))[1].get(name)
 
 
 def find_user(root: str | None, name: str) -> PasswdEntry | None:
-    return next((u for u in read_passwd(root) if u.name == name), None)
+    return _cached(root, "passwd", lambda: _parse_passwd(root))[1].get(name)
 
 
 def unknown_users(root: str | None, names: list[str]) -> list[str]:
@@ -253,3 +296,77 @@ def make_sysroot(path: "str | os.PathLike[str]") -> str:
             os.fchmod(f.fileno(), mode)  # the umask may have narrowed it
             f.write(content)
     return root
+
+
+# -- bulk writes (loading a sandbox at cluster scale) ----------------------------------
+# Lines as useradd -U -M and groupadd + gpasswd -M write them (Debian 12's shadow
+# tools): no password ("!"), the last change day, no ageing fields.
+def passwd_line(name: str, uid: int, gid: int, home: str, shell: str) -> str:
+    return f"{name}:x:{uid}:{gid}::{home}:{shell}"
+
+
+def group_line(name: str, gid: int, members: tuple[str, ...] = ()) -> str:
+    return f"{name}:x:{gid}:{','.join(members)}"
+
+
+def shadow_line(name: str, last_change_day: int) -> str:
+    return f"{name}:!:{last_change_day}::::::"
+
+
+def gshadow_line(name: str, members: tuple[str, ...] = ()) -> str:
+    return f"{name}:!::{','.join(members)}"
+
+
+def append_entries(root: str, lines: dict[str, list[str]]) -> None:
+    """Append lines to account files of a scratch system root (`lines`: file name, e.g.
+    "passwd", -> lines without newline), each file replaced whole by a rename.
+
+    For loading thousands of accounts and groups at once, where one useradd or
+    groupadd each would take minutes. Only inside a scratch root: on the host, the
+    tools (and nscd, and auditing) must see every change. The caller checks names
+    and numbers; this refuses a name already in the file, and holds the lock the
+    shadow tools take (lckpwdf: a write lock on etc/.pwd.lock), so a useradd in
+    another process waits instead of losing lines.
+    """
+    if root is None:
+        raise HostError("bulk account writes are only for a scratch system root ([unix] root)")
+    import fcntl
+
+    etc = os.path.join(root, "etc")
+    with lock(root):
+        fd = os.open(os.path.join(etc, ".pwd.lock"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            # All files checked before any is written: a clash leaves every file unchanged.
+            staged = []
+            for name, new in lines.items():
+                if not new:
+                    continue
+                path = os.path.join(etc, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                have = {line.split(":", 1)[0] for line in text.splitlines() if line and line[0] not in "#+-"}
+                names = [line.split(":", 1)[0] for line in new]
+                clash = have & set(names)
+                if clash:
+                    raise HostError(f"{path} already has {sorted(clash)[0]}")
+                if len(set(names)) != len(names):
+                    raise HostError(f"the lines for {path} name an entry twice")
+                if text and not text.endswith("\n"):
+                    text += "\n"
+                staged.append((path, text + "\n".join(new) + "\n", os.stat(path)))
+            for path, text, st in staged:
+                tmp = f"{path}+"
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                              st.st_mode & 0o777)
+                with os.fdopen(out, "w", encoding="utf-8") as f:
+                    os.fchmod(f.fileno(), st.st_mode & 0o777)
+                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+        except OSError as e:
+            raise HostError(f"cannot write the account files of {root}: {e.strerror}") from None
+        finally:
+            os.close(fd)
