@@ -80,7 +80,10 @@ def reconcile(
         if hypervisor:
             _network(run)
             _base_images(run)
-            _instances(run)
+            # Domains rebuilt together (a sandbox's start makes every one): the adapter
+            # may group what costs more one at a time (DHCP reservations).
+            with ctx.adapters.hypervisor.batch():
+                _instances(run)
     return [d.as_dict() for d in run.drift]
 
 
