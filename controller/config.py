@@ -49,6 +49,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "virt_type": "kvm",
         # host-passthrough, host-model, or a named CPU model (e.g. qemu64).
         "cpu_mode": "host-passthrough",
+        # Lists answer statuses from a snapshot of every domain's state at most this old.
+        "status_max_age_seconds": "2",
     },
     "network": {
         # The libvirt network of every instance's private NIC; `cloud-agent init`
@@ -174,6 +176,12 @@ class Config:
         for key in ("retention_days", "anonymous_interval_seconds"):
             if self.get_int("audit", key) < 0:
                 raise InvalidInput(f"config [audit] {key} must be 0 or more")
+        try:
+            if not float(self.get("libvirt", "status_max_age_seconds")) >= 0:
+                raise ValueError
+        except ValueError:
+            raise InvalidInput("config [libvirt] status_max_age_seconds must be a number of seconds, 0 or more") \
+                from None
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
         self._validate_groups()

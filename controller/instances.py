@@ -1,6 +1,7 @@
 """Server-instances: VMs built from an image and a flavor, with the homes of their users mounted."""
 
 import logging
+from collections.abc import Iterator
 
 from controller import limits
 from controller import permissions as perms
@@ -45,24 +46,6 @@ def _refresh_status(ctx: Context, row: dict) -> dict:
     return row
 
 
-def _refresh_statuses(ctx: Context, rows: list[dict]) -> list[dict]:
-    """_refresh_status for a list: one call to the host for all rows, one write for the changes."""
-    if not rows:
-        return rows
-    try:
-        current = ctx.adapters.hypervisor.statuses()
-    except HostError:
-        return rows
-    changed = {}
-    for row in rows:
-        status = current.get(row["id"], "error")
-        if status != row["status"]:
-            changed[row["id"]] = row["status"] = status
-    if changed:
-        ctx.store.set_instance_statuses(changed)
-    return rows
-
-
 def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
     scope = perms.visible_to(requester)
     return find_or_404("server-instance", instance_id,
@@ -75,12 +58,43 @@ def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
 
 
 def list_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
+    return list(iter_instances(ctx, requester, cloudauth_id=cloudauth_id))
+
+
+def iter_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> Iterator[dict]:
+    """The instances the requester sees, as objects, one at a time from a store cursor (a
+    superuser's list of 10,000 is never held whole, in rows or in objects).
+
+    One call to the host for all statuses (made at the first row; none for an empty list);
+    the host's view wins (a host that cannot answer leaves the stored ones), and changed
+    statuses are written in one statement after the last row. Consume it in the calling
+    thread."""
     if cloudauth_id is not None:
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
-    rows = ctx.store.list_instances(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)
-    return [instance_object(r) for r in _refresh_statuses(ctx, rows)]
+    rows = ctx.store.iter_instances(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)
+
+    def objects() -> Iterator[dict]:
+        current, changed = None, {}
+        for row in rows:
+            if current is None:
+                try:
+                    current = ctx.adapters.hypervisor.statuses()
+                except HostError:
+                    current = {}
+                    host_answered = False
+                else:
+                    host_answered = True
+            if host_answered:
+                status = current.get(row["id"], "error")
+                if status != row["status"]:
+                    changed[row["id"]] = row["status"] = status
+            yield instance_object(row)
+        if changed:
+            ctx.store.set_instance_statuses(changed)
+
+    return objects()
 
 
 def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:

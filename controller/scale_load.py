@@ -41,6 +41,7 @@ from controller.groups import check_new_group_name
 from controller.rules import new_id
 from controller.security import new_api_key, new_api_secret
 from controller.store import utc_now
+from host_adapters import local_directory, unix_groups
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ def load(ctx: Context, shape: Shape = Shape(), *, progress=lambda _msg: None) ->
     (an owner, a managed user, a plain user with an instance and one without)."""
     if not ctx.config.is_sandbox:
         raise InvalidInput("bulk loading is only for a sandbox ([controller] profile = sandbox)")
+    if not (isinstance(ctx.adapters.directory, local_directory.LocalDirectory)
+            and isinstance(ctx.adapters.groups, unix_groups.CommandUnixGroups)):
+        raise InvalidInput("bulk loading needs the local directory and UNIX groups of a scratch system root")
     shape.check()
     adapters, store, config = ctx.adapters, ctx.store, ctx.config
     now = utc_now()
@@ -113,7 +117,8 @@ def load(ctx: Context, shape: Shape = Shape(), *, progress=lambda _msg: None) ->
     progress("system accounts")
     usernames = [f"{kind[0]}{i:05d}{tag}" for i, kind in enumerate(kinds)]
     home_root = config.get("volumes", "home_root")
-    posix = adapters.directory.create_accounts([(name, adapters.homes.path(name)) for name in usernames])
+    posix = local_directory.create_accounts(adapters.directory, [(name, adapters.homes.path(name))
+                                                                 for name in usernames])
     made_accounts = [p.username for p in posix]
     accounts = [{"user_id": u["id"], "username": p.username, "uuid": new_id(), "uid": p.uid, "gid": p.gid,
                  "home": p.home, "cloud_controller_id": config.controller_id, "created_at_utc": now}
@@ -152,7 +157,7 @@ def load(ctx: Context, shape: Shape = Shape(), *, progress=lambda _msg: None) ->
             limits.admit_count(config, "groups", overrides=store.limit_overrides(owner_id),
                                owned=owned_groups[owner_id])
             owned_groups[owner_id] += 1
-        adapters.groups.create_many(specs)
+        unix_groups.create_many(adapters.groups, specs)
         made_groups = [name for name, _ in specs]
 
         progress("instances")

@@ -377,7 +377,12 @@ class Store:
         """A WHERE clause: owner_id visible to visible_to (None: all), and column = value for each
         filter that is not None."""
         clauses, params = ["1"], []
-        if visible_to is not None:
+        if visible_to is not None and equal.get("id") is not None:
+            # One row by id: only that row's owner is tested (10 us). The form below made
+            # SQLite build the list of users first: 1.3 ms with 10,000 users.
+            clauses.append("(owner_id = ? OR owner_id IN (SELECT id FROM users WHERE owner_userid = ?))")
+            params += [visible_to, visible_to]
+        elif visible_to is not None:
             clauses.append("owner_id IN (SELECT id FROM users WHERE id = ? OR owner_userid = ?)")
             params += [visible_to, visible_to]
         for column, value in equal.items():
@@ -526,6 +531,29 @@ class Store:
         for r in rows:
             r["users"] = users.get(r["id"], [])
         return rows
+
+    def iter_instances(self, *, visible_to: str | None, owner_id: str | None = None) -> Iterator[dict]:
+        """list_instances (without intents) as a stream over one cursor, so a list of 10,000
+        rows is never held whole; each row carries `users`. The query runs before the first
+        row is asked for; consume the rows in the thread that called this."""
+        where, params = self._where(visible_to, owner_id=owner_id)
+        # Users in the order they were granted (rowid), as instance_users() gives them.
+        cur = self.conn.execute(
+            f"""SELECT id, owner_id, image_id, flavor_id, status, hostname, public_ip, private_ip, creation_date,
+                (SELECT group_concat(account_uuid) FROM (SELECT account_uuid FROM instance_users
+                 WHERE instance_id = instances.id ORDER BY rowid)) AS users
+                FROM instances WHERE {where} AND intent IS NULL ORDER BY creation_date, id""", params)
+
+        def rows() -> Iterator[dict]:
+            try:
+                for r in cur:
+                    yield {"id": r[0], "owner_id": r[1], "image_id": r[2], "flavor_id": r[3], "status": r[4],
+                           "hostname": r[5], "public_ip": r[6], "private_ip": r[7], "creation_date": r[8],
+                           "users": r[9].split(",") if r[9] else []}
+            finally:
+                cur.close()
+
+        return rows()
 
     def instance_users(self, instance_ids: list[str]) -> dict[str, list[str]]:
         if not instance_ids:

@@ -74,6 +74,8 @@ def build_hypervisor(config: "Config") -> Hypervisor:
         cpu_mode=config.get("libvirt", "cpu_mode"),
         volume_io=InProcessVolumeIO() if test_driver else StreamVolumeIO(),
         stand_in_base_images=test_driver,
+        status_max_age=float(config.get("libvirt", "status_max_age_seconds")),
+        lean_definitions=test_driver,
     )
 
 
