@@ -129,8 +129,9 @@ def test_streamed_envelope_is_the_controller_envelope(count):
 # -- hypervisor calls per request (fake) -------------------------------------------------------
 def test_a_list_makes_one_hypervisor_call_whatever_its_length(client, cctx, adapters, people, catalog):
     owner, managed, admin, hv = people["owner"], people["managed"], people["admin"], adapters.hypervisor
+    before = hv.host_calls
     assert ok(client.simulate_get("/v1/server-instance", headers=admin.headers)) == []
-    assert hv.host_calls == 0  # an empty list asks the host nothing
+    assert hv.host_calls == before  # an empty list asks the host nothing
     give_volume(client, owner)
     give_volume(client, managed)
     for caller, count in ((owner, 7), (managed, 5)):
