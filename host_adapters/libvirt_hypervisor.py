@@ -14,8 +14,7 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
-from types import MappingProxyType
+from collections.abc import Iterable
 
 from common.errors import Conflict, ControllerError, HostError, HostUnavailable, InvalidInput, NotFound
 from host_adapters import domain_xml
@@ -214,7 +213,7 @@ class LibvirtHypervisor(Hypervisor):
         # statuses() answers from a snapshot at most status_max_age seconds old (0: none).
         self._status_max_age = status_max_age
         self._lean = lean_definitions
-        self._snapshot: tuple[float, Mapping[str, str]] | None = None
+        self._snapshot: tuple[float, dict[str, str]] | None = None  # shared: read only
         self._snapshot_lock = threading.Lock()
         self._generation = 0
         self._batch_lock = threading.Lock()
@@ -895,7 +894,7 @@ class LibvirtHypervisor(Hypervisor):
 
         return self._call(f"status of instance {instance_id}", op)
 
-    def statuses(self) -> Mapping[str, str]:
+    def statuses(self) -> dict[str, str]:
         # getAllDomainStats is one call, but it makes a Python object per domain: with
         # 10,000 domains each list took 100+ ms whatever its length (py-spy: 94 % of a
         # plain user's list). A snapshot serves the lists of the next status_max_age
@@ -915,7 +914,7 @@ class LibvirtHypervisor(Hypervisor):
             snap = self._snapshot
             if snap is None or time.monotonic() - snap[0] > self._status_max_age:
                 generation = self._generation
-                snap = (time.monotonic(), MappingProxyType(self._read_statuses()))
+                snap = (time.monotonic(), self._read_statuses())
                 # Kept only if no change of ours happened while it was read (it may predate it).
                 if generation == self._generation:
                     self._snapshot = snap
