@@ -48,8 +48,7 @@ def _refresh_status(ctx: Context, row: dict) -> dict:
 
 def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
     scope = perms.visible_to(requester)
-    return find_or_404("server-instance", instance_id,
-                       lambda i: next(iter(ctx.store.list_instances(visible_to=scope, instance_id=i)), None))
+    return find_or_404("server-instance", instance_id, lambda i: ctx.store.get_instance(i, visible_to=scope))
 
 
 def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:

@@ -887,6 +887,11 @@ class LibvirtHypervisor(Hypervisor):
 
     def status(self, instance_id: str) -> str:
         check_id(instance_id, "instance id")
+        # A fresh snapshot of statuses() answers too (same age rule, dropped by our own
+        # changes): it saves the domain look-up, and each libvirt call hands the GIL over.
+        snap = self._snapshot
+        if snap is not None and time.monotonic() - snap[0] <= self._status_max_age:
+            return snap[1].get(instance_id, "error")
 
         def op(conn):
             dom = self._domain(conn, instance_id)

@@ -27,13 +27,15 @@ end
 
 request = function()
   step = step % 5 + 1
+  -- wrk builds one request ahead before any response: no group to delete yet, make one.
+  if step == 2 and not group_id then step = 1 end
   if step == 1 then
     made = made + 1
     group_id = nil
     return wrk.format("POST", "/v1/group", headers,
       string.format('{"group-name": "%s%dx%d"}', prefix, tid, made))
   elseif step == 2 then
-    return wrk.format("DELETE", "/v1/group/" .. (group_id or "00000000-0000-4000-8000-000000000000"), headers)
+    return wrk.format("DELETE", "/v1/group/" .. group_id, headers)
   elseif step == 3 then
     return wrk.format("PUT", "/v1/server-instance/" .. instance, headers, '{"task": {"what": "power-off"}}')
   elseif step == 4 then
