@@ -509,3 +509,15 @@ def test_host_commands_have_help_with_examples():
     for command in ("add", "list", "enable", "disable", "remove"):
         result = CliRunner().invoke(cli, ["host", command, "--help"])
         assert result.exit_code == 0 and "Example" in result.output, (command, result.output)
+
+
+def test_check_reports_every_other_host_and_what_it_cannot_see(cctx, adapters, cluster):
+    from controller.health import run_checks
+
+    adapters.fake_hosts.kill("node-b")
+    checks = {c["name"]: c for c in run_checks(cctx, thorough=True)}
+    assert checks["host node-a"]["ok"] is True
+    assert "fake://node-a: reachable" in checks["host node-a"]["detail"]
+    assert f"{cctx.config.get('volumes', 'home_root')} not checked there" in checks["host node-a"]["detail"]
+    assert checks["host node-b"]["ok"] is False and "cannot connect" in checks["host node-b"]["detail"]
+    assert "host default" not in checks and checks["libvirt"]["ok"] is True  # the config's own host
