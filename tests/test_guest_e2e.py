@@ -277,13 +277,6 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     assert (Path(bob_home) / ".ssh" / "authorized_keys").exists()  # his data stays on the head node
 
     # Delete leaves no domain, disk, seed or reservation.
-
-Two hypervisor hosts (issue 10): the config's own (the test libvirtd) and a
-second real libvirtd reached over `qemu+tcp://` (tests/fixtures/remote_libvirtd.py),
-added with `cloud-agent host add` on a bridged network. The config's host is
-disabled, so the guest is placed on the remote host: its image is uploaded
-there over the connection at the first create, and it is reached by SSH at its
-private address across the bridge. One boot serves both issues.
     pool_files = lambda: sorted(os.listdir(remote.pool_path))  # noqa: E731
     assert any(inst["id"] in f for f in pool_files())
     ok(client.simulate_delete(f"/v1/server-instance/{inst['id']}", headers=alice.headers))

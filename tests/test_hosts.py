@@ -401,12 +401,8 @@ def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cl
         assert hv.list_base_images() == [image["id"]]  # reached it on first use
     assert ctx.adapters.hypervisor.list_instances() == []
     for inst in made:
-        ok(client.simulate_delete(f"{BASE}/{inst['id']}", headers=ctx_headers(alice)), 200)
+        ok(client.simulate_delete(f"{BASE}/{inst['id']}", headers=alice.headers), 200)
     assert all(hosts.hypervisor_of(ctx, n).list_instances() == [] for n in by_host)
-
-
-def ctx_headers(caller):
-    return caller.headers
 
 
 def test_a_test_driver_host_that_stops_answering(libvirt_cluster, tmp_path, monkeypatch):

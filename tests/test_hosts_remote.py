@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from falcon import testing
 
+from api.app import create_app
 from controller import hosts, images
 from controller.config import config_from_dict
 from controller.context import build_context
@@ -119,7 +120,7 @@ def test_an_image_reaches_the_remote_host_over_the_connection(cluster, remote_li
 
 def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
     ctx = cluster
-    client = testing.TestClient(__import__("api.app", fromlist=["create_app"]).create_app(ctx))
+    client = testing.TestClient(create_app(ctx))
     alice = make_caller(ctx, "alice@example.org")
     enable(ctx, alice, username="alice")
     give_volume(client, alice)
