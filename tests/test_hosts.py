@@ -517,3 +517,34 @@ def test_check_reports_every_other_host_and_what_it_cannot_see(cctx, adapters, c
     assert f"{cctx.config.get('volumes', 'home_root')} not checked there" in checks["host node-a"]["detail"]
     assert checks["host node-b"]["ok"] is False and "cannot connect" in checks["host node-b"]["detail"]
     assert "host default" not in checks and checks["libvirt"]["ok"] is True  # the config's own host
+
+
+def test_a_host_that_never_answers_costs_one_bounded_connect(tmp_path):
+    """A peer that accepts the TCP connection and then says nothing (a hung node): the
+    connection attempt gives up after connect_timeout, and the host is then in its back-off."""
+    import socket
+    import time
+
+    from controller.errors import HostUnreachable
+    from host_adapters.hosts import HostPool, HostSpec
+    from host_adapters.libvirt_hypervisor import LibvirtHypervisor
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # never accepted, never answered
+    uri = f"qemu+tcp://127.0.0.1:{silent.getsockname()[1]}/system"
+    try:
+        pool = HostPool(lambda spec: LibvirtHypervisor(spec.uri, storage_pool="p", connect_timeout=0.5),
+                        retry_seconds=60)
+        hv = pool.hypervisor(HostSpec(name="hung", uri=uri, storage_pool="p", network="n"))
+        began = time.monotonic()
+        with pytest.raises(HostUnreachable, match="no answer within 0.5 s"):
+            hv.host_capacity()
+        assert time.monotonic() - began < 5
+        assert pool.reachable("hung") is False
+        began = time.monotonic()
+        with pytest.raises(HostUnreachable, match="hung is unreachable"):
+            hv.statuses()
+        assert time.monotonic() - began < 0.1  # in its back-off: no second wait
+    finally:
+        silent.close()
