@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from agent import controller_commands, ops_commands, setup_commands, user_commands
+from agent import controller_commands, host_commands, ops_commands, setup_commands, user_commands
 from agent.common import Options
 
 
@@ -22,7 +22,7 @@ def cli(click_ctx, config_path, as_json):
     click_ctx.obj = Options(config_path, as_json)
 
 
-for _module in (setup_commands, user_commands, controller_commands, ops_commands):
+for _module in (setup_commands, user_commands, controller_commands, host_commands, ops_commands):
     _module.register(cli)
 
 

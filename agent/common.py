@@ -89,7 +89,7 @@ def command_options(fn):
 
 
 # Commands that change nothing leave no audit row.
-_READ_ONLY_COMMANDS = {"serve", "check", "backup"}
+_READ_ONLY_COMMANDS = {"serve", "check", "backup", "host list"}
 
 
 def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:

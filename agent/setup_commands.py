@@ -32,6 +32,15 @@ def _ensure_network(config) -> str:
     return "created" if made else "present"
 
 
+def _record_config_host(config, store) -> None:
+    """The config's [libvirt] uri is a hypervisor host from the start (CONTRACT.md section 9)."""
+    from host_adapters.factory import config_host
+
+    spec = config_host(config)
+    store.upsert_config_host({"name": spec.name, "uri": spec.uri, "storage_pool": spec.storage_pool,
+                              "network": spec.network})
+
+
 def _prepare(config) -> tuple[str, bool]:
     """Create or migrate the database and make the secret key file if missing."""
     key_file = config.get("auth", "secret_key_file")
@@ -42,6 +51,7 @@ def _prepare(config) -> tuple[str, bool]:
     store = Store(config.database_path, create=True)
     try:
         store.migrate()
+        _record_config_host(config, store)
     finally:
         store.close()
     os.chmod(config.database_path, 0o600)
@@ -115,6 +125,10 @@ def serve(opts: Options, host, port):
     except ValueError as e:
         raise InvalidInput(str(e)) from None
     ctx = build_context_for(config, interfaces)
+    if ctx.adapters is not None:
+        from controller.hosts import record_config_host
+
+        record_config_host(ctx)
     if ctx.adapters is not None and ctx.adapters.hypervisor_in_process:
         # The libvirt test driver keeps nothing between processes: rebuild its
         # base disks and domains from the database before serving.

@@ -50,6 +50,12 @@ class HostUnavailable(HostError):
     """A host adapter cannot be reached at all (HTTP 503)."""
 
 
+class HostUnreachable(HostUnavailable):
+    """A hypervisor host does not answer at all (no connection, or it was lost) (HTTP 503).
+    Unlike other HostUnavailable causes (a missing pool), this marks the host unreachable
+    for a back-off (host_adapters/hosts.py)."""
+
+
 class CommandError(HostError):
     """A host command exited with a code the caller did not allow."""
 

@@ -6,6 +6,7 @@ are documented in etc/controller.ini.sample.
 
 import configparser
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
 QUOTA_BACKENDS = ("none", "btrfs", "xfs", "setquota")
 DIRECTORY_BACKENDS = ("local", "ldap")
 VIRT_TYPES = ("kvm", "qemu")
+# Hypervisor host names: a DNS-like label, as operators name their nodes.
+HOST_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 GUEST_SUDO = ("none", "owner")
 
 DEFAULTS: dict[str, dict[str, str]] = {
@@ -49,6 +52,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "virt_type": "kvm",
         # host-passthrough, host-model, or a named CPU model (e.g. qemu64).
         "cpu_mode": "host-passthrough",
+        # The name under which uri is a hypervisor host (`cloud-agent host list`).
+        "host_name": "default",
         # Lists answer statuses from a snapshot of every domain's state at most this old.
         "status_max_age_seconds": "2",
     },
@@ -114,6 +119,16 @@ DEFAULTS: dict[str, dict[str, str]] = {
     },
 }
 
+# Many hypervisor hosts (issue 10); see docs/scaling.md.
+DEFAULTS["hosts"] = {
+    # A host that did not answer is not tried again for this long (its calls fail at once).
+    "retry_seconds": "30",
+    # How long opening a connection to a remote host may take.
+    "connect_timeout_seconds": "10",
+    # A host's CPUs and memory (libvirt getInfo) are read again at a create when older.
+    "capacity_max_age_seconds": "600",
+}
+
 # Audit growth and retention (issue 8, finding 4).
 DEFAULTS["audit"] = {
     # Rows older than this many days are pruned by `cloud-agent serve` once an hour; 0 keeps them.
@@ -176,6 +191,11 @@ class Config:
         for key in ("retention_days", "anonymous_interval_seconds"):
             if self.get_int("audit", key) < 0:
                 raise InvalidInput(f"config [audit] {key} must be 0 or more")
+        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds"):
+            if self.get_int("hosts", key) < 1:
+                raise InvalidInput(f"config [hosts] {key} must be 1 or more")
+        if not HOST_NAME.fullmatch(self.get("libvirt", "host_name")):
+            raise InvalidInput("config [libvirt] host_name must match " + HOST_NAME.pattern)
         try:
             if not float(self.get("libvirt", "status_max_age_seconds")) >= 0:
                 raise ValueError

@@ -9,6 +9,7 @@ from common.errors import (  # noqa: F401
     Forbidden,
     HostError,
     HostUnavailable,
+    HostUnreachable,
     InvalidInput,
     NotFound,
     TooManyRequests,

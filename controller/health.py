@@ -31,4 +31,33 @@ def run_checks(ctx: Context, *, thorough: bool = False) -> list[dict]:
             record(name, check)
         if thorough:
             record("guest_start", ctx.adapters.hypervisor.probe_guest)
+            results.extend(_other_hosts(ctx))
     return results
+
+
+def _other_hosts(ctx: Context) -> list[dict]:
+    """One check per hypervisor host besides the config's own (checked as "libvirt"):
+    reachable, its storage pool, its network. Whether the cluster filesystem holding
+    [volumes] home_root is mounted there libvirt cannot tell: the detail says so."""
+    from controller import hosts
+
+    try:
+        own = hosts.record_config_host(ctx).name
+        rows = [r for r in ctx.store.list_hosts() if r["name"] != own]
+    except (ControllerError, sqlite3.Error):
+        return []  # no host records to read: the database check above says why
+    home_root = ctx.config.get("volumes", "home_root")
+    answers = hosts.each_host((r["name"] for r in rows),
+                              lambda name: hosts.hypervisor_of(ctx, name).check())
+    out = []
+    for row in rows:
+        got = answers[row["name"]]
+        note = (f"{home_root} not checked there (libvirt cannot see a node's filesystems): the cluster "
+                "filesystem must be mounted at that path, with virtiofsd installed and the same uids")
+        if isinstance(got, ControllerError):
+            out.append({"name": f"host {row['name']}", "ok": False, "detail": f"{row['uri']}: {got.message}"})
+        else:
+            out.append({"name": f"host {row['name']}", "ok": True,
+                        "detail": f"{row['uri']}: reachable, pool {row['storage_pool']} and network "
+                                  f"{row['network']} usable{'' if row['enabled'] else ' (disabled)'}; {note}"})
+    return out

@@ -3,10 +3,11 @@
 import logging
 from collections.abc import Iterator
 
-from controller import limits
+from controller import hosts, limits
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, HostError, InvalidInput, NotFound
+from controller.hosts import hypervisor_for, hypervisor_of
 from controller.addresses import allocate, network_plan
 from controller.images import get_flavor_row
 from controller.locks import host_changes, one_at_a_time
@@ -35,10 +36,12 @@ def instance_object(row: dict) -> dict:
 
 
 def _refresh_status(ctx: Context, row: dict) -> dict:
-    """The host's view of the power state wins; a host that cannot answer leaves the stored one."""
+    """The host's view of the power state wins. A host that cannot answer shows "error"
+    without writing it: the stored state is the last one known, kept for when it answers."""
     try:
-        status = ctx.adapters.hypervisor.status(row["id"])
+        status = hypervisor_for(ctx, row).status(row["id"])
     except HostError:
+        row["status"] = "error"
         return row
     if status != row["status"]:
         ctx.store.set_instance_status(row["id"], status)
@@ -64,28 +67,29 @@ def iter_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | No
     """The instances the requester sees, as objects, one at a time from a store cursor (a
     superuser's list of 10,000 is never held whole, in rows or in objects).
 
-    One call to the host for all statuses (made at the first row; none for an empty list);
-    the host's view wins (a host that cannot answer leaves the stored ones), and changed
-    statuses are written in one statement after the last row. Consume it in the calling
-    thread."""
+    One call to each host holding rows for all their statuses (made at the first row; none
+    for an empty list); the host's view wins, and changed statuses are written in one
+    statement after the last row. Consume it in the calling thread."""
     if cloudauth_id is not None:
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
-    rows = ctx.store.iter_instances(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)
+    scope = perms.visible_to(requester)
+    rows = ctx.store.iter_instances(visible_to=scope, owner_id=cloudauth_id)
 
     def objects() -> Iterator[dict]:
-        current, changed = None, {}
+        answers, changed = None, {}
         for row in rows:
-            if current is None:
-                try:
-                    current = ctx.adapters.hypervisor.statuses()
-                except HostError:
-                    current = {}
-                    host_answered = False
-                else:
-                    host_answered = True
-            if host_answered:
+            if answers is None:
+                # One call to each host holding rows of this list, several hosts at once.
+                held = ctx.store.instance_hosts(visible_to=scope, owner_id=cloudauth_id)
+                answers = hosts.each_host(held, lambda name: hypervisor_of(ctx, name).statuses())
+            current = answers.get(row["host"])
+            if not isinstance(current, dict):
+                # A host that cannot answer: "error", unwritten (the stored state is the
+                # last one known, kept for when it answers).
+                row["status"] = "error"
+            else:
                 status = current.get(row["id"], "error")
                 if status != row["status"]:
                     changed[row["id"]] = row["status"] = status
@@ -148,10 +152,21 @@ def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) 
     ]
     return GuestSpec(
         hostname=row.get("hostname") or hostname_for(row["id"], set()),
-        nics=nics_of(network_plan(ctx.config), row),
+        nics=_on_host_network(ctx, row, nics_of(network_plan(ctx.config), row)),
         users=tuple(users),
         groups=tuple(groups),
     )
+
+
+def _on_host_network(ctx: Context, row: dict, nics):
+    """The private NICs on the libvirt network of the instance's host (each host names its own:
+    the NAT network of a single node, or a bridged one on the nodes)."""
+    import dataclasses
+
+    host = ctx.store.get_host(row["host"]) if row.get("host") else None
+    if host is None or host["network"] == ctx.config.get("network", "name"):
+        return nics
+    return tuple(dataclasses.replace(n, network=host["network"]) if n.network else n for n in nics)
 
 
 def _owner_account(ctx: Context, user_id: str) -> dict:
@@ -199,36 +214,45 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         "creation_date": utc_now(),
     }
     plan = network_plan(ctx.config)
-    # Read before the transaction: a libvirt call must not hold the database's write lock.
-    capacity = ctx.adapters.hypervisor.host_capacity()
+    # Host capacities are read here if stale, before the transaction: a libvirt call must
+    # not hold the database's write lock.
+    place = hosts.placement(ctx, flavor)
 
     def admit(*, overrides, owned, allocated):
-        limits.admit_instance(ctx.config, flavor=flavor, capacity=capacity, overrides=overrides, owned=owned,
-                              allocated=allocated)
+        limits.admit_owner(ctx.config, flavor=flavor, overrides=overrides, owned=owned)
 
     with host_changes(ctx):
         # The row comes first, with the intent "creating": a crash mid-way leaves a record
         # reconcile undoes (the client saw no 201); any failure here removes whatever was
-        # made. The owner's limits and the host's capacity are checked, and its addresses
-        # picked, in the same transaction.
-        row = ctx.store.insert_instance(row, uuids, admit=admit,
+        # made. The owner's limits are checked, a host with room picked and the addresses
+        # allocated in the same transaction.
+        row = ctx.store.insert_instance(row, uuids, admit=admit, place=place,
                                         allocate=lambda used: allocate(plan, row["id"], used))
         try:
+            _ensure_image(ctx, image, row["host"])
             _spawn(ctx, dict(row, users=uuids), image=image, flavor=flavor)
         except BaseException:
             ctx.store.delete_instance(row["id"])
             raise
         try:
-            ctx.store.set_instance_status(row["id"], ctx.adapters.hypervisor.status(row["id"]))
+            ctx.store.set_instance_status(row["id"], hypervisor_for(ctx, row).status(row["id"]))
             ctx.store.set_instance_intent(row["id"], None, expect="creating")
         except BaseException:
-            _undo_spawn(ctx, row["id"])
+            _undo_spawn(ctx, row)
             raise
     return get_instance(ctx, requester, row["id"])
 
 
+def _ensure_image(ctx: Context, image: dict, host_name: str) -> None:
+    """A host other than the config's gets the image on first use there. The config's own
+    host keeps today's behaviour: its base disk is made by `image add` (a missing one is
+    reconcile's business, or the sandbox's blank stand-in)."""
+    if host_name != ctx.config.get("libvirt", "host_name"):
+        hosts.ensure_image_on_host(ctx, image, host_name)
+
+
 def _spawn(ctx: Context, row: dict, *, image: dict, flavor: dict) -> None:
-    ctx.adapters.hypervisor.spawn(
+    hypervisor_for(ctx, row).spawn(
         row["id"],
         base_image=image["base_volume"],
         vcpu=flavor["vcpu"],
@@ -242,16 +266,17 @@ def respawn(ctx: Context, row: dict) -> None:
     """Build the domain of a recorded instance again (reconcile, after the host lost it)."""
     image = ctx.store.get_image(row["image_id"])
     flavor = ctx.store.get_flavor(row["flavor_id"])
+    _ensure_image(ctx, image, row["host"])
     _spawn(ctx, row, image=image, flavor=flavor)
     if row["status"] == "shutoff":
-        ctx.adapters.hypervisor.power_off(row["id"])
+        hypervisor_for(ctx, row).power_off(row["id"])
 
 
-def _undo_spawn(ctx: Context, instance_id: str) -> None:
+def _undo_spawn(ctx: Context, row: dict) -> None:
     try:
-        ctx.adapters.hypervisor.destroy(instance_id)
+        hypervisor_for(ctx, row).destroy(row["id"])
     finally:
-        ctx.store.delete_instance(instance_id)
+        ctx.store.delete_instance(row["id"])
 
 
 def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> None:
@@ -262,8 +287,11 @@ def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> Non
         # crash before the row goes is finished by reconcile, never undone.
         if not ctx.store.set_instance_intent(row["id"], "deleting", expect=None):
             raise Conflict(f"server-instance {row['id']} is already being created or deleted")
+        # On a host that does not answer this is 503 and the instance stays: its domain,
+        # disk and guest may still run there, and a record deleted now could never be
+        # cleaned up on that host (docs/decisions.md).
         try:
-            ctx.adapters.hypervisor.destroy(row["id"])
+            hypervisor_for(ctx, row).destroy(row["id"])
         except BaseException:
             ctx.store.set_instance_intent(row["id"], None, expect="deleting")
             raise
@@ -273,7 +301,7 @@ def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> Non
 def finish_interrupted(ctx: Context, row: dict) -> None:
     """Finish what a crash interrupted (reconcile): a delete is completed, and a create the
     client never saw succeed is undone. Either way the domain, disk and row go."""
-    ctx.adapters.hypervisor.destroy(row["id"])
+    hypervisor_for(ctx, row).destroy(row["id"])
     ctx.store.delete_instance(row["id"])
 
 
@@ -282,7 +310,7 @@ def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -
     row = _get_row(ctx, requester, instance_id)
     _require_mutate(ctx, requester, row)
     what = task["what"]
-    hypervisor = ctx.adapters.hypervisor
+    hypervisor = hypervisor_for(ctx, row)
     with host_changes(ctx), one_at_a_time("instance", row["id"]):
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.
@@ -317,11 +345,11 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
         new.insert(0, owner_uuid)
     if new == current:
         return
-    ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row, new))
+    hypervisor_for(ctx, row).set_guest(row["id"], guest_spec(ctx, row, new))
     try:
         ctx.store.set_instance_users(row["id"], new)
     except BaseException:
-        ctx.adapters.hypervisor.set_guest(row["id"], guest_spec(ctx, row, current))
+        hypervisor_for(ctx, row).set_guest(row["id"], guest_spec(ctx, row, current))
         raise
 
 
@@ -341,7 +369,7 @@ def refresh_guests(ctx: Context, account_uuids: list[str]) -> None:
             if not rows:
                 continue
             try:
-                ctx.adapters.hypervisor.set_guest(instance_id, guest_spec(ctx, rows[0]))
+                hypervisor_for(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0]))
             except (NotFound, HostError) as e:
                 log.warning("guest of instance %s not updated (reconcile will): %s", instance_id, e.message)
 
@@ -361,7 +389,7 @@ def drop_account_everywhere(ctx: Context, account: dict) -> None:
                 continue
             users = [u for u in rows[0]["users"] if u != account["uuid"]]
             try:
-                ctx.adapters.hypervisor.set_guest(instance_id, guest_spec(ctx, rows[0], users))
+                hypervisor_for(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0], users))
             except NotFound:
                 pass
             ctx.store.set_instance_users(instance_id, users)

@@ -103,10 +103,9 @@ def _reached(limit: int, used: int, wanted: int) -> bool:
     return limit != UNLIMITED and used + wanted > limit
 
 
-def admit_instance(config, *, flavor: dict, capacity, overrides: dict, owned: dict, allocated: dict) -> None:
+def admit_owner(config, *, flavor: dict, overrides: dict, owned: dict) -> None:
     """Conflict, naming the limit, unless one more instance of `flavor` fits the owner's limits
-    (`owned`: instances, vcpus, memory_mb it holds) and the host (`capacity`: a HostCapacity;
-    `allocated`: vcpus and memory_mb of every live instance)."""
+    (`owned`: instances, vcpus, memory_mb it holds)."""
     limits = in_force(config, overrides)
     if _reached(limits["instances"], owned["instances"], 1):
         raise Conflict(f"limit reached: instances ({limits['instances']} per user)")
@@ -120,6 +119,28 @@ def admit_instance(config, *, flavor: dict, capacity, overrides: dict, owned: di
             f"limit reached: memory_mb ({limits['memory_mb']} MB per user; {owned['memory_mb']} MB in use, "
             f"flavor {flavor['name']} needs {flavor['memory']} MB)"
         )
+
+
+def host_room(config, *, flavor: dict, capacity, allocated: dict) -> tuple[str | None, float]:
+    """(what the host is short of for one more instance of `flavor`: "vCPUs", "memory", or
+    None when it fits; the memory MB it has free by the ratios) for a host of `capacity`
+    (a HostCapacity) whose live instances allocate `allocated` (vcpus, memory_mb)."""
+    r = ratios(config)
+    cpu_limit = capacity.vcpus * r.cpu
+    ram_limit = (capacity.memory_mb - r.reserved_mb) * r.ram
+    free = ram_limit - allocated["memory_mb"]
+    if allocated["vcpus"] + flavor["vcpu"] > cpu_limit:
+        return "vCPUs", free
+    if allocated["memory_mb"] + flavor["memory"] > ram_limit:
+        return "memory", free
+    return None, free
+
+
+def admit_instance(config, *, flavor: dict, capacity, overrides: dict, owned: dict, allocated: dict) -> None:
+    """Conflict, naming the limit, unless one more instance of `flavor` fits the owner's limits
+    (admit_owner) and one host (`capacity`: a HostCapacity; `allocated`: vcpus and memory_mb
+    of every live instance on it)."""
+    admit_owner(config, flavor=flavor, overrides=overrides, owned=owned)
     r = ratios(config)
     cpu_limit = capacity.vcpus * r.cpu
     ram_limit = (capacity.memory_mb - r.reserved_mb) * r.ram

@@ -211,7 +211,27 @@ _M7_AUTH_HARDENING = """
 """
 
 
-# (issue 10 adds migration 8; issue 9's comes after it. Merger: keep _M9 last.)
+_M8_HOSTS = """
+        -- Hypervisor hosts (issue 10). The config's [libvirt] uri is the host named by
+        -- [libvirt] host_name; `cloud-agent init` and the service's start write its row.
+        -- vcpus and memory_mb are what libvirt's getInfo said when last read (NULL: never).
+        CREATE TABLE hosts (
+            name TEXT PRIMARY KEY,
+            uri TEXT NOT NULL,
+            storage_pool TEXT NOT NULL,
+            network TEXT NOT NULL,
+            enabled INTEGER NOT NULL DEFAULT 1,
+            vcpus INTEGER,
+            memory_mb INTEGER,
+            capacity_read_at INTEGER,
+            created_at_utc TEXT NOT NULL,
+            updated_at_utc TEXT NOT NULL
+        );
+        -- The host an instance runs on; rows made before there were hosts run on the
+        -- default one (its row is written by init from the config's host_name).
+        ALTER TABLE instances ADD COLUMN host TEXT NOT NULL DEFAULT 'default';
+        CREATE INDEX instances_host ON instances(host);
+"""
 
 
 _M9_LIST_ORDER = """
@@ -227,7 +247,7 @@ _M9_LIST_ORDER = """
 
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
-    _M9_LIST_ORDER,
+    _M8_HOSTS, _M9_LIST_ORDER,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -22,6 +22,7 @@ class Drift:
     fixable: bool
     fixed: bool = False
     error: str = ""
+    host: str = ""  # the hypervisor host concerned, for domains, disks and networks
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,7 +47,8 @@ class _Run:
             return False, None
 
     def found(self, kind: str, target: str, detail: str, repair: Callable[[], None] | None = None) -> None:
-        item = Drift(kind=kind, target=target, detail=detail, fixable=repair is not None)
+        item = Drift(kind=kind, target=target, detail=detail, fixable=repair is not None,
+                     host=getattr(self, "host", ""))
         if self.fix and repair is not None:
             try:
                 repair()
@@ -78,12 +80,7 @@ def reconcile(
         _homes(run)
         _groups(run)
         if hypervisor:
-            _network(run)
-            _base_images(run)
-            # Domains rebuilt together (a sandbox's start makes every one): the adapter
-            # may group what costs more one at a time (DHCP reservations).
-            with ctx.adapters.hypervisor.batch():
-                _instances(run)
+            _hypervisor_hosts(run)
     return [d.as_dict() for d in run.drift]
 
 
@@ -291,9 +288,47 @@ def _groups(run: _Run) -> None:
             )
 
 
-# -- images and instances ------------------------------------------------------------------
-def _base_images(run: _Run) -> None:
-    hypervisor = run.ctx.adapters.hypervisor
+# -- images and instances, host by host ----------------------------------------------------
+def _hypervisor_hosts(run: _Run) -> None:
+    """Each host in turn; one that does not answer is reported and the others are still
+    compared and repaired."""
+    from controller.errors import HostUnreachable
+    from controller.hosts import record_config_host, spec_of
+
+    ctx = run.ctx
+    own = record_config_host(ctx).name
+    rows = ctx.store.list_hosts()
+    recorded = {r["name"] for r in rows}
+    for name in sorted({r["host"] for r in ctx.store.all_instances()} - recorded):
+        run.found("host-missing", name, "instances are recorded on this hypervisor host, which is not; "
+                  "left for the admin (`cloud-agent host add`)")
+    for host in rows:
+        run.host = host["name"]
+        run.progress(f"host {host['name']}")
+        hypervisor = ctx.adapters.hosts.hypervisor(spec_of(host))
+        try:
+            try:
+                hypervisor.network_status()
+            except HostUnreachable as e:
+                run.found("host-unreachable", host["name"], f"{host['uri']} does not answer: {e.message}; "
+                          "its instances were not compared")
+                continue
+            _network(run, hypervisor, host, own=host["name"] == own)
+            if host["name"] == own:
+                _base_images(run, hypervisor)
+            # Domains rebuilt together (a sandbox's start makes every one): the adapter
+            # may group what costs more one at a time (DHCP reservations).
+            with hypervisor.batch():
+                _instances(run, hypervisor, host)
+        except HostUnreachable as e:
+            run.found("host-unreachable", host["name"], f"{host['uri']} stopped answering: {e.message}")
+        finally:
+            run.host = ""
+
+
+def _base_images(run: _Run, hypervisor) -> None:
+    """The config's own host holds every image (`image add` makes them there); other hosts
+    get theirs on first use."""
     present = set(hypervisor.list_base_images())
     for image in run.ctx.store.list_images():
         if image["id"] in present:
@@ -306,24 +341,35 @@ def _base_images(run: _Run) -> None:
         run.found("base-image-missing", image["id"], f"base disk of image {image['name']!r} is missing", repair)
 
 
-def _network(run: _Run) -> None:
-    hypervisor = run.ctx.adapters.hypervisor
+def _network(run: _Run, hypervisor, host: dict, *, own: bool) -> None:
     read, state = run.probe("network", "the private network", hypervisor.network_status)
     if read and state != "active":
-        run.found("network-missing", run.ctx.config.get("network", "name"),
-                  f"the private network is {state}", hypervisor.ensure_network)
+        # Only the config's own host's NAT network is the controller's to make; another
+        # host's (often bridged) network is the admin's.
+        run.found("network-missing", host["network"], f"the private network is {state}",
+                  hypervisor.ensure_network if own else None)
 
 
-def _instances(run: _Run) -> None:
+def _instances(run: _Run, hypervisor, host: dict) -> None:
     from controller.instances import guest_spec, respawn
     from host_adapters import seed as seeds
     from host_adapters.hypervisor import nic_devices_for, reservations_for
 
-    ctx, hypervisor = run.ctx, run.ctx.adapters.hypervisor
+    ctx = run.ctx
     everything = ctx.store.all_instances()
-    known = {r["id"] for r in everything}
+    known = {r["id"] for r in everything if r["host"] == host["name"]}
     macs = {m for r in everything for m in (r.get("mac"), r.get("public_mac")) if m}
-    rows = [r for r in everything if not r.get("intent")]
+    rows = [r for r in everything if not r.get("intent") and r["host"] == host["name"]]
+    from controller.errors import ControllerError, HostUnreachable
+
+    try:
+        dhcp = hypervisor.uses_dhcp_reservations()
+    except HostUnreachable:
+        raise
+    except ControllerError:
+        dhcp = True  # a missing network is reported above; reservations are then expected
+    # A bridged network has no reservations: the guest's static config is all it needs.
+    expected_reservations = reservations_for if dhcp else (lambda _guest: ())
     for i, row in enumerate(rows, 1):
         run.progress(f"instances {i}/{len(rows)}")
         try:
@@ -356,10 +402,10 @@ def _instances(run: _Run) -> None:
         if info.nics != tuple(sorted(nic_devices_for(guest), key=lambda n: n.mac)):
             run.found("domain-nics", row["id"],
                       f"NICs {[n.mac for n in info.nics]}, expected {[n.mac for n in guest.nics]}", update)
-        if info.reservations != reservations_for(guest):
+        if info.reservations != expected_reservations(guest):
             run.found("network-reservation", row["id"],
                       f"DHCP reservations {[(r.mac, r.address) for r in info.reservations]}, "
-                      f"expected {[(r.mac, r.address) for r in reservations_for(guest)]}", update)
+                      f"expected {[(r.mac, r.address) for r in expected_reservations(guest)]}", update)
         expected_seed = seeds.render(row["id"], guest)
         if info.seed is None:
             run.found("seed-missing", row["id"], "the instance has no seed disk", update)

@@ -212,6 +212,8 @@ def _instances(ctx: Context, shape: Shape, *, image, flavor, owners, managed_of,
         raise InvalidInput("bulk loading does not allocate public addresses; load a sandbox without them")
     used = store.used_addresses()
     free_ips = (str(a) for a in plan.subnet.hosts() if a != plan.gateway and str(a) not in used["private_ip"])
+    # Every loaded instance runs on the config's own host (the sandbox has one).
+    host = config.get("libvirt", "host_name")
     capacity = ctx.adapters.hypervisor.host_capacity()
     allocated = _usage(store, None)
     owned: dict[str, dict] = {}
@@ -234,7 +236,7 @@ def _instances(ctx: Context, shape: Shape, *, image, flavor, owners, managed_of,
         used["mac"].add(mac)
         rows.append({"id": instance_id, "owner_id": owner_id, "image_id": image["id"], "flavor_id": flavor["id"],
                      "status": "running", "hostname": hostname, "public_ip": None, "private_ip": ip, "mac": mac,
-                     "public_mac": None, "creation_date": now})
+                     "public_mac": None, "creation_date": now, "host": host})
         links.append((instance_id, account_of[owner_id]["uuid"]))
     return rows, links
 

@@ -25,6 +25,8 @@ from controller.errors import Conflict
 from controller.limits import KINDS as LIMIT_KINDS
 
 BUSY_TIMEOUT_MS = 10_000
+# The host of instance rows made before there were hosts (migration _M8_HOSTS).
+DEFAULT_HOST = "default"
 
 
 def utc_now() -> str:
@@ -475,7 +477,8 @@ class Store:
         return rows
 
     # -- instances --------------------------------------------------------------
-    def insert_instance(self, instance: dict, account_uuids: list[str], *, allocate=None, admit=None) -> dict:
+    def insert_instance(self, instance: dict, account_uuids: list[str], *, allocate=None, admit=None,
+                        place=None) -> dict:
         """Insert the instance and its users; return the row as stored.
 
         admit(overrides=, owned=, allocated=) may refuse it (by raising) inside the
@@ -486,12 +489,18 @@ class Store:
         allocate(used) -> {column: value} picks the address columns inside the same
         write transaction, given what live instances use (keys private_ip,
         public_ip, mac, hostname: sets), so concurrent creates never share one.
+
+        place(hosts) -> name picks the instance's host inside the same write
+        transaction, given every host with what its live instances allocate
+        (list_hosts rows), so concurrent creates never over-commit a host.
         """
         with self.write() as conn:
             if admit is not None:
                 owner = instance["owner_id"]
                 admit(overrides=self._limit_overrides(conn, owner), owned=self._instance_usage(conn, owner),
                       allocated=self._instance_usage(conn))
+            if place is not None:
+                instance = dict(instance, host=place(self._hosts(conn)))
             if allocate is not None:
                 used: dict[str, set[str]] = {"private_ip": set(), "public_ip": set(), "mac": set(), "hostname": set()}
                 for r in conn.execute("SELECT private_ip, public_ip, mac, public_mac, hostname FROM instances"):
@@ -500,12 +509,12 @@ class Store:
                         if value is not None:
                             used[key].add(value)
                 instance = dict(instance, **allocate(used))
-            row = {"mac": None, "public_mac": None, "intent": "creating", **instance}
+            row = {"mac": None, "public_mac": None, "intent": "creating", "host": DEFAULT_HOST, **instance}
             conn.execute(
                 """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
-                   private_ip, mac, public_mac, creation_date, intent) VALUES (:id, :owner_id, :image_id,
+                   private_ip, mac, public_mac, creation_date, intent, host) VALUES (:id, :owner_id, :image_id,
                    :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
-                   :intent)""",
+                   :intent, :host)""",
                 row,
             )
             conn.executemany(
@@ -516,9 +525,9 @@ class Store:
 
     def list_instances(self, *, visible_to: str | None, owner_id: str | None = None,
                        instance_id: str | None = None, instance_ids: list[str] | None = None,
-                       with_intents: bool = False) -> list[dict]:
+                       with_intents: bool = False, host: str | None = None) -> list[dict]:
         """Instances in creation order; those being created or deleted only with_intents (reconcile)."""
-        where, params = self._where(visible_to, owner_id=owner_id, id=instance_id)
+        where, params = self._where(visible_to, owner_id=owner_id, id=instance_id, host=host)
         if not with_intents:
             where += " AND intent IS NULL"
         if instance_ids is not None:
@@ -554,7 +563,7 @@ class Store:
         cur = self.conn.execute(
             f"""SELECT id, owner_id, image_id, flavor_id, status, hostname, public_ip, private_ip, creation_date,
                 (SELECT group_concat(account_uuid) FROM (SELECT account_uuid FROM instance_users
-                 WHERE instance_id = instances.id ORDER BY rowid)) AS users
+                 WHERE instance_id = instances.id ORDER BY rowid)) AS users, host
                 FROM instances WHERE {where} AND intent IS NULL ORDER BY creation_date, id""", params)
 
         def rows() -> Iterator[dict]:
@@ -562,11 +571,17 @@ class Store:
                 for r in cur:
                     yield {"id": r[0], "owner_id": r[1], "image_id": r[2], "flavor_id": r[3], "status": r[4],
                            "hostname": r[5], "public_ip": r[6], "private_ip": r[7], "creation_date": r[8],
-                           "users": r[9].split(",") if r[9] else []}
+                           "users": r[9].split(",") if r[9] else [], "host": r[10]}
             finally:
                 cur.close()
 
         return rows()
+
+    def instance_hosts(self, *, visible_to: str | None, owner_id: str | None = None) -> list[str]:
+        """The hosts holding live instances that iter_instances with the same filters gives."""
+        where, params = self._where(visible_to, owner_id=owner_id)
+        return [r[0] for r in self.conn.execute(
+            f"SELECT DISTINCT host FROM instances WHERE {where} AND intent IS NULL ORDER BY host", params)]
 
     def instance_users(self, instance_ids: list[str]) -> dict[str, list[str]]:
         if not instance_ids:
@@ -616,6 +631,75 @@ class Store:
             cur = conn.execute("UPDATE instances SET intent = ? WHERE id = ? AND intent IS ?",
                                (intent, instance_id, expect))
         return cur.rowcount == 1
+
+    # -- hypervisor hosts (issue 10) --------------------------------------------------
+    _HOSTS_SQL = """SELECT h.*, COUNT(i.id) AS instances, COALESCE(SUM(f.vcpu), 0) AS allocated_vcpus,
+                           COALESCE(SUM(f.memory), 0) AS allocated_memory_mb
+                    FROM hosts h LEFT JOIN instances i ON i.host = h.name LEFT JOIN flavors f ON f.id = i.flavor_id
+                    {where} GROUP BY h.name ORDER BY h.name"""
+
+    @classmethod
+    def _hosts(cls, conn: sqlite3.Connection, name: str | None = None) -> list[dict]:
+        """Hosts with what their live instances (every row, being created or deleted too) allocate."""
+        sql = cls._HOSTS_SQL.format(where="WHERE h.name = ?" if name is not None else "")
+        return [dict(r) for r in conn.execute(sql, () if name is None else (name,)).fetchall()]
+
+    def list_hosts(self) -> list[dict]:
+        return self._hosts(self.conn)
+
+    def get_host(self, name: str) -> dict | None:
+        return next(iter(self._hosts(self.conn, name)), None)
+
+    def insert_host(self, host: dict) -> None:
+        now = utc_now()
+        try:
+            with self.write() as conn:
+                conn.execute(
+                    """INSERT INTO hosts (name, uri, storage_pool, network, enabled, vcpus, memory_mb,
+                       capacity_read_at, created_at_utc, updated_at_utc) VALUES (:name, :uri, :storage_pool,
+                       :network, :enabled, :vcpus, :memory_mb, :capacity_read_at, :now, :now)""",
+                    {"enabled": 1, "vcpus": None, "memory_mb": None, "capacity_read_at": None, **host, "now": now},
+                )
+        except sqlite3.IntegrityError:
+            raise Conflict(f"a hypervisor host named {host['name']!r} exists") from None
+
+    def upsert_config_host(self, host: dict, *, legacy_name: str = DEFAULT_HOST) -> None:
+        """The config's host: made, or its uri, pool and network set (enabled and capacity stay).
+        Instances recorded on `legacy_name` while no such host exists move to it (rows made
+        before hosts existed got that name)."""
+        now = utc_now()
+        with self.write() as conn:
+            conn.execute(
+                """INSERT INTO hosts (name, uri, storage_pool, network, enabled, created_at_utc, updated_at_utc)
+                   VALUES (:name, :uri, :storage_pool, :network, 1, :now, :now)
+                   ON CONFLICT (name) DO UPDATE SET uri = excluded.uri, storage_pool = excluded.storage_pool,
+                   network = excluded.network, updated_at_utc = excluded.updated_at_utc
+                   WHERE hosts.uri <> excluded.uri OR hosts.storage_pool <> excluded.storage_pool
+                      OR hosts.network <> excluded.network""",
+                dict(host, now=now),
+            )
+            if host["name"] != legacy_name:
+                conn.execute("UPDATE instances SET host = ? WHERE host = ? AND NOT EXISTS "
+                             "(SELECT 1 FROM hosts WHERE name = ?)", (host["name"], legacy_name, legacy_name))
+
+    def set_host_enabled(self, name: str, enabled: bool) -> bool:
+        with self.write() as conn:
+            cur = conn.execute("UPDATE hosts SET enabled = ?, updated_at_utc = ? WHERE name = ?",
+                               (int(enabled), utc_now(), name))
+        return cur.rowcount == 1
+
+    def set_host_capacity(self, name: str, *, vcpus: int, memory_mb: int, read_at: int) -> None:
+        with self.write() as conn:
+            conn.execute("UPDATE hosts SET vcpus = ?, memory_mb = ?, capacity_read_at = ? WHERE name = ?",
+                         (vcpus, memory_mb, read_at, name))
+
+    def delete_host(self, name: str) -> None:
+        """Remove a host that holds no instance (Conflict otherwise; checked in the same transaction)."""
+        with self.write() as conn:
+            held = conn.execute("SELECT COUNT(*) FROM instances WHERE host = ?", (name,)).fetchone()[0]
+            if held:
+                raise Conflict(f"hypervisor host {name} holds {held} instance(s); delete or move them first")
+            conn.execute("DELETE FROM hosts WHERE name = ?", (name,))
 
     # -- volumes ------------------------------------------------------------------
     def insert_volume(self, volume: dict) -> None:
@@ -884,9 +968,9 @@ class Store:
             conn.executemany("INSERT INTO group_members (group_id, username, position) VALUES (?, ?, ?)", members)
             conn.executemany(
                 """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
-                   private_ip, mac, public_mac, creation_date, intent) VALUES (:id, :owner_id, :image_id,
+                   private_ip, mac, public_mac, creation_date, intent, host) VALUES (:id, :owner_id, :image_id,
                    :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
-                   NULL)""", instances)
+                   NULL, :host)""", instances)
             conn.executemany("INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)", instance_users)
 
     def used_addresses(self) -> dict[str, set[str]]:

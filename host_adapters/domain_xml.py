@@ -321,6 +321,12 @@ def network_ip_of(network_xml: str) -> tuple[str, str] | None:
     return None
 
 
+def serves_addresses(network_xml: str) -> bool:
+    """Whether libvirt runs DHCP on the network: it has an IPv4 `<ip>` (NAT or routed; libvirt
+    drops an empty `<dhcp/>`, so that element cannot tell). A bridged network has none."""
+    return any(ip.get("family", "ipv4") == "ipv4" for ip in ET.fromstring(network_xml).findall("ip"))
+
+
 def backing_path_of(volume_xml: str) -> str | None:
     """The backing file path of a volume document, or None."""
     path = ET.fromstring(volume_xml).find("backingStore/path")

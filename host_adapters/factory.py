@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from host_adapters.directory import Directory, FakeDirectory
 from host_adapters.homes import FakeHomeVolumes, HomeVolumes
+from host_adapters.hosts import FakeHosts, HostPool, HostSpec
 from host_adapters.hypervisor import FakeHypervisor, Hypervisor
 from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
 
@@ -23,6 +24,14 @@ class Adapters:
     # sandbox): another process sees none of its domains or disks, and a missing
     # base disk may stand in blank.
     hypervisor_in_process: bool = False
+    # One Hypervisor per hypervisor host (host_adapters/hosts.py); `hypervisor` is the
+    # config's own host. Without one, every host is that one (a single node).
+    hosts: HostPool | None = None
+    fake_hosts: FakeHosts | None = None  # the fakes behind `hosts` in tests
+
+    def __post_init__(self):
+        if self.hosts is None:
+            self.hosts = HostPool(lambda spec: self.hypervisor)
 
     def checks(self) -> Iterator[tuple[str, Callable[[], None]]]:
         # Named as CONTRACT.md section 6 names them; homes and their quotas are one check.
@@ -55,37 +64,56 @@ def build_directory(config: "Config") -> Directory:
     return LocalDirectory(config.get("unix", "root") or None, shell=config.get("directory", "default_shell"))
 
 
-def build_hypervisor(config: "Config") -> Hypervisor:
+def config_host(config: "Config") -> HostSpec:
+    """The host the config names ([libvirt] uri, storage_pool, host_name; [network] name)."""
+    return HostSpec(name=config.get("libvirt", "host_name"), uri=config.get("libvirt", "uri"),
+                    storage_pool=config.get("libvirt", "storage_pool"), network=config.get("network", "name"))
+
+
+def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervisor:
+    """The Hypervisor of one host (default: the config's own), with the config's
+    virt_type, cpu_mode, domain prefix and subnet."""
     from host_adapters.libvirt_hypervisor import LibvirtHypervisor
     from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
 
-    uri = config.get("libvirt", "uri")
+    host = host or config_host(config)
     # libvirt's test driver (the sandbox) has no volume streams and keeps its
     # volumes only while the process lives: contents stay in memory and a missing
     # base disk gets a blank stand-in. Every other driver is a real host.
-    test_driver = uri.startswith("test:")
+    test_driver = host.uri.startswith("test:")
     return LibvirtHypervisor(
-        uri,
-        storage_pool=config.get("libvirt", "storage_pool"),
+        host.uri,
+        storage_pool=host.storage_pool,
         domain_prefix=config.get("libvirt", "domain_prefix"),
-        network=config.get("network", "name"),
+        network=host.network,
         subnet=config.get("network", "subnet"),
         virt_type=config.get("libvirt", "virt_type"),
         cpu_mode=config.get("libvirt", "cpu_mode"),
         volume_io=InProcessVolumeIO() if test_driver else StreamVolumeIO(),
         stand_in_base_images=test_driver,
+        connect_timeout=None if test_driver else float(config.get("hosts", "connect_timeout_seconds")),
         status_max_age=float(config.get("libvirt", "status_max_age_seconds")),
         lean_definitions=test_driver,
     )
+
+
+def build_hosts(config: "Config", default: Hypervisor) -> HostPool:
+    """A HostPool whose config host is `default` (one connection per host) and whose
+    other hosts are built from their records."""
+    own = config_host(config)
+    return HostPool(lambda spec: default if spec == own else build_hypervisor(config, spec),
+                    retry_seconds=float(config.get("hosts", "retry_seconds")))
 
 
 def build_adapters(config: "Config") -> Adapters:
     from host_adapters.homes import DirectoryHomeVolumes
     from host_adapters.unix_groups import CommandUnixGroups
 
+    hypervisor = build_hypervisor(config)
     return Adapters(
         hypervisor_in_process=config.get("libvirt", "uri").startswith("test:"),
-        hypervisor=build_hypervisor(config),
+        hypervisor=hypervisor,
+        hosts=build_hosts(config, hypervisor),
         homes=DirectoryHomeVolumes(config.get("volumes", "home_root"), build_quota(config)),
         groups=CommandUnixGroups(config.get("unix", "root") or None,
                                  gid_range=(config.get_int("groups", "gid_min"), config.get_int("groups", "gid_max"))),
@@ -95,8 +123,12 @@ def build_adapters(config: "Config") -> Adapters:
 
 def fake_adapters() -> Adapters:
     directory = FakeDirectory()
+    hypervisor = FakeHypervisor()
+    fakes = FakeHosts(hypervisor)
     return Adapters(
-        hypervisor=FakeHypervisor(),
+        hypervisor=hypervisor,
+        hosts=HostPool(fakes.build),
+        fake_hosts=fakes,
         homes=FakeHomeVolumes(),
         groups=FakeUnixGroups(directory=directory),
         directory=directory,

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from common.errors import Conflict, HostError, InvalidInput, NotFound
+from common.errors import Conflict, HostError, HostUnreachable, InvalidInput, NotFound
 from host_adapters import seed as seeds
 from host_adapters.guest import GuestSpec, Reservation, Share
 
@@ -137,6 +137,20 @@ class Hypervisor:
 
     def list_base_images(self) -> list[str]:
         """The image ids that have a base image volume, sorted."""
+        raise NotImplementedError
+
+    def read_base_image(self, image_id: str, dest: int, *, progress: Progress | None = None) -> bool:
+        """Write the content of the image's base volume to the open file descriptor `dest`
+        (streamed from the host, so it works over a remote connection), calling
+        progress(received_bytes, total_bytes). False, writing nothing, where the host keeps
+        no content (libvirt's test driver: its base disks are blank stand-ins). NotFound if
+        the volume is missing."""
+        raise NotImplementedError
+
+    def uses_dhcp_reservations(self) -> bool:
+        """Whether the private network hands out addresses by DHCP (a NAT network made by
+        ensure_network): then spawn and set_guest reserve each NIC's address there. A
+        bridged network has no DHCP of libvirt's: guests use their static config only."""
         raise NotImplementedError
 
     def spawn(
@@ -461,6 +475,12 @@ class FakeHypervisor(Hypervisor):
         self.networks: dict[str, dict[str, Reservation]] = {network: {}}
         self.fail_on: dict[str, Exception] = {}
         self.capacity = HostCapacity(vcpus=64, memory_mb=256 * 1024)
+        # A dead host: every call raises HostUnreachable (tests of many hosts).
+        self.dead = False
+        # False: a bridged network without DHCP (no reservations are made).
+        self.dhcp = True
+        # Base image content uploaded from a source file (volume -> bytes).
+        self.base_content: dict[str, bytes] = {}
         # How often each step ran: tests count the calls a request makes to the host.
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -472,11 +492,15 @@ class FakeHypervisor(Hypervisor):
 
     def _step(self, name: str) -> None:
         self.calls[name] += 1
+        if self.dead:
+            raise HostUnreachable(f"cannot connect to libvirt at fake host ({name})")
         err = self.fail_on.get(name)
         if err is not None:
             raise err
 
     def _existing(self, instance_id: str) -> FakeInstance:
+        if self.dead:
+            raise HostUnreachable("cannot connect to libvirt at fake host")
         inst = self.instances.get(instance_id)
         if inst is None:
             raise NotFound(f"instance {instance_id} has no domain on the hypervisor")
@@ -530,8 +554,16 @@ class FakeHypervisor(Hypervisor):
                 self._step("create_base_image")
                 if name in self.base_images:
                     raise Conflict(f"base image of image {image_id} already exists")
-                if image is not None and progress is not None:
-                    progress(image.size, image.size)
+                content = b""
+                if image is not None:
+                    # Sent in chunks like a stream: fail_on["upload"] fails it half way.
+                    chunk = 64 * 1024
+                    while len(content) < image.size:
+                        self._step("upload")
+                        content += image.read(len(content), min(chunk, image.size - len(content)))
+                        if progress is not None:
+                            progress(len(content), image.size)
+                    self.base_content[name] = content
                 self.base_images[name] = size_gb
         finally:
             if image is not None:
@@ -552,7 +584,27 @@ class FakeHypervisor(Hypervisor):
         self._step("list_base_images")
         return sorted(i for i in map(self._names.image_of_base, self.base_images) if i)
 
+    def read_base_image(self, image_id: str, dest: int, *, progress: Progress | None = None) -> bool:
+        check_id(image_id, "image id")
+        self._step("read_base_image")
+        name = self._names.base(image_id)
+        if name not in self.base_images:
+            raise NotFound(f"base image of image {image_id} is missing")
+        content = self.base_content.get(name)
+        if content is None:
+            return False  # a blank disk, like the test driver's stand-ins
+        os.write(dest, content)
+        if progress is not None:
+            progress(len(content), len(content))
+        return True
+
+    def uses_dhcp_reservations(self) -> bool:
+        self._step("uses_dhcp_reservations")
+        return self.dhcp
+
     def _reserve(self, guest: GuestSpec) -> None:
+        if not self.dhcp:
+            return
         for r in reservations_for(guest):
             net = self.networks.get(self.network)
             if net is None:

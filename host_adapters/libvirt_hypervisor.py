@@ -16,7 +16,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
-from common.errors import Conflict, ControllerError, HostError, HostUnavailable, InvalidInput, NotFound
+from common.errors import Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, NotFound
 from host_adapters import domain_xml
 from host_adapters import seed as seeds
 from host_adapters.guest import GuestSpec, Reservation, Share
@@ -192,6 +192,7 @@ class LibvirtHypervisor(Hypervisor):
         cpu_mode: str | None = "host-passthrough",
         volume_io: VolumeIO | None = None,
         stand_in_base_images: bool = False,
+        connect_timeout: float | None = None,
         status_max_age: float = 0.0,
         lean_definitions: bool = False,
     ):
@@ -208,6 +209,9 @@ class LibvirtHypervisor(Hypervisor):
         self._stand_in = stand_in_base_images
         self._conn = None
         self._lock = threading.Lock()
+        # A remote host that does not answer must not hold a server thread for the
+        # kernel's TCP connect timeout (minutes): the open is given this long.
+        self.connect_timeout = connect_timeout
         # Reservations postponed by batch(), made together when it ends; None outside one.
         self._queued_hosts: dict[str, Reservation] | None = None  # by MAC
         # statuses() answers from a snapshot at most status_max_age seconds old (0: none).
@@ -219,6 +223,39 @@ class LibvirtHypervisor(Hypervisor):
         self._batch_lock = threading.Lock()
 
     # connection
+
+    def _open(self):
+        lv = _libvirt()
+        if not self.connect_timeout:
+            return lv.open(self.uri)
+        outcome: dict = {}
+        done = threading.Event()
+        guard = threading.Lock()
+
+        def attempt():
+            try:
+                conn = lv.open(self.uri)
+            except lv.libvirtError as e:
+                outcome["error"] = e
+                conn = None
+            with guard:
+                if outcome.get("abandoned"):
+                    if conn is not None:
+                        conn.close()  # answered too late: nobody uses it
+                    return
+                outcome["conn"] = conn
+                done.set()
+
+        threading.Thread(target=attempt, name=f"libvirt-open {self.uri}", daemon=True).start()
+        done.wait(self.connect_timeout)
+        with guard:
+            if not done.is_set():
+                outcome["abandoned"] = True
+                raise HostUnreachable(f"cannot connect to libvirt at {self.uri}: "
+                                      f"no answer within {self.connect_timeout:g} s")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["conn"]
 
     def _connection(self):
         lv = _libvirt()
@@ -232,9 +269,9 @@ class LibvirtHypervisor(Hypervisor):
                 self._conn = None
             _start_event_loop()
             try:
-                self._conn = lv.open(self.uri)
+                self._conn = self._open()
             except lv.libvirtError as e:
-                raise HostUnavailable(f"cannot connect to libvirt at {self.uri}: {_msg(e)}") from e
+                raise HostUnreachable(f"cannot connect to libvirt at {self.uri}: {_msg(e)}") from e
             try:
                 self._conn.setKeepAlive(KEEPALIVE_INTERVAL, KEEPALIVE_COUNT)
             except lv.libvirtError:
@@ -264,7 +301,7 @@ class LibvirtHypervisor(Hypervisor):
                     raise HostError(f"{what}: {_msg(e)}") from e
                 self._forget(conn)
                 if not retry or attempt == 2:
-                    raise HostUnavailable(f"{what}: lost the connection to libvirt at {self.uri}: {_msg(e)}") from e
+                    raise HostUnreachable(f"{what}: lost the connection to libvirt at {self.uri}: {_msg(e)}") from e
                 log.warning("connection to libvirt at %s lost (%s); reconnecting", self.uri, _msg(e))
 
     def _is_test_driver(self, conn) -> bool:
@@ -445,6 +482,8 @@ class LibvirtHypervisor(Hypervisor):
         net = self._network(conn, required=bool(add))
         if net is None:
             return
+        if not domain_xml.serves_addresses(net.XMLDesc(0)):
+            return  # a bridged network: libvirt hands out no addresses there, the seed's static config does
         flags = lv.VIR_NETWORK_UPDATE_AFFECT_CONFIG
         if net.isActive():
             flags |= lv.VIR_NETWORK_UPDATE_AFFECT_LIVE
@@ -539,8 +578,12 @@ class LibvirtHypervisor(Hypervisor):
     def _check_subnet(self, net) -> None:
         """The network's own address is the configured subnet's gateway: guests' static
         addresses and routes come from the subnet."""
-        found = domain_xml.network_ip_of(net.XMLDesc(0))
+        xml = net.XMLDesc(0)
+        found = domain_xml.network_ip_of(xml)
         gateway = str(self.subnet.network_address + 1)
+        forward = ET.fromstring(xml).find("forward")
+        if found is None and forward is not None and forward.get("mode") == "bridge":
+            return  # a bridged network (many hosts): the subnet's gateway lives elsewhere on that LAN
         if found is None:
             raise HostUnavailable(f"libvirt network {self.network!r} has no IPv4 address; expected {gateway}")
         address, mask = found
@@ -664,6 +707,28 @@ class LibvirtHypervisor(Hypervisor):
             return sorted({i for i in map(self._names.image_of_base, names) if i})
 
         return self._call("list base images", op)
+
+    def read_base_image(self, image_id: str, dest: int, *, progress: Progress | None = None) -> bool:
+        check_id(image_id, "image id")
+        name = self._names.base(image_id)
+        if not self._io.keeps_content:
+            return False
+
+        def op(conn):
+            vol = self._volume(self._pool(conn), name)
+            if vol is None:
+                raise NotFound(f"base image of image {image_id} is missing from storage pool {self.storage_pool}")
+            self._io.download_file(conn, vol, dest, progress)
+            return True
+
+        return self._call(f"read base image of image {image_id}", op, retry=False)
+
+    def uses_dhcp_reservations(self) -> bool:
+        def op(conn):
+            net = self._network(conn)
+            return domain_xml.serves_addresses(net.XMLDesc(0))
+
+        return self._call(f"read network {self.network}", op)
 
     def spawn(
         self,

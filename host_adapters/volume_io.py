@@ -37,6 +37,11 @@ class VolumeIO:
         """The first nbytes of the volume (fewer if it is shorter); b"" where content is not kept."""
         raise NotImplementedError
 
+    def download_file(self, conn, vol, dest: int, progress: Progress | None) -> None:
+        """Write the volume's content (its allocation as libvirt streams it) to the file
+        descriptor dest, calling progress(received, capacity)."""
+        raise NotImplementedError
+
 
 class StreamVolumeIO(VolumeIO):
     def write(self, conn, vol, data: bytes, *, pad_to: int = 0) -> None:
@@ -73,6 +78,26 @@ class StreamVolumeIO(VolumeIO):
 
     def read(self, conn, vol) -> bytes:
         return self._receive(conn, vol, vol.info()[1])
+
+    def download_file(self, conn, vol, dest: int, progress: Progress | None) -> None:
+        import os
+
+        total = vol.info()[2]  # the file's allocation: a qcow2 volume's capacity is its virtual size
+        received = 0
+
+        def sink(_stream, data, _opaque):
+            nonlocal received
+            view = memoryview(data)
+            while view:
+                view = view[os.write(dest, view):]
+            received += len(data)
+            if progress is not None:
+                progress(received, max(total, received))
+            return len(data)
+
+        with _stream(conn) as stream:
+            vol.download(stream, 0, 0, 0)
+            stream.recvAll(sink, None)
 
     @staticmethod
     def _send(conn, vol, size: int, chunk) -> None:
@@ -140,3 +165,6 @@ class InProcessVolumeIO(VolumeIO):
 
     def read_head(self, conn, vol, nbytes: int) -> bytes:
         return self.read(conn, vol)[:nbytes]
+
+    def download_file(self, conn, vol, dest: int, progress: Progress | None) -> None:
+        raise NotImplementedError("the test driver keeps no base image content")

@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.fixtures.sysroot",
     "tests.fixtures.btrfs",
     "tests.fixtures.libvirtd",
+    "tests.fixtures.remote_libvirtd",
     "tests.fixtures.slapd",
     "tests.fixtures.guest_image",
 ]

@@ -9,12 +9,20 @@ groups and their home mounted by virtiofs. modify-users then takes bob out,
 and after a reboot he can no longer log in and his home is not in the guest.
 Delete leaves no domain, disk, seed or reservation.
 
+Two hypervisor hosts (issue 10): the config's own (the test libvirtd) and a
+second real libvirtd reached over `qemu+tcp://` (tests/fixtures/remote_libvirtd.py),
+added with `cloud-agent host add` on a bridged network. The config's host is
+disabled, so the guest is placed on the remote host: its image is uploaded
+there over the connection at the first create, and it is reached by SSH at its
+private address across the bridge. One boot serves both issues.
+
 The guest runs under KVM where KVM can boot Linux here, else under software
 emulation (nested KVM on these machines cannot), decided by a probe boot.
 Its network lives in the test libvirtd's own network namespace
 (tests/fixtures/libvirtd.py); ssh runs there through nsenter.
 """
 
+import filecmp
 import json
 import os
 import subprocess
@@ -96,7 +104,8 @@ def boot_virt(libvirtd_system, libvirt_dir_pool, guest_virt, guest_image, tmp_pa
 
 # -- the service on real parts ------------------------------------------------------------------
 @pytest.fixture
-def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysroot, btrfs_home_root):
+def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysroot, btrfs_home_root,
+            remote_libvirtd):
     # Homes with btrfs quotas, so a write in the guest is seen counting against its volume.
     home_root = Path(btrfs_home_root)
     prefix = f"e2e{uuid.uuid4().hex[:6]}-"
@@ -117,11 +126,13 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
     from api.app import create_app
 
     yield ctx, testing.TestClient(create_app(ctx)), config_path
-    hv = ctx.adapters.hypervisor
-    for instance_id in hv.list_instances():
-        hv.destroy(instance_id)
-    for image_id in hv.list_base_images():
-        hv.delete_base_image(image_id)
+    from controller.hosts import hypervisor_of
+
+    for hv in [ctx.adapters.hypervisor] + ([hypervisor_of(ctx, "remote")] if ctx.store.get_host("remote") else []):
+        for instance_id in hv.list_instances():
+            hv.destroy(instance_id)
+        for image_id in hv.list_base_images():
+            hv.delete_base_image(image_id)
     store.close()
 
 
@@ -176,9 +187,16 @@ def console_of(uri: str, domain: str) -> str:
     return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
 
-def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, libvirt_dir_pool, tmp_path):
+def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, libvirt_dir_pool, remote_libvirtd,
+                                                       tmp_path):
     ctx, client, config_path = service
-    uri = libvirt_dir_pool.uri
+    # The guest runs on the second host; the config's own is disabled.
+    remote = remote_libvirtd
+    uri = remote.uri
+    added = agent(config_path, "host", "add", "remote", "--uri", remote.uri, "--storage-pool", remote.pool,
+                  "--network", remote.network)
+    assert added["reachable"] is True and added["enabled"] is True and added["instances"] == 0
+    assert agent(config_path, "host", "disable", "default")["enabled"] is False
 
     # The admin's part, with the agent.
     image = agent(config_path, "image", "add", "--name", "Debian 12", "--os-name", "debian", "--os-major", "12",
@@ -207,6 +225,12 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     inst = post(alice, "/v1/server-instance", {"server-image": image["id"], "server-flavor": flavor["id"],
                                                "users": [accounts["bob"]["uuid"]]})
     assert inst["status"] == "running" and inst["private-ip"] and inst["hostname"]
+    assert ctx.store.list_instances(visible_to=None, instance_id=inst["id"])[0]["host"] == "remote"
+    base_volume = ctx.store.get_image(image["id"])["base_volume"]
+    uploaded = Path(remote.pool_path) / base_volume
+    assert filecmp.cmp(uploaded, Path(libvirt_dir_pool.path, base_volume), shallow=False)  # over the connection
+    listed = {h["name"]: h for h in agent(config_path, "host", "list")["hosts"]}
+    assert listed["remote"]["instances"] == 1 and listed["remote"]["allocated_memory_mb"] == 1024
     assert set(inst["users"]) == {accounts["alice"]["uuid"], accounts["bob"]["uuid"]}
     domain = ctx.config.get("libvirt", "domain_prefix") + inst["id"]
     guest = Guest(uri, inst["private-ip"])
@@ -253,10 +277,12 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     assert (Path(bob_home) / ".ssh" / "authorized_keys").exists()  # his data stays on the head node
 
     # Delete leaves no domain, disk, seed or reservation.
-    pool_files = lambda: sorted(os.listdir(libvirt_dir_pool.path))  # noqa: E731
+    pool_files = lambda: sorted(os.listdir(remote.pool_path))  # noqa: E731
     assert any(inst["id"] in f for f in pool_files())
     ok(client.simulate_delete(f"/v1/server-instance/{inst['id']}", headers=alice.headers))
     assert run(["virsh", "-c", uri, "dominfo", domain], check=False).returncode != 0
     assert not any(inst["id"] in f for f in pool_files())
-    net = ET.fromstring(run(["virsh", "-c", uri, "net-dumpxml", ctx.config.get("network", "name")]).stdout)
+    # No reservation anywhere: the bridged network has none, and the NAT network of the config's host got none.
+    net = ET.fromstring(run(["virsh", "-c", libvirt_dir_pool.uri, "net-dumpxml",
+                             ctx.config.get("network", "name")]).stdout)
     assert inst["private-ip"] not in {h.get("ip") for h in net.findall("ip/dhcp/host")}

@@ -1,0 +1,82 @@
+"""cloud-agent host: the hypervisor hosts instances are placed on (CONTRACT.md section 9)."""
+
+import click
+
+from agent.common import Options, command_options, emit
+from controller import hosts
+
+
+def _line(h: dict) -> str:
+    state = ("enabled" if h["enabled"] else "disabled") + ("" if h["reachable"] else ", UNREACHABLE")
+    capacity = f"{h['vcpus']} CPUs, {h['memory_mb']} MB" if h["vcpus"] is not None else "capacity unknown"
+    return (f"{h['name']:<16} {h['uri']}  [{state}]  {capacity}; allocated {h['allocated_vcpus']} vCPUs, "
+            f"{h['allocated_memory_mb']} MB; {h['instances']} instances")
+
+
+@click.group("host")
+def host():
+    """Manage the hypervisor hosts instances are placed on (the config's [libvirt] uri is one)."""
+
+
+@host.command("add")
+@click.argument("name")
+@click.option("--uri", required=True, help="libvirt URI of the host, e.g. qemu+ssh://root@node01/system.")
+@click.option("--storage-pool", default=None, help="Its storage pool (default: [libvirt] storage_pool).")
+@click.option("--network", default=None,
+              help="Its libvirt network for the private NIC, e.g. a bridged one (default: [network] name).")
+@command_options
+def host_add(opts: Options, name, uri, storage_pool, network):
+    """Add a hypervisor host: connects to it, checks its pool and network and reads its CPUs and memory.
+    An unreachable URI is refused. Images reach the host on first use there.
+
+    \b
+    Examples:
+      cloud-agent host add node01 --uri qemu+ssh://root@node01/system --network cc-bridge
+      cloud-agent host add node02 --uri qemu+tls://node02/system --storage-pool vms
+    """
+    obj = hosts.add_host(opts.context(adapters=True), name=name, uri=uri, storage_pool=storage_pool,
+                         network=network)
+    emit(opts, obj, _line(obj))
+
+
+@host.command("list")
+@command_options
+def host_list(opts: Options):
+    """List the hosts: capacity, what is allocated, instances, and whether each answers now.
+
+    Example: cloud-agent host list --json
+    """
+    found = hosts.list_hosts(opts.context(adapters=True))
+    emit(opts, {"hosts": found}, "\n".join(_line(h) for h in found))
+
+
+def _enabling(enabled: bool):
+    @click.argument("name")
+    @command_options
+    def command(opts: Options, name):
+        obj = hosts.set_enabled(opts.context(adapters=True), name, enabled)
+        emit(opts, obj, _line(obj))
+
+    return command
+
+
+host.command("enable", help="Let new instances be placed on a host again.\n\nExample: cloud-agent host enable node01")(
+    _enabling(True))
+host.command("disable", help="Place no new instance on a host; its instances keep running.\n\n"
+                             "Example: cloud-agent host disable node01")(_enabling(False))
+
+
+@host.command("remove")
+@click.argument("name")
+@command_options
+def host_remove(opts: Options, name):
+    """Forget a host. Refused (nothing changes) while it holds instances, and for the config's own host.
+
+    Example: cloud-agent host remove node01
+    """
+    obj = hosts.remove_host(opts.context(adapters=True), name)
+    emit(opts, obj, f"removed host {name}")
+
+
+def register(cli) -> None:
+    cli.add_command(host)

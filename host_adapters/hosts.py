@@ -1,0 +1,165 @@
+"""Many hypervisor hosts: one Hypervisor per host, and which hosts answer.
+
+A HostPool hands out the Hypervisor of a host (built on first use from the
+host's record: its libvirt URI, storage pool and network; one shared
+connection per host). Every call through it is guarded: a host that did not
+answer (HostUnreachable) is marked unreachable for `retry_seconds`, during
+which calls to it fail at once instead of waiting on it again; the first
+call after the back-off tries it again. What is unreachable is known per
+process (the service's threads share it).
+"""
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common.errors import HostUnreachable, InvalidInput
+from host_adapters.hypervisor import FakeHypervisor, HostCapacity, Hypervisor
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What a Hypervisor is built from: a host record's connection settings."""
+
+    name: str
+    uri: str
+    storage_pool: str
+    network: str
+
+
+# The Hypervisor interface's public methods: the guard wraps each.
+_METHODS = sorted(n for n, v in vars(Hypervisor).items() if callable(v) and not n.startswith("_"))
+
+
+class _Health:
+    """When each host last failed to answer, and why."""
+
+    def __init__(self, retry_seconds: float, clock: Callable[[], float]):
+        self.retry_seconds, self.clock = retry_seconds, clock
+        self._down: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, name: str, why: str) -> None:
+        with self._lock:
+            self._down[name] = (self.clock(), why)
+
+    def answered(self, name: str) -> None:
+        if name in self._down:
+            with self._lock:
+                self._down.pop(name, None)
+
+    def refusal(self, name: str) -> HostUnreachable | None:
+        """The error for a call to a host in its back-off; None when it may be tried."""
+        down = self._down.get(name)
+        if down is None:
+            return None
+        since, why = down
+        left = self.retry_seconds - (self.clock() - since)
+        if left <= 0:
+            return None
+        return HostUnreachable(f"hypervisor host {name} is unreachable ({why}); next try in {left:.0f} s")
+
+    def reachable(self, name: str) -> bool:
+        return self.refusal(name) is None
+
+
+class GuardedHypervisor(Hypervisor):
+    """A host's Hypervisor behind its back-off (see the module docstring)."""
+
+    def __init__(self, name: str, inner: Hypervisor, health: _Health):
+        self.name, self.inner, self._health = name, inner, health
+
+
+def _guarded(method: str):
+    def call(self: GuardedHypervisor, *args, **kwargs):
+        refusal = self._health.refusal(self.name)
+        if refusal is not None:
+            raise refusal
+        try:
+            result = getattr(self.inner, method)(*args, **kwargs)
+        except HostUnreachable as e:
+            self._health.failed(self.name, e.message)
+            raise
+        self._health.answered(self.name)
+        return result
+
+    call.__name__ = method
+    call.__doc__ = getattr(Hypervisor, method).__doc__
+    return call
+
+
+for _method in _METHODS:
+    setattr(GuardedHypervisor, _method, _guarded(_method))
+
+
+class HostPool:
+    """The Hypervisor of each host, built by `build(spec)` on first use and kept."""
+
+    def __init__(self, build: Callable[[HostSpec], Hypervisor], *, retry_seconds: float = 30,
+                 clock: Callable[[], float] = time.monotonic):
+        self._build = build
+        self._health = _Health(retry_seconds, clock)
+        self._built: dict[str, tuple[HostSpec, GuardedHypervisor]] = {}
+        self._lock = threading.Lock()
+        # Set once the config's own host is recorded in this process (controller/hosts.py).
+        self.config_host_recorded = False
+
+    def hypervisor(self, spec: HostSpec) -> Hypervisor:
+        """The host's Hypervisor; built again when its record's settings changed."""
+        built = self._built.get(spec.name)
+        if built is not None and built[0] == spec:
+            return built[1]
+        with self._lock:
+            built = self._built.get(spec.name)
+            if built is None or built[0] != spec:
+                built = (spec, GuardedHypervisor(spec.name, self._build(spec), self._health))
+                self._built[spec.name] = built
+            return built[1]
+
+    def built(self, name: str) -> Hypervisor | None:
+        found = self._built.get(name)
+        return found[1] if found else None
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._built.pop(name, None)
+        self._health.answered(name)
+
+    def reachable(self, name: str) -> bool:
+        """False while the host is in its back-off after failing to answer."""
+        return self._health.reachable(name)
+
+    def mark_unreachable(self, name: str, why: str) -> None:
+        self._health.failed(name, why)
+
+
+class FakeHosts:
+    """FakeHypervisors by host name, for a HostPool in tests: `add(name, capacity)` makes
+    one (a host record with a `fake://NAME` URI finds it); `kill(name)` makes every call
+    to it raise HostUnreachable, `revive(name)` ends that."""
+
+    def __init__(self, default: FakeHypervisor, default_name: str = "default"):
+        self.fakes: dict[str, FakeHypervisor] = {default_name: default}
+
+    def add(self, name: str, *, vcpus: int = 64, memory_mb: int = 256 * 1024, network: str = "cc-private",
+            dhcp: bool = True) -> FakeHypervisor:
+        fake = FakeHypervisor(network=network)
+        fake.capacity = HostCapacity(vcpus=vcpus, memory_mb=memory_mb)
+        fake.dhcp = dhcp
+        self.fakes[name] = fake
+        return fake
+
+    def kill(self, name: str) -> None:
+        self.fakes[name].dead = True
+
+    def revive(self, name: str) -> None:
+        self.fakes[name].dead = False
+
+    def build(self, spec: HostSpec) -> Hypervisor:
+        fake = self.fakes.get(spec.name)
+        if fake is None:
+            if not spec.uri.startswith("fake://"):
+                raise InvalidInput(f"no fake hypervisor host at {spec.uri}")
+            fake = self.add(spec.name, network=spec.network)
+        return fake

@@ -1,0 +1,176 @@
+"""Issue 10 on real parts: a second real libvirtd reached over `qemu+tcp://` as another host.
+
+The config's own host is the first test libvirtd; the second
+(tests/fixtures/remote_libvirtd.py) is added with `host add`. An image reaches
+it over the connection (a failure mid-stream leaves no volume there), an
+instance is placed there, and when its daemon stops: its instance shows
+`error`, its operations are 503, the other host keeps working and reconcile
+reports it and goes on. The real guest that boots on the remote host is in
+tests/test_guest_e2e.py (one boot serves both).
+"""
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from falcon import testing
+
+from api.app import create_app
+from controller import hosts, images
+from controller.config import config_from_dict
+from controller.context import build_context
+from controller.errors import ControllerError
+from controller.reconcile import reconcile
+from controller.security import generate_key_file
+from controller.store import Store
+from host_adapters.factory import build_adapters
+from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
+
+BASE = "/v1/server-instance"
+RETRY_SECONDS = 2
+
+
+@pytest.fixture
+def cluster(tmp_path, libvirt_dir_pool, libvirt_private_network, remote_libvirtd, guest_virt, sysroot,
+            btrfs_home_root):
+    values = config_values_for(tmp_path)
+    values["controller"]["profile"] = "production"
+    values["libvirt"].update(uri=libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name,
+                             domain_prefix=f"hr{uuid.uuid4().hex[:6]}-", virt_type=guest_virt.virt_type,
+                             cpu_mode=guest_virt.cpu_mode)
+    values["network"].update(name=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
+    values["volumes"].update(home_root=btrfs_home_root, quota_backend="none")
+    values["unix"]["root"] = sysroot
+    values["hosts"] = {"retry_seconds": RETRY_SECONDS, "connect_timeout_seconds": 5}
+    values["capacity"] = {"cpu_allocation_ratio": "16", "ram_allocation_ratio": "1.0",
+                          "reserved_host_memory_mb": "0"}
+    values["limits"] = {"instances": -1, "vcpus": -1, "memory_mb": -1, "groups": 5, "managed_users": 5}
+    config = config_from_dict(values, path=str(tmp_path / "controller.ini"))
+    generate_key_file(config.get("auth", "secret_key_file"))
+    store = Store(config.database_path, create=True)
+    store.migrate()
+    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    added = hosts.add_host(ctx, name="remote", uri=remote_libvirtd.uri, storage_pool=remote_libvirtd.pool,
+                           network=remote_libvirtd.network)
+    assert added["reachable"] is True and added["vcpus"] > 0 and added["memory_mb"] > 0
+    yield ctx
+    for name in ("default", "remote"):
+        try:
+            hv = hosts.hypervisor_of(ctx, name)
+            for instance_id in hv.list_instances():
+                hv.destroy(instance_id)
+            for image_id in hv.list_base_images():
+                hv.delete_base_image(image_id)
+        except ControllerError:
+            pass
+    store.close()
+
+
+def qcow2_source(tmp_path: Path, mib: int = 6) -> Path:
+    """A qcow2 file with `mib` MiB of random data: an upload of many stream chunks."""
+    raw, image = tmp_path / "data.raw", tmp_path / "source.qcow2"
+    subprocess.run(["dd", "if=/dev/urandom", f"of={raw}", "bs=1M", f"count={mib}", "status=none"], check=True)
+    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", str(raw), str(image)], check=True)
+    return image
+
+
+def remote_volumes(ctx, remote) -> list[str]:
+    import libvirt
+
+    conn = libvirt.open(remote.uri)
+    try:
+        pool = conn.storagePoolLookupByName(remote.pool)
+        pool.refresh(0)
+        return sorted(v.name() for v in pool.listAllVolumes(0))
+    finally:
+        conn.close()
+
+
+def test_an_image_reaches_the_remote_host_over_the_connection(cluster, remote_libvirtd, tmp_path):
+    ctx = cluster
+    source = qcow2_source(tmp_path)
+    image = images.add_image(ctx, name="Data", os_name="debian", os_major="12", os_minor="0", min_disk=1,
+                             min_ram=128, source=str(source))
+    row = ctx.store.get_image(image["id"])
+
+    sent = []
+
+    def fail_half_way(done, total):
+        sent.append(done)
+        if done > total // 2:
+            raise RuntimeError("upload interrupted")
+
+    with pytest.raises(RuntimeError, match="upload interrupted"):
+        hosts.ensure_image_on_host(ctx, row, "remote", progress=fail_half_way)
+    assert len(sent) > 2  # it failed in the middle of the stream
+    assert remote_volumes(ctx, remote_libvirtd) == []  # no partial volume left there
+    assert not list(Path(remote_libvirtd.pool_path).iterdir())
+
+    progress = []
+    hosts.ensure_image_on_host(ctx, row, "remote", progress=lambda d, t: progress.append((d, t)))
+    assert remote_volumes(ctx, remote_libvirtd) == [row["base_volume"]]
+    assert progress[-1][0] == progress[-1][1] == source.stat().st_size
+    # What is there is the image, byte for byte.
+    assert (Path(remote_libvirtd.pool_path) / row["base_volume"]).read_bytes() == source.read_bytes()
+
+
+def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
+    ctx = cluster
+    client = testing.TestClient(create_app(ctx))
+    alice = make_caller(ctx, "alice@example.org")
+    enable(ctx, alice, username="alice")
+    give_volume(client, alice)
+    image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
+                             min_ram=128)
+    flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
+    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    hosts.set_enabled(ctx, "default", False)
+    r = client.simulate_post(BASE, headers=alice.headers, json=body)
+    assert r.status_code == 201, r.json
+    remote_inst = r.json["data"][0]
+    [row] = ctx.store.list_instances(visible_to=None, instance_id=remote_inst["id"])
+    assert row["host"] == "remote" and remote_inst["status"] == "running"
+    domain = ctx.config.get("libvirt", "domain_prefix") + remote_inst["id"]
+    info = subprocess.run(["virsh", "-c", remote_libvirtd.uri, "domstate", domain], capture_output=True, text=True)
+    assert info.stdout.strip() == "running"
+    on_first = subprocess.run(["virsh", "-c", ctx.config.get("libvirt", "uri"), "dominfo", domain],
+                              capture_output=True, text=True)
+    assert on_first.returncode != 0  # on the remote host only
+
+    remote_libvirtd.stop()
+    try:
+        hosts.set_enabled(ctx, "default", True)
+        r = client.simulate_get(f"{BASE}/{remote_inst['id']}", headers=alice.headers)
+        assert r.status_code == 200 and r.json["data"][0]["status"] == "error"
+        began = time.monotonic()
+        r = client.simulate_put(f"{BASE}/{remote_inst['id']}", headers=alice.headers,
+                                json={"task": {"what": "power-off"}})
+        assert r.status_code == 503 and "remote is unreachable" in r.json["msg"], r.json
+        assert time.monotonic() - began < 1  # in its back-off: nobody waits on it
+        r = client.simulate_delete(f"{BASE}/{remote_inst['id']}", headers=alice.headers)
+        assert r.status_code == 503
+        # The other host keeps working: a create lands there, lists answer.
+        r = client.simulate_post(BASE, headers=alice.headers, json=body)
+        assert r.status_code == 201, r.json
+        local = r.json["data"][0]
+        listed = {i["id"]: i["status"] for i in client.simulate_get(BASE, headers=alice.headers).json["data"]}
+        assert listed == {remote_inst["id"]: "error", local["id"]: "running"}
+        found = {h["name"]: h for h in hosts.list_hosts(ctx)}
+        assert found["remote"]["reachable"] is False and found["default"]["reachable"] is True
+        assert found["remote"]["instances"] == 1
+        drift = reconcile(ctx)
+        assert [(d["kind"], d["target"]) for d in drift if d["host"] == "remote"] == [("host-unreachable", "remote")]
+        assert [d for d in drift if d["host"] == "default"] == []  # compared, and in order
+    finally:
+        remote_libvirtd.start()
+    time.sleep(RETRY_SECONDS + 0.5)
+    r = client.simulate_get(f"{BASE}/{remote_inst['id']}", headers=alice.headers)
+    assert r.json["data"][0]["status"] == "running"  # it ran on while its libvirtd was down
+    for inst in (remote_inst, local):
+        assert client.simulate_delete(f"{BASE}/{inst['id']}", headers=alice.headers).status_code == 200
+    assert subprocess.run(["virsh", "-c", remote_libvirtd.uri, "dominfo", domain],
+                          capture_output=True).returncode != 0
