@@ -644,6 +644,11 @@ class Store:
         sql = cls._HOSTS_SQL.format(where="WHERE h.name = ?" if name is not None else "")
         return [dict(r) for r in conn.execute(sql, () if name is None else (name,)).fetchall()]
 
+    def host_network(self, name: str) -> str | None:
+        """The libvirt network of a recorded host (None: no such host)."""
+        row = self.conn.execute("SELECT network FROM hosts WHERE name = ?", (name,)).fetchone()
+        return row[0] if row else None
+
     def list_hosts(self) -> list[dict]:
         return self._hosts(self.conn)
 
