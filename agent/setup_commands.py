@@ -179,6 +179,40 @@ def serve(opts: Options, host, port):
         housekeeper.stop()  # writes the anonymous failures still counted
 
 
+@click.group("sandbox")
+def sandbox():
+    """Sandbox-only tools (profile = sandbox)."""
+
+
+@sandbox.command("load")
+@click.option("--users", type=int, default=10_000, show_default=True, help="Users in all.")
+@click.option("--owners", type=int, default=100, show_default=True, help="Users that own managed users.")
+@click.option("--managed-per-owner", type=int, default=50, show_default=True)
+@click.option("--instances", type=int, default=10_000, show_default=True)
+@click.option("--owner-instances", type=int, default=49, show_default=True,
+              help="Instances of each owner; managed users get 1 each, plain users the rest.")
+@click.option("--groups", type=int, default=1_000, show_default=True)
+@click.option("--members-per-group", type=int, default=5, show_default=True)
+@command_options
+def sandbox_load(opts: Options, users, owners, managed_per_owner, instances, owner_instances, groups,
+                 members_per_group):
+    """Load the sandbox with users, accounts, homes, groups and instances in bulk
+    (controller/scale_load.py); prints counts, the loaded users' shared password and
+    the credentials of a few of them. The next `serve` makes the instances' domains.
+
+    Example: cloud-agent --config ./state/controller.ini --json sandbox load --users 1000 --owners 10 --instances 1000 --groups 100
+    """
+    from controller.scale_load import Shape, load
+
+    ctx = opts.context(adapters=True)
+    shape = Shape(users=users, owners=owners, managed_per_owner=managed_per_owner, instances=instances,
+                  owner_instances=owner_instances, groups=groups, members_per_group=members_per_group)
+    show = (lambda m: click.echo(f"load: {m}", err=True)) if not opts.as_json else (lambda _m: None)
+    result = load(ctx, shape, progress=show)
+    emit(opts, result, "\n".join(f"{k}: {v}" for k, v in result.items() if k not in ("sample", "instance_ids")))
+
+
 def register(cli) -> None:
     cli.add_command(init)
     cli.add_command(serve)
+    cli.add_command(sandbox)

@@ -1,7 +1,7 @@
 """The controller interface (spec sections 4.1 to 4.5): thin resources over the service layer."""
 
 from api import schemas
-from api.envelopes import ok_controller
+from api.envelopes import ok_controller, stream_controller
 from api.params import json_object
 from api.validation import validate
 from controller import groups, images, instances, volumes
@@ -27,7 +27,7 @@ def _query(req, name: str) -> str | None:
 
 class InstanceCollection(_Resource):
     def on_get(self, req, resp):
-        ok_controller(resp, instances.list_instances(
+        stream_controller(resp, instances.iter_instances(
             self.ctx, req.context.requester, cloudauth_id=_query(req, "cloudauth-id")))
 
     def on_post(self, req, resp):

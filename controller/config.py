@@ -54,6 +54,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "cpu_mode": "host-passthrough",
         # The name under which uri is a hypervisor host (`cloud-agent host list`).
         "host_name": "default",
+        # Lists answer statuses from a snapshot of every domain's state at most this old.
+        "status_max_age_seconds": "2",
     },
     "network": {
         # The libvirt network of every instance's private NIC; `cloud-agent init`
@@ -194,6 +196,12 @@ class Config:
                 raise InvalidInput(f"config [hosts] {key} must be 1 or more")
         if not HOST_NAME.fullmatch(self.get("libvirt", "host_name")):
             raise InvalidInput("config [libvirt] host_name must match " + HOST_NAME.pattern)
+        try:
+            if not float(self.get("libvirt", "status_max_age_seconds")) >= 0:
+                raise ValueError
+        except ValueError:
+            raise InvalidInput("config [libvirt] status_max_age_seconds must be a number of seconds, 0 or more") \
+                from None
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
         self._validate_groups()

@@ -1,6 +1,7 @@
 """Server-instances: VMs built from an image and a flavor, with the homes of their users mounted."""
 
 import logging
+from collections.abc import Iterator
 
 from controller import hosts, limits
 from controller import permissions as perms
@@ -48,31 +49,9 @@ def _refresh_status(ctx: Context, row: dict) -> dict:
     return row
 
 
-def _refresh_statuses(ctx: Context, rows: list[dict]) -> list[dict]:
-    """_refresh_status for a list: one call to each host that holds rows of it (several
-    hosts at once), one write for the changes. Rows of a host that cannot answer show
-    "error", unwritten."""
-    if not rows:
-        return rows
-    answers = hosts.each_host((r["host"] for r in rows), lambda name: hypervisor_of(ctx, name).statuses())
-    changed = {}
-    for row in rows:
-        current = answers[row["host"]]
-        if isinstance(current, HostError) or not isinstance(current, dict):
-            row["status"] = "error"
-            continue
-        status = current.get(row["id"], "error")
-        if status != row["status"]:
-            changed[row["id"]] = row["status"] = status
-    if changed:
-        ctx.store.set_instance_statuses(changed)
-    return rows
-
-
 def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
     scope = perms.visible_to(requester)
-    return find_or_404("server-instance", instance_id,
-                       lambda i: next(iter(ctx.store.list_instances(visible_to=scope, instance_id=i)), None))
+    return find_or_404("server-instance", instance_id, lambda i: ctx.store.get_instance(i, visible_to=scope))
 
 
 def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
@@ -81,12 +60,44 @@ def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
 
 
 def list_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
+    return list(iter_instances(ctx, requester, cloudauth_id=cloudauth_id))
+
+
+def iter_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> Iterator[dict]:
+    """The instances the requester sees, as objects, one at a time from a store cursor (a
+    superuser's list of 10,000 is never held whole, in rows or in objects).
+
+    One call to each host holding rows for all their statuses (made at the first row; none
+    for an empty list); the host's view wins, and changed statuses are written in one
+    statement after the last row. Consume it in the calling thread."""
     if cloudauth_id is not None:
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
-    rows = ctx.store.list_instances(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)
-    return [instance_object(r) for r in _refresh_statuses(ctx, rows)]
+    scope = perms.visible_to(requester)
+    rows = ctx.store.iter_instances(visible_to=scope, owner_id=cloudauth_id)
+
+    def objects() -> Iterator[dict]:
+        answers, changed = None, {}
+        for row in rows:
+            if answers is None:
+                # One call to each host holding rows of this list, several hosts at once.
+                held = ctx.store.instance_hosts(visible_to=scope, owner_id=cloudauth_id)
+                answers = hosts.each_host(held, lambda name: hypervisor_of(ctx, name).statuses())
+            current = answers.get(row["host"])
+            if not isinstance(current, dict):
+                # A host that cannot answer: "error", unwritten (the stored state is the
+                # last one known, kept for when it answers).
+                row["status"] = "error"
+            else:
+                status = current.get(row["id"], "error")
+                if status != row["status"]:
+                    changed[row["id"]] = row["status"] = status
+            yield instance_object(row)
+        if changed:
+            ctx.store.set_instance_statuses(changed)
+
+    return objects()
 
 
 def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:
@@ -152,10 +163,12 @@ def _on_host_network(ctx: Context, row: dict, nics):
     the NAT network of a single node, or a bridged one on the nodes)."""
     import dataclasses
 
-    host = ctx.store.get_host(row["host"]) if row.get("host") else None
-    if host is None or host["network"] == ctx.config.get("network", "name"):
+    # Only the network: get_host() also sums what the host's instances allocate, a scan of
+    # them all (2.8 ms at 10,000), and every guest spec of a sandbox's start asked for it.
+    network = ctx.store.host_network(row["host"]) if row.get("host") else None
+    if network is None or network == ctx.config.get("network", "name"):
         return nics
-    return tuple(dataclasses.replace(n, network=host["network"]) if n.network else n for n in nics)
+    return tuple(dataclasses.replace(n, network=network) if n.network else n for n in nics)
 
 
 def _owner_account(ctx: Context, user_id: str) -> dict:

@@ -316,7 +316,10 @@ def _hypervisor_hosts(run: _Run) -> None:
             _network(run, hypervisor, host, own=host["name"] == own)
             if host["name"] == own:
                 _base_images(run, hypervisor)
-            _instances(run, hypervisor, host)
+            # Domains rebuilt together (a sandbox's start makes every one): the adapter
+            # may group what costs more one at a time (DHCP reservations).
+            with hypervisor.batch():
+                _instances(run, hypervisor, host)
         except HostUnreachable as e:
             run.found("host-unreachable", host["name"], f"{host['uri']} stopped answering: {e.message}")
         finally:

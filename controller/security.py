@@ -26,11 +26,21 @@ _DUMMY_PASSWORD = "dummy-password-for-timing"
 class Passwords:
     def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536, max_concurrent_checks: int = 2):
         self._hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=1)
-        self._dummy_hash = self._hasher.hash(_DUMMY_PASSWORD)
+        # Made on first use, not at start: one argon2 hash costs memory_kib (64 MiB by
+        # default), which would set the server's peak memory before any request.
+        self._dummy: str | None = None
+        self._dummy_lock = threading.Lock()
         # argon2 costs tens of milliseconds and megabytes per check: at most this many
         # logins hash at once, so a flood of password logins cannot take every server
         # thread and all memory.
         self._checks = threading.BoundedSemaphore(max_concurrent_checks)
+
+    @property
+    def _dummy_hash(self) -> str:
+        with self._dummy_lock:
+            if self._dummy is None:
+                self._dummy = self._hasher.hash(_DUMMY_PASSWORD)
+            return self._dummy
 
     def hash(self, password: str) -> str:
         return self._hasher.hash(password)

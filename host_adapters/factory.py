@@ -92,6 +92,8 @@ def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervis
         volume_io=InProcessVolumeIO() if test_driver else StreamVolumeIO(),
         stand_in_base_images=test_driver,
         connect_timeout=None if test_driver else float(config.get("hosts", "connect_timeout_seconds")),
+        status_max_age=float(config.get("libvirt", "status_max_age_seconds")),
+        lean_definitions=test_driver,
     )
 
 

@@ -7,6 +7,7 @@ users, one NIC per address, and one virtiofs share per home. The libvirt
 implementation is in host_adapters/libvirt_hypervisor.py.
 """
 
+import contextlib
 import errno
 import os
 import re
@@ -209,7 +210,8 @@ class Hypervisor:
     def statuses(self) -> dict[str, str]:
         """The status of every instance with a domain on this host, in one call to the
         host whatever their number (lists use it; one status() per row would cost a
-        round trip each). An instance missing from it has no domain: "error"."""
+        round trip each). An instance missing from it has no domain: "error".
+        Callers only read the mapping (an adapter may hand out a shared snapshot)."""
         raise NotImplementedError
 
     def set_guest(self, instance_id: str, guest: GuestSpec) -> None:
@@ -231,6 +233,16 @@ class Hypervisor:
     def list_instances(self) -> list[str]:
         """Ids of instances that have a domain, a disk or a seed on this host, sorted."""
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def batch(self):
+        """A block of many calls (reconcile rebuilding every domain of a sandbox) in which the
+        adapter may postpone changes that cost more one at a time than together, and make
+        them together when the block ends; an error in doing so is raised there. Calls in
+        the block behave as documented, except that those changes (the libvirt adapter:
+        DHCP reservations) exist only once the block has ended. Adapters with nothing
+        to group run every call at once."""
+        yield
 
     def describe(self, instance_id: str) -> InstanceInfo:
         """What the host holds for the instance: the persistent definition and, while a

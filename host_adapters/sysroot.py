@@ -99,65 +99,94 @@ def _read_lines(root: str | None, name: str) -> list[tuple[int, list[str]]]:
     return rows
 
 
+# Account files, indexed by name and kept while the file is the same one: the shadow
+# tools and append_entries replace a file by renaming a new one over it (a new inode),
+# so (inode, size, mtime) changes with every change. Reconcile and guest specs look up
+# thousands of names; parsing 10,000 lines for each look-up made a sandbox start with
+# 10,000 accounts take minutes. A new version is split once (one thread does it, the
+# others wait for it) and a line becomes an entry only when it is asked for: building
+# 11,000 entries for every group made through the API was most of its cost.
+_FIELDS = {"passwd": 7, "group": 4, "shadow": 9}
+_indexed: dict[str, tuple[tuple, list, dict]] = {}
+_index_locks: dict[str, threading.Lock] = {}
+_indexed_guard = threading.Lock()
+
+
+def _index(root: str | None, name: str) -> tuple[list, dict]:
+    """(rows, rows by entry name) of an account file; a row is (line number, fields). A line
+    with the wrong number of fields is a HostError for every read of the file."""
+    path = etc_file(root, name)
+    with _indexed_guard:
+        path_lock = _index_locks.setdefault(path, threading.Lock())
+    with path_lock:
+        try:
+            st = os.stat(path)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            identity = None
+        hit = _indexed.get(path)
+        if hit is not None and identity is not None and hit[0] == identity:
+            return hit[1], hit[2]
+        rows = _read_lines(root, name)
+        by_name: dict[str, tuple[int, list[str]]] = {}
+        expected = _FIELDS[name]
+        for row in rows:
+            if len(row[1]) != expected:
+                raise _malformed(root, name, row[0])
+            by_name.setdefault(row[1][0], row)  # the first line wins, as for getpwnam
+        if identity is not None:
+            _indexed[path] = (identity, rows, by_name)
+        return rows, by_name
+
+
 def _malformed(root: str | None, name: str, number: int) -> HostError:
     return HostError(f"malformed line {number} in {etc_file(root, name)}")
 
 
+def _passwd_entry(root: str | None, number: int, fields: list[str]) -> PasswdEntry:
+    try:
+        return PasswdEntry(name=fields[0], uid=int(fields[2]), gid=int(fields[3]), home=fields[5], shell=fields[6])
+    except ValueError:
+        raise _malformed(root, "passwd", number) from None
+
+
+def _group_entry(root: str | None, number: int, fields: list[str]) -> GroupEntry:
+    try:
+        return GroupEntry(name=fields[0], gid=int(fields[2]), members=tuple(m for m in fields[3].split(",") if m))
+    except ValueError:
+        raise _malformed(root, "group", number) from None
+
+
+def _shadow_entry(root: str | None, number: int, fields: list[str]) -> ShadowEntry:
+    try:
+        return ShadowEntry(name=fields[0], password=fields[1], expire=int(fields[7]) if fields[7] else None)
+    except ValueError:
+        raise _malformed(root, "shadow", number) from None
+
+
+def _shadow_index(root: str | None) -> tuple[list, dict]:
+    # A root without a shadow file has no shadow entries.
+    if not os.path.exists(etc_file(root, "shadow")):
+        return [], {}
+    return _index(root, "shadow")
+
+
 def read_passwd(root: str | None) -> list[PasswdEntry]:
-    entries = []
-    for number, fields in _read_lines(root, "passwd"):
-        try:
-            if len(fields) != 7:
-                raise ValueError
-            entries.append(
-                PasswdEntry(
-                    name=fields[0],
-                    uid=int(fields[2]),
-                    gid=int(fields[3]),
-                    home=fields[5],
-                    shell=fields[6],
-                )
-            )
-        except ValueError:
-            raise _malformed(root, "passwd", number) from None
-    return entries
+    return [_passwd_entry(root, n, f) for n, f in _index(root, "passwd")[0]]
 
 
 def read_group(root: str | None) -> list[GroupEntry]:
-    entries = []
-    for number, fields in _read_lines(root, "group"):
-        try:
-            if len(fields) != 4:
-                raise ValueError
-            members = tuple(m for m in fields[3].split(",") if m)
-            entries.append(GroupEntry(name=fields[0], gid=int(fields[2]), members=members))
-        except ValueError:
-            raise _malformed(root, "group", number) from None
-    return entries
+    return [_group_entry(root, n, f) for n, f in _index(root, "group")[0]]
 
 
 def read_shadow(root: str | None) -> list[ShadowEntry]:
     """etc/shadow's entries (root reads it; a root without the file has none)."""
-    try:
-        lines = _read_lines(root, "shadow")
-    except HostUnavailable:
-        if not os.path.exists(etc_file(root, "shadow")):
-            return []
-        raise
-    entries = []
-    for number, fields in lines:
-        try:
-            if len(fields) != 9:
-                raise ValueError
-            entries.append(ShadowEntry(name=fields[0], password=fields[1],
-                                       expire=int(fields[7]) if fields[7] else None))
-        except ValueError:
-            raise _malformed(root, "shadow", number) from None
-    return entries
+    return [_shadow_entry(root, n, f) for n, f in _shadow_index(root)[0]]
 
 
 def find_shadow(root: str | None, name: str) -> ShadowEntry | None:
-    return next((e for e in read_shadow(root) if e.name == name), None)
+    row = _shadow_index(root)[1].get(name)
+    return None if row is None else _shadow_entry(root, *row)
 
 
 def login_defs(root: str | None) -> dict[str, str]:
@@ -185,16 +214,23 @@ def state_file(root: str | None, name: str) -> str:
 
 
 def find_group(root: str | None, name: str) -> GroupEntry | None:
-    return next((g for g in read_group(root) if g.name == name), None)
+    row = _index(root, "group")[1].get(name)
+    return None if row is None else _group_entry(root, *row)
 
 
 def find_user(root: str | None, name: str) -> PasswdEntry | None:
-    return next((u for u in read_passwd(root) if u.name == name), None)
+    row = _index(root, "passwd")[1].get(name)
+    return None if row is None else _passwd_entry(root, *row)
+
+
+def user_names(root: str | None) -> set[str]:
+    """The names in etc/passwd (without building an entry per line)."""
+    return set(_index(root, "passwd")[1])
 
 
 def unknown_users(root: str | None, names: list[str]) -> list[str]:
     """The names that are not accounts the membership commands will accept."""
-    local = {u.name for u in read_passwd(root)}
+    local = user_names(root)
     missing = [n for n in names if n not in local]
     if root is None:
         # On the host gpasswd asks NSS, so directory (LDAP) accounts count too.
@@ -253,3 +289,77 @@ def make_sysroot(path: "str | os.PathLike[str]") -> str:
             os.fchmod(f.fileno(), mode)  # the umask may have narrowed it
             f.write(content)
     return root
+
+
+# -- bulk writes (loading a sandbox at cluster scale) ----------------------------------
+# Lines as useradd -U -M and groupadd + gpasswd -M write them (Debian 12's shadow
+# tools): no password ("!"), the last change day, no ageing fields.
+def passwd_line(name: str, uid: int, gid: int, home: str, shell: str) -> str:
+    return f"{name}:x:{uid}:{gid}::{home}:{shell}"
+
+
+def group_line(name: str, gid: int, members: tuple[str, ...] = ()) -> str:
+    return f"{name}:x:{gid}:{','.join(members)}"
+
+
+def shadow_line(name: str, last_change_day: int) -> str:
+    return f"{name}:!:{last_change_day}::::::"
+
+
+def gshadow_line(name: str, members: tuple[str, ...] = ()) -> str:
+    return f"{name}:!::{','.join(members)}"
+
+
+def append_entries(root: str, lines: dict[str, list[str]]) -> None:
+    """Append lines to account files of a scratch system root (`lines`: file name, e.g.
+    "passwd", -> lines without newline), each file replaced whole by a rename.
+
+    For loading thousands of accounts and groups at once, where one useradd or
+    groupadd each would take minutes. Only inside a scratch root: on the host, the
+    tools (and nscd, and auditing) must see every change. The caller checks names
+    and numbers; this refuses a name already in the file, and holds the lock the
+    shadow tools take (lckpwdf: a write lock on etc/.pwd.lock), so a useradd in
+    another process waits instead of losing lines.
+    """
+    if root is None:
+        raise HostError("bulk account writes are only for a scratch system root ([unix] root)")
+    import fcntl
+
+    etc = os.path.join(root, "etc")
+    with lock(root):
+        fd = os.open(os.path.join(etc, ".pwd.lock"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            # All files checked before any is written: a clash leaves every file unchanged.
+            staged = []
+            for name, new in lines.items():
+                if not new:
+                    continue
+                path = os.path.join(etc, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                have = {line.split(":", 1)[0] for line in text.splitlines() if line and line[0] not in "#+-"}
+                names = [line.split(":", 1)[0] for line in new]
+                clash = have & set(names)
+                if clash:
+                    raise HostError(f"{path} already has {sorted(clash)[0]}")
+                if len(set(names)) != len(names):
+                    raise HostError(f"the lines for {path} name an entry twice")
+                if text and not text.endswith("\n"):
+                    text += "\n"
+                staged.append((path, text + "\n".join(new) + "\n", os.stat(path)))
+            for path, text, st in staged:
+                tmp = f"{path}+"
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                              st.st_mode & 0o777)
+                with os.fdopen(out, "w", encoding="utf-8") as f:
+                    os.fchmod(f.fileno(), st.st_mode & 0o777)
+                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+        except OSError as e:
+            raise HostError(f"cannot write the account files of {root}: {e.strerror}") from None
+        finally:
+            os.close(fd)

@@ -238,6 +238,46 @@ class CommandUnixGroups(UnixGroups):
         return {g.name: list(g.members) for g in sysroot.read_group(self.root)}
 
 
+
+# -- bulk (loading a sandbox at scale; not part of the UnixGroups interface) ----------------
+def create_many(groups_adapter: CommandUnixGroups, groups: list[tuple[str, list[str]]]) -> dict[str, int]:
+    """Create many groups at once in a scratch system root: (name, members) each, with
+    gids from the adapter's range as groupadd would pick them (the lowest free ones),
+    written as groupadd + gpasswd -M write them. All or nothing; returns name -> gid.
+
+    For loading a sandbox at scale (one write of group and gshadow instead of a
+    groupadd and a gpasswd each); HostError on the host itself ([unix] root empty).
+    """
+    if groups_adapter.root is None:
+        raise HostError("bulk group creation is only for a scratch system root ([unix] root)")
+    checked = [(check_group_name(name), _check_members(members)) for name, members in groups]
+    with sysroot.lock(groups_adapter.root):
+        existing = sysroot.read_group(groups_adapter.root)
+        names = [name for name, _ in checked]
+        clash = sorted({g.name for g in existing} & set(names))
+        if clash or len(set(names)) != len(names):
+            raise Conflict(f"group {clash[0] if clash else 'named twice'} already exists")
+        groups_adapter._require_accounts(sorted({m for _, members in checked for m in members}))
+        if groups_adapter.gid_range is not None:
+            low, high = groups_adapter.gid_range
+        else:
+            defs = sysroot.login_defs(groups_adapter.root)
+            low, high = int(defs.get("GID_MIN", 1000)), int(defs.get("GID_MAX", 60000))
+        used = {g.gid for g in existing}
+        free = (gid for gid in range(low, high + 1) if gid not in used)
+        gids = {}
+        for name, _ in checked:
+            gid = next(free, None)
+            if gid is None:
+                raise HostError(f"no free group number left in {low}-{high}; widen [groups] gid_min/gid_max")
+            gids[name] = gid
+        sysroot.append_entries(groups_adapter.root, {
+            "group": [sysroot.group_line(name, gids[name], tuple(members)) for name, members in checked],
+            "gshadow": [sysroot.gshadow_line(name, tuple(members)) for name, members in checked],
+        })
+    return gids
+
+
 class FakeUnixGroups(UnixGroups):
     """In-memory groups sharing state with a FakeDirectory, as real groups share
     /etc/group with the accounts' private groups.

@@ -1,0 +1,308 @@
+"""Loading a sandbox at scale (controller/scale_load.py) and what keeps reads cheap there.
+
+The bulk writers of a scratch system root are checked with the real shadow tools
+(grpck, pwck, useradd, groupadd, gpasswd, groupdel read what they wrote); a small
+load of a real sandbox is checked invariant by invariant, by `cloud-agent
+reconcile`, and by a real `cloud-agent serve` that must rebuild every domain.
+"""
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+import pytest
+
+from api.envelopes import _chunks
+from controller.errors import Conflict, HostError
+from host_adapters import local_directory, sysroot, unix_groups
+from host_adapters.local_directory import LocalDirectory
+from host_adapters.sysroot import make_sysroot
+from host_adapters.unix_groups import CommandUnixGroups
+from host_adapters.volume_io import InProcessVolumeIO
+from tests.test_controller_api import boot, ok, people  # noqa: F401 (people: a fixture)
+from tests.fixtures.api import give_volume
+
+AGENT = Path(sys.executable).parent / "cloud-agent"
+
+
+# -- bulk writers of a scratch system root ----------------------------------------------
+@pytest.fixture
+def root(tmp_path):
+    return make_sysroot(tmp_path / "sysroot")
+
+
+def _tool(*argv):
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.real_commands
+def test_bulk_accounts_and_groups_are_what_the_shadow_tools_read(root):
+    directory = LocalDirectory(root)
+    groups = CommandUnixGroups(root, gid_range=(70000, 79999))
+    made = local_directory.create_accounts(directory, [(f"bulk{i}", f"/srv/home/bulk{i}") for i in range(20)])
+    assert [a.uid for a in made] == list(range(10000, 10020)) and all(a.gid == a.uid for a in made)
+    gids = unix_groups.create_many(groups, [("team1", ["bulk1", "bulk2"]), ("team2", [])])
+    assert gids == {"team1": 70000, "team2": 70001}
+
+    # grpck finds nothing wrong; pwck only the homes and shell a scratch root lacks.
+    assert _tool("grpck", "-r", "-R", root).returncode == 0
+    complaints = [l for l in _tool("pwck", "-r", "-R", root).stdout.splitlines() if l != "pwck: no changes"]
+    assert complaints and all(l.endswith(("does not exist", "does not exist ")) for l in complaints), complaints
+    # The tools see the bulk entries: names are taken, the next uid and gid come after them.
+    assert _tool("useradd", "-R", root, "-U", "-M", "bulk3").returncode == 9
+    assert _tool("groupadd", "-R", root, "team1").returncode == 9
+    alice = directory.create_account("alice", home="/srv/home/alice")
+    assert alice.uid == 10020
+    assert _tool("gpasswd", "-Q", root, "-a", "alice", "team2").returncode == 0
+    assert groups.get("team2") == ["alice"] and groups.gid("team1") == 70000
+    assert directory.get_account("bulk7").uid == 10007 and not directory.get_account("bulk7").locked
+    directory.lock_account("bulk7")  # usermod on a bulk entry
+    assert directory.get_account("bulk7").locked
+    assert _tool("groupdel", "-R", root, "team1").returncode == 0
+    assert groups.get("team1") is None
+    assert directory.uid_mark.read() == 10020
+
+
+def test_a_bulk_write_that_clashes_changes_nothing(root):
+    directory = LocalDirectory(root)
+    local_directory.create_accounts(directory, [("taken", "/srv/home/taken")])
+    before = {n: Path(root, "etc", n).read_text() for n in ("passwd", "group", "shadow", "gshadow")}
+    with pytest.raises(Conflict):
+        local_directory.create_accounts(directory, [("fresh", "/srv/home/fresh"), ("taken", "/srv/home/x")])
+    with pytest.raises(Conflict):
+        unix_groups.create_many(CommandUnixGroups(root), [("newgroup", []), ("taken", [])])
+    assert {n: Path(root, "etc", n).read_text() for n in before} == before
+    assert directory.uid_mark.read() == 10000
+
+
+def test_bulk_writes_refuse_the_host_itself():
+    with pytest.raises(HostError, match="scratch system root"):
+        local_directory.create_accounts(LocalDirectory(None), [("someone", "/home/someone")])
+    with pytest.raises(HostError, match="scratch system root"):
+        unix_groups.create_many(CommandUnixGroups(None), [("somegroup", [])])
+
+
+def test_parsed_account_files_follow_every_replacement(root):
+    directory = LocalDirectory(root)
+    assert directory.get_account("late") is None
+    local_directory.create_accounts(directory, [("late", "/srv/home/late")])
+    assert directory.get_account("late").uid == 10000
+    passwd = Path(root, "etc", "passwd")
+    # Rewritten in place, same size: a new mtime is enough to be read again.
+    text = passwd.read_text().replace(":10000:10000:", ":10001:10000:")
+    time.sleep(0.01)
+    passwd.write_text(text)
+    assert directory.get_account("late").uid == 10001
+
+
+def test_in_process_volume_contents_keep_their_padding():
+    io = InProcessVolumeIO()
+
+    class Vol:
+        def path(self):
+            return "/pool/seed"
+
+    io.write(None, Vol(), b"seed", pad_to=4096)
+    data = io.read(None, Vol())
+    assert len(data) == 4096 and data.startswith(b"seed") and not data[4:].strip(b"\0")
+    assert io.read_head(None, Vol(), 2) == b"se"
+
+
+# -- the streamed list envelope ---------------------------------------------------------------
+@pytest.mark.parametrize("count", [0, 1, 3, 200, 400, 450])
+def test_streamed_envelope_is_the_controller_envelope(count):
+    objects = [{"id": str(i), "users": []} for i in range(count)]
+    it = iter(objects)
+    chunks = list(_chunks(next(it, None), it, per_chunk=200))
+    assert json.loads(b"".join(chunks)) == {"data": objects, "msg": "", "success": True}
+    assert len(chunks) == 1 + -(-count // 200)  # a chunk per 200 objects, then the envelope's end
+
+
+# -- hypervisor calls per request (fake) -------------------------------------------------------
+def test_a_list_makes_one_hypervisor_call_whatever_its_length(client, cctx, adapters, people, catalog):
+    owner, managed, admin, hv = people["owner"], people["managed"], people["admin"], adapters.hypervisor
+    before = hv.host_calls
+    assert ok(client.simulate_get("/v1/server-instance", headers=admin.headers)) == []
+    assert hv.host_calls == before  # an empty list asks the host nothing
+    give_volume(client, owner)
+    give_volume(client, managed)
+    for caller, count in ((owner, 7), (managed, 5)):
+        for _ in range(count):
+            ok(boot(client, caller, catalog), 201)
+    for caller, rows in ((admin, 12), (owner, 12), (managed, 5), (people["stranger"], 0)):
+        before = hv.host_calls
+        assert len(ok(client.simulate_get("/v1/server-instance", headers=caller.headers))) == rows
+        assert hv.host_calls - before == (1 if rows else 0), hv.calls
+    one = ok(client.simulate_get("/v1/server-instance", headers=managed.headers))[0]["id"]
+    before = hv.host_calls
+    ok(client.simulate_get(f"/v1/server-instance/{one}", headers=owner.headers))
+    assert hv.host_calls - before == 1
+
+
+# -- the libvirt adapter: status snapshot and batched reservations (test driver) -------------------
+def _guest(hv, index):
+    from host_adapters.guest import GuestSpec, Nic
+
+    mac = "52:54:00:aa:%02x:%02x" % (index >> 8, index & 255)
+    return GuestSpec(hostname=f"batch{index}", users=(), groups=(),
+                     nics=(Nic(mac=mac, address=f"10.213.9.{index + 2}", prefix=16, gateway="10.213.0.1",
+                               network=hv.network),))
+
+
+def test_statuses_snapshot_follows_the_adapters_own_changes(libvirt_test_driver):
+    import libvirt
+
+    from tests.fixtures.libvirtd import TEST_URI
+
+    hv = libvirt_test_driver
+    hv._status_max_age = 60
+    base = hv.create_base_image("snapimg", size_gb=1)
+    a, b = "0a000000-0000-4000-8000-00000000000a", "0b000000-0000-4000-8000-00000000000b"
+    for i, iid in enumerate((a, b)):
+        hv.spawn(iid, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=_guest(hv, i))
+    assert hv.statuses()[a] == "running"
+    # Changed behind the adapter's back: the snapshot answers until it is too old...
+    libvirt.open(TEST_URI).lookupByName(hv._names.domain(a)).destroy()
+    assert hv.statuses()[a] == "running"
+    # ...or until the adapter changes a domain itself.
+    hv.power_off(b)
+    assert hv.statuses() == {**hv.statuses(), a: "shutoff", b: "shutoff"}
+    hv._status_max_age = 0
+    assert hv.statuses()[a] == "shutoff"
+
+
+def test_a_batch_makes_the_reservations_together_at_its_end(libvirt_test_driver):
+    hv = libvirt_test_driver
+    hv.ensure_network()
+    base = hv.create_base_image("batchimg", size_gb=1)
+    ids = [f"0c00000{i}-0000-4000-8000-000000000000" for i in range(3)]
+    with hv.batch():
+        for i, iid in enumerate(ids):
+            hv.spawn(iid, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=_guest(hv, i))
+        assert hv.list_reservations() == []  # queued
+        hv.destroy(ids[2])  # an instance gone before the end takes its reservation along
+    found = {r.mac: r.address for r in hv.list_reservations()}
+    assert found == {_guest(hv, i).nics[0].mac: f"10.213.9.{i + 2}" for i in range(2)}
+    assert all(hv.describe(i).reservations for i in ids[:2])
+    assert hv.statuses()[ids[0]] == "running"
+
+
+# -- a real sandbox, loaded small ------------------------------------------------------------------
+def _agent(config, *args, input=None):
+    proc = subprocess.run([str(AGENT), "--config", str(config), "--json", *args], capture_output=True, text=True,
+                          timeout=300, input=input)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port, path, token, userid):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 headers={"X-Auth-Token": token, "X-Auth-Cloudauth-Id": userid})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _token(port, who):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/auth/token", method="POST",
+                                 data=json.dumps({"api_key": who["api_key"], "api_secret": who["api_secret"]}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())["data"]["token"]
+
+
+@pytest.mark.real_commands
+def test_a_small_load_keeps_every_invariant_and_serves(tmp_path):
+    import sqlite3
+
+    state, config = tmp_path / "state", tmp_path / "state" / "controller.ini"
+    _agent(config, "init", "--sandbox", str(state))
+    admin = _agent(config, "user", "create-superuser", "--email", "admin@example.org", "--password-file", "-",
+                   input="Admin-pass-2026-x\n")
+    loaded = _agent(config, "sandbox", "load", "--users", "40", "--owners", "3", "--managed-per-owner", "4",
+                    "--instances", "35", "--owner-instances", "5", "--groups", "7", "--members-per-group", "3")
+    assert (loaded["users"], loaded["owners"], loaded["managed_users"], loaded["accounts"], loaded["volumes"],
+            loaded["groups"], loaded["instances"]) == (40, 3, 12, 40, 40, 7, 35)
+
+    db = sqlite3.connect(state / "controller.db")
+    db.row_factory = sqlite3.Row
+    users = db.execute("SELECT * FROM users WHERE registration_source = 'load'").fetchall()
+    accounts = db.execute("SELECT * FROM system_accounts").fetchall()
+    instances = db.execute("SELECT * FROM instances").fetchall()
+    groups = db.execute("SELECT * FROM groups").fetchall()
+    assert len(users) == 40 and len(accounts) == 40 and len(instances) == 35
+    # Ownership: 3 owners with 4 managed users each; the rest plain.
+    owned = Counter(u["owner_userid"] for u in users if u["owner_userid"])
+    assert sorted(owned.values()) == [4, 4, 4]
+    # Unique names, numbers and addresses; addresses in the subnet; all live.
+    for column in ("username", "uid", "uuid"):
+        assert len({a[column] for a in accounts}) == 40
+    for column in ("private_ip", "hostname", "mac"):
+        assert len({i[column] for i in instances}) == 35 and all(i[column] for i in instances)
+    subnet = IPv4Network("10.213.0.0/16")
+    assert all(IPv4Address(i["private_ip"]) in subnet for i in instances)
+    assert all(i["intent"] is None and i["status"] == "running" for i in instances)
+    per_owner = Counter(i["owner_id"] for i in instances)
+    assert sorted(per_owner[o] for o in owned) == [5, 5, 5]
+    # Each instance's user is its owner's account.
+    account_of = {a["user_id"]: a for a in accounts}
+    links = db.execute("SELECT instance_id, account_uuid FROM instance_users").fetchall()
+    assert {(l[0], l[1]) for l in links} == {(i["id"], account_of[i["owner_id"]]["uuid"]) for i in instances}
+
+    # Accounts, private groups and API groups in the scratch root; homes made and owned.
+    root = str(state / "sysroot")
+    passwd = {e.name: e for e in sysroot.read_passwd(root)}
+    etc_groups = {g.name: g for g in sysroot.read_group(root)}
+    for a in accounts:
+        assert (passwd[a["username"]].uid, passwd[a["username"]].gid) == (a["uid"], a["gid"])
+        assert etc_groups[a["username"]].gid == a["gid"]
+        st = os.lstat(state / "home" / a["username"])
+        assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == \
+            (a["uid"], a["gid"], 0o700)
+    for g in groups:
+        members = [m[0] for m in db.execute(
+            "SELECT username FROM group_members WHERE group_id = ? ORDER BY position", (g["id"],))]
+        assert list(etc_groups[g["name"]].members) == members and len(members) == 3
+        assert 70000 <= etc_groups[g["name"]].gid <= 79999
+    assert _tool("grpck", "-r", "-R", root).returncode == 0
+    assert _agent(config, "reconcile") == {"drift": []}
+
+    # The server makes every domain at start: all instances answer running, and an
+    # owner sees its own and its managed users' instances.
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen([str(AGENT), "--config", str(config), "serve", "--port", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        listed = _get(port, "/v1/server-instance", _token(port, admin), admin["userid"])["data"]
+        assert sorted(i["id"] for i in listed) == sorted(i["id"] for i in instances)
+        assert {i["status"] for i in listed} == {"running"}
+        owner = loaded["sample"]["owner"]
+        mine = _get(port, "/v1/server-instance", _token(port, owner), owner["userid"])["data"]
+        visible = {owner["userid"]} | {u["id"] for u in users if u["owner_userid"] == owner["userid"]}
+        assert sorted(i["id"] for i in mine) == sorted(i["id"] for i in instances if i["owner_id"] in visible)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "sandbox reconcile: left" not in (tmp_path / "serve.log").read_text()
