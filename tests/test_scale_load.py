@@ -163,6 +163,7 @@ def test_statuses_snapshot_follows_the_adapters_own_changes(libvirt_test_driver)
     from tests.fixtures.libvirtd import TEST_URI
 
     hv = libvirt_test_driver
+    hv._no_events = True  # a driver without lifecycle events: statuses are read as snapshots
     hv._status_max_age = 60
     base = hv.create_base_image("snapimg", size_gb=1)
     a, b = "0a000000-0000-4000-8000-00000000000a", "0b000000-0000-4000-8000-00000000000b"
@@ -177,6 +178,63 @@ def test_statuses_snapshot_follows_the_adapters_own_changes(libvirt_test_driver)
     assert hv.statuses() == {**hv.statuses(), a: "shutoff", b: "shutoff"}
     hv._status_max_age = 0
     assert hv.statuses()[a] == "shutoff"
+
+
+def test_statuses_are_kept_current_by_lifecycle_events(libvirt_test_driver, monkeypatch):
+    import time
+
+    import libvirt
+
+    from tests.fixtures.libvirtd import TEST_URI
+
+    hv = libvirt_test_driver
+    base = hv.create_base_image("eventimg", size_gb=1)
+    a, b = "0d000000-0000-4000-8000-00000000000a", "0d000000-0000-4000-8000-00000000000b"
+    for i, iid in enumerate((a, b)):
+        hv.spawn(iid, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=_guest(hv, i))
+    assert hv.statuses()[a] == "running"
+    # From here on no list reads every domain again: the events keep the statuses.
+    reads = []
+    monkeypatch.setattr(hv, "_read_statuses", lambda: reads.append(1) or {})
+    # Changed behind the adapter's back (another connection): the event brings it.
+    other = libvirt.open(TEST_URI)
+    other.lookupByName(hv._names.domain(a)).destroy()
+    deadline = time.monotonic() + 5
+    while hv.statuses().get(a) != "shutoff" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hv.statuses()[a] == "shutoff" and hv.status(a) == "shutoff"
+    other.lookupByName(hv._names.domain(a)).create()
+    other.lookupByName(hv._names.domain(a)).suspend()
+    while hv.statuses().get(a) != "paused" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hv.statuses()[a] == "paused"
+    # The adapter's own changes show at once, before their events arrive.
+    hv.power_off(b)
+    assert hv.statuses()[b] == "shutoff" and hv.status(b) == "shutoff"
+    hv.destroy(b)
+    assert b not in hv.statuses() and hv.status(b) == "error"
+    assert reads == []
+
+
+def test_events_before_the_first_read_are_applied_after_it_in_order():
+    import libvirt
+
+    from host_adapters.hypervisor import Names
+    from host_adapters.libvirt_hypervisor import _LiveStatuses
+
+    names = Names("cc-")
+    live = _LiveStatuses(conn=None, names=names)
+    iid, gone = "0e000000-0000-4000-8000-00000000000a", "0e000000-0000-4000-8000-00000000000b"
+    live.event(names.domain(iid), libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_DESTROYED)
+    live.event(names.domain(iid), libvirt.VIR_DOMAIN_EVENT_STARTED, libvirt.VIR_DOMAIN_EVENT_STARTED_BOOTED)
+    live.event(names.domain(gone), libvirt.VIR_DOMAIN_EVENT_UNDEFINED, 0)
+    live.event("someone-elses-domain", libvirt.VIR_DOMAIN_EVENT_STOPPED, 0)
+    live.start({iid: "running", gone: "shutoff"})  # the read saw the restart; the undefine came after it
+    assert live.copy() == {iid: "running"}
+    live.event(names.domain(iid), libvirt.VIR_DOMAIN_EVENT_DEFINED, 0)  # a new definition keeps it running
+    assert live.get(iid) == "running"
+    live.event(names.domain(iid), libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_CRASHED)
+    assert live.get(iid) == "crashed" and live.get(gone) == "error"
 
 
 def test_a_batch_makes_the_reservations_together_at_its_end(libvirt_test_driver):
