@@ -1,5 +1,6 @@
 """The two response envelopes of the spec (section 1) and which one a path uses."""
 
+import itertools
 import json
 from collections.abc import Iterator
 
@@ -32,12 +33,22 @@ def ok_controller(resp: falcon.Response, data: list, *, status: int = 200) -> No
 def stream_controller(resp: falcon.Response, objects: Iterator[dict], *, per_chunk: int = 200) -> None:
     """A 200 controller envelope whose `data` is written while `objects` yields, a chunk of
     per_chunk objects at a time: a list of 10,000 instances is encoded without ever being
-    held whole. The first object is taken here, so an error in making it is answered
-    as any error is; one after that can only cut the body short."""
-    first = next(objects, None)
+    held whole. A list that fits in one chunk is sent whole, with its length (no chunked
+    encoding for the common short list). The first chunk is made here, so an error in
+    making it is answered as any error is; one after that can only cut the body short."""
+    head = list(itertools.islice(objects, per_chunk + 1))
     resp.status = 200
     resp.content_type = falcon.MEDIA_JSON
-    resp.stream = _chunks(first, objects, per_chunk)
+    if len(head) <= per_chunk:
+        resp.data = b"".join(_chunks(head[0] if head else None, iter(head[1:]), per_chunk))
+        return
+    resp.stream = _chunks(head[0], _after(head[1:], objects), per_chunk)
+
+
+def _after(head: list[dict], rest: Iterator[dict]) -> Iterator[dict]:
+    # A generator (not itertools.chain): closing it closes `rest`, the store's cursor.
+    yield from head
+    yield from rest
 
 
 def _chunks(first: dict | None, rest: Iterator[dict], per_chunk: int) -> Iterator[bytes]:

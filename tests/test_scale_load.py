@@ -126,6 +126,38 @@ def test_streamed_envelope_is_the_controller_envelope(count):
     assert len(chunks) == 1 + -(-count // 200)  # a chunk per 200 objects, then the envelope's end
 
 
+@pytest.mark.parametrize("count", [0, 1, 200, 201, 450])
+def test_short_lists_are_sent_whole_and_long_ones_streamed(count):
+    import falcon
+
+    from api.envelopes import stream_controller
+
+    closed = []
+
+    def source():
+        try:
+            yield from ({"id": str(i)} for i in range(count))
+        finally:
+            closed.append(True)
+
+    resp = falcon.Response()
+    stream_controller(resp, source(), per_chunk=200)
+    if count <= 200:
+        assert resp.stream is None and closed == [True]  # read to the end: its statuses are written
+        body = resp.data
+    else:
+        assert resp.data is None and closed == []
+        first = next(resp.stream)
+        resp.stream.close()  # the client went away: the store's cursor is closed
+        assert closed == [True]
+        resp = falcon.Response()
+        stream_controller(resp, source(), per_chunk=200)
+        body = b"".join(resp.stream)
+    assert json.loads(body) == {"data": [{"id": str(i)} for i in range(count)], "msg": "", "success": True}
+    if count > 200:
+        assert first.startswith(b'{"data": [')
+
+
 # -- hypervisor calls per request (fake) -------------------------------------------------------
 def test_a_list_makes_one_hypervisor_call_whatever_its_length(client, cctx, adapters, people, catalog):
     owner, managed, admin, hv = people["owner"], people["managed"], people["admin"], adapters.hypervisor
