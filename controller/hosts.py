@@ -251,6 +251,7 @@ def list_hosts(ctx: Context) -> list[dict]:
     """Every host, each asked now whether it answers (and its capacity read again)."""
     _ensure_config_host(ctx)
     reachable = _probe(ctx, ctx.store.list_hosts())
+    # Read again: the probe recorded the capacities it read.
     return [host_object(r, reachable=reachable[r["name"]]) for r in ctx.store.list_hosts()]
 
 

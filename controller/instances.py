@@ -1,5 +1,6 @@
 """Server-instances: VMs built from an image and a flavor, with the homes of their users mounted."""
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 
@@ -161,8 +162,6 @@ def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) 
 def _on_host_network(ctx: Context, row: dict, nics):
     """The private NICs on the libvirt network of the instance's host (each host names its own:
     the NAT network of a single node, or a bridged one on the nodes)."""
-    import dataclasses
-
     # Only the network: get_host() also sums what the host's instances allocate, a scan of
     # them all (2.8 ms at 10,000), and every guest spec of a sandbox's start asked for it.
     network = ctx.store.host_network(row["host"]) if row.get("host") else None
