@@ -261,7 +261,7 @@ def get_host(ctx: Context, name: str, *, probe: bool = True) -> dict:
     if row is None:
         raise NotFound(f"no hypervisor host named {name}")
     reachable = _probe(ctx, [row])[name] if probe else ctx.adapters.hosts.reachable(name)
-    return host_object(ctx.store.get_host(name), reachable=reachable)
+    return host_object(ctx.store.host_with_allocation(name), reachable=reachable)
 
 
 def add_host(ctx: Context, *, name: str, uri: str, storage_pool: str | None = None,
@@ -286,7 +286,7 @@ def add_host(ctx: Context, *, name: str, uri: str, storage_pool: str | None = No
     ctx.store.insert_host({"name": name, "uri": spec.uri, "storage_pool": spec.storage_pool,
                            "network": spec.network, "vcpus": capacity.vcpus, "memory_mb": capacity.memory_mb,
                            "capacity_read_at": int(time.time())})
-    return host_object(ctx.store.get_host(name), reachable=True)
+    return host_object(ctx.store.host_with_allocation(name), reachable=True)
 
 
 def set_enabled(ctx: Context, name: str, enabled: bool) -> dict:
@@ -301,7 +301,7 @@ def remove_host(ctx: Context, name: str) -> dict:
     """Forget a host that holds no instance (Conflict otherwise: nothing changes)."""
     _ensure_config_host(ctx)
     check_host_name(name)
-    row = ctx.store.get_host(name)
+    row = ctx.store.host_with_allocation(name)
     if row is None:
         raise NotFound(f"no hypervisor host named {name}")
     if name == config_host(ctx.config).name:

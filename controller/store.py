@@ -644,15 +644,15 @@ class Store:
         sql = cls._HOSTS_SQL.format(where="WHERE h.name = ?" if name is not None else "")
         return [dict(r) for r in conn.execute(sql, () if name is None else (name,)).fetchall()]
 
-    def host_network(self, name: str) -> str | None:
-        """The libvirt network of a recorded host (None: no such host)."""
-        row = self.conn.execute("SELECT network FROM hosts WHERE name = ?", (name,)).fetchone()
-        return row[0] if row else None
-
     def list_hosts(self) -> list[dict]:
         return self._hosts(self.conn)
 
     def get_host(self, name: str) -> dict | None:
+        """A host's record alone: the sums of host_with_allocation() scan its instances."""
+        return self._one("SELECT * FROM hosts WHERE name = ?", (name,))
+
+    def host_with_allocation(self, name: str) -> dict | None:
+        """A host's record with what its instances allocate, as list_hosts() gives it."""
         return next(iter(self._hosts(self.conn, name)), None)
 
     def insert_host(self, host: dict) -> None:
