@@ -20,9 +20,10 @@ class Adapters:
     homes: HomeVolumes
     groups: UnixGroups
     directory: Directory
-    # The hypervisor's state lives in this process (libvirt's test driver, the
-    # sandbox): another process sees none of its domains or disks, and a missing
-    # base disk may stand in blank.
+    # The hypervisor's state lives no longer than this process's connection to it
+    # (libvirt's test driver, the sandbox: in this process, or in a daemon that drops
+    # it when its last client goes): the server rebuilds it at start, another process
+    # cannot check it, and a missing base disk may stand in blank.
     hypervisor_in_process: bool = False
     # One Hypervisor per hypervisor host (host_adapters/hosts.py); `hypervisor` is the
     # config's own host. Without one, every host is that one (a single node).
@@ -70,6 +71,14 @@ def config_host(config: "Config") -> HostSpec:
                     storage_pool=config.get("libvirt", "storage_pool"), network=config.get("network", "name"))
 
 
+def is_test_driver(uri: str) -> bool:
+    """libvirt's test driver, in this process (`test:///default`) or served by a libvirtd
+    (`test+unix:///default?socket=...`, any transport): either way it keeps its state in
+    memory, has no volume streams and runs no guest."""
+    scheme = uri.split(":", 1)[0]
+    return scheme == "test" or scheme.startswith("test+")
+
+
 def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervisor:
     """The Hypervisor of one host (default: the config's own), with the config's
     virt_type, cpu_mode, domain prefix and subnet."""
@@ -77,10 +86,14 @@ def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervis
     from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
 
     host = host or config_host(config)
-    # libvirt's test driver (the sandbox) has no volume streams and keeps its
-    # volumes only while the process lives: contents stay in memory and a missing
-    # base disk gets a blank stand-in. Every other driver is a real host.
-    test_driver = host.uri.startswith("test:")
+    # libvirt's test driver (the sandbox) has no volume streams, also behind a daemon,
+    # and keeps its volumes only while the process (or the daemon's last client) lives:
+    # contents stay in this process's memory and a missing base disk gets a blank
+    # stand-in. Every other driver is a real host.
+    test_driver = is_test_driver(host.uri)
+    # Only a connection with nothing behind it cannot hang; a daemon (even the test
+    # driver's, on a local socket) gets the same bound as any host.
+    in_process = host.uri.split(":", 1)[0] == "test"
     return LibvirtHypervisor(
         host.uri,
         storage_pool=host.storage_pool,
@@ -91,7 +104,7 @@ def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervis
         cpu_mode=config.get("libvirt", "cpu_mode"),
         volume_io=InProcessVolumeIO() if test_driver else StreamVolumeIO(),
         stand_in_base_images=test_driver,
-        connect_timeout=None if test_driver else float(config.get("hosts", "connect_timeout_seconds")),
+        connect_timeout=None if in_process else float(config.get("hosts", "connect_timeout_seconds")),
         status_max_age=float(config.get("libvirt", "status_max_age_seconds")),
         lean_definitions=test_driver,
     )
@@ -111,7 +124,7 @@ def build_adapters(config: "Config") -> Adapters:
 
     hypervisor = build_hypervisor(config)
     return Adapters(
-        hypervisor_in_process=config.get("libvirt", "uri").startswith("test:"),
+        hypervisor_in_process=is_test_driver(config.get("libvirt", "uri")),
         hypervisor=hypervisor,
         hosts=build_hosts(config, hypervisor),
         homes=DirectoryHomeVolumes(config.get("volumes", "home_root"), build_quota(config)),

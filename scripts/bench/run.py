@@ -4,11 +4,14 @@
 In a temporary state folder: `cloud-agent init --sandbox`, a superuser,
 `cloud-agent sandbox load` (10,000 users, accounts, homes, 1,000 groups,
 10,000 instances by default), then `cloud-agent serve` (which makes every
-instance's domain in its libvirt test driver) and the bare Falcon + waitress
-app with the same threads. wrk (loopback, c=8 for reads, c=32 for the write
-mix) measures each scenario for --duration seconds; an in-process loop times
-token validation against the loaded database. Prints one table and the
-server's peak RSS, and writes the same as JSON (bench-results.json in the state
+instance's domain in libvirt's test driver) and the bare Falcon + waitress
+app with the same threads. The test driver runs in a private libvirtd
+(private_libvirtd.py), as libvirtd does on a head node, so the server's memory
+is the controller's own; --in-process-test-driver keeps the sandbox's
+`test:///default` inside the server instead. wrk (loopback, c=8 for reads,
+c=32 for the write mix) measures each scenario for --duration seconds; an
+in-process loop times token validation against the loaded database. Prints one
+table and the server's peak and steady RSS, and writes the same as JSON (bench-results.json in the state
 folder, or --json-out). Everything it started is stopped; --keep keeps the
 state folder.
 """
@@ -25,6 +28,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from private_libvirtd import PrivateLibvirtd
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -79,9 +84,10 @@ def wrk(port: int, script: str, *, connections: int, threads: int, duration: int
             "socket_errors": r["socket_errors"], "connections": connections}
 
 
-def peak_rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """VmHWM: the peak resident set so far; VmRSS: the current one."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
     return 0.0
 
@@ -128,6 +134,9 @@ def main() -> None:
     parser.add_argument("--json-out", default=None, help="also write the results here")
     parser.add_argument("--state", default=None, help="state folder (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the state folder")
+    parser.add_argument("--in-process-test-driver", action="store_true",
+                        help="libvirt's test driver inside the server (the sandbox's test:///default), "
+                             "not in a private libvirtd")
     args = parser.parse_args()
     duration = min(max(args.duration, 1), 60)
     if shutil.which("wrk") is None:
@@ -135,11 +144,14 @@ def main() -> None:
 
     state = Path(args.state or tempfile.mkdtemp(prefix="cc-bench-")).resolve()
     config = str(state / "controller.ini")
-    server = bare = None
+    server = bare = daemon = None
     try:
         agent(config, "init", "--sandbox", str(state))
         # Thread count of the run, for the server and the bare app alike.
         ini = Path(config).read_text().replace("threads = 4", f"threads = {args.threads}")
+        if not args.in_process_test_driver:
+            daemon = PrivateLibvirtd(state / "libvirt").start()
+            ini = ini.replace("uri = test:///default", f"uri = {daemon.uri}")
         Path(config).write_text(ini)
         admin = agent(config, "user", "create-superuser", "--email", "bench-admin@example.org",
                       "--password-file", "-", stdin="Bench-admin-pass-2026\n")
@@ -153,6 +165,7 @@ def main() -> None:
         server = subprocess.Popen([*AGENT, "--config", config, "serve", "--port", str(port)], cwd=REPO,
                                   stdout=log, stderr=subprocess.STDOUT)
         start_s = wait_ready(port, "/healthz", server, 600)
+        started_rss = rss_mb(server.pid, "VmRSS")
         bare_port = free_port()
         bare = subprocess.Popen([PY, str(HERE / "bare_app.py"), str(bare_port), str(args.threads)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -196,11 +209,14 @@ def main() -> None:
         scenario("write mix (c=32)", port, "writes.lua",
                  {**owner_env, "BENCH_INSTANCES": ",".join(own), "BENCH_OWNER_UUID": owner_uuid,
                   "BENCH_GROUP_PREFIX": "bw" + os.urandom(2).hex()}, connections=32, threads=32)
-        rss = peak_rss_mb(server.pid)
+        rss, steady_rss = rss_mb(server.pid), rss_mb(server.pid, "VmRSS")
+        libvirtd_rss = rss_mb(daemon.proc.pid) if daemon is not None else None
         validation = token_validation_us(config, owner_token, sample["owner"]["userid"], 5000)
     finally:
         stop(bare)
         stop(server)
+        if daemon is not None:
+            daemon.stop()
     locked = (state / "serve.log").read_text().count("database is locked")
     bare_rps = results[0]["requests_per_s"]
     for r in results:
@@ -210,7 +226,11 @@ def main() -> None:
         "load": {k: loaded[k] for k in ("users", "owners", "managed_users", "accounts", "volumes", "groups",
                                         "instances")},
         "load_seconds": round(load_s, 1), "server_start_seconds": round(start_s, 1),
-        "scenarios": results, "server_peak_rss_mb": rss, "token_validation_us": validation,
+        "test_driver": "in the server process" if daemon is None else "in a private libvirtd",
+        "scenarios": results, "server_peak_rss_mb": rss,
+        "server_rss_after_start_mb": started_rss, "server_rss_at_end_mb": steady_rss,
+        "libvirtd_peak_rss_mb": libvirtd_rss,
+        "token_validation_us": validation,
         "database_is_locked_in_log": locked,
     }
     out = Path(args.json_out).resolve() if args.json_out else state / "bench-results.json"
@@ -219,7 +239,10 @@ def main() -> None:
     for r in results:
         print(f"{r['scenario']:28} {r['rows'] if r['rows'] is not None else '':>6} {r['requests_per_s']:>11} "
               f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['ratio_to_bare']:>7.0%} {r['non_2xx']:>8}")
-    print(f"server peak RSS (VmHWM): {rss} MB; token validation: {validation} us per request; "
+    where = (f"test driver in a private libvirtd, whose peak RSS is {libvirtd_rss} MB" if daemon is not None
+             else "test driver in the server process")
+    print(f"server peak RSS (VmHWM): {rss} MB, current (VmRSS) {started_rss} MB after start and {steady_rss} MB "
+          f"at the end ({where}); token validation: {validation} us per request; "
           f"load {doc['load_seconds']} s + server start {doc['server_start_seconds']} s; "
           f"'database is locked' in the server log: {locked}")
     if not args.keep and not args.state:
