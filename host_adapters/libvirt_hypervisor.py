@@ -95,11 +95,19 @@ def _msg(err) -> str:
     return err.get_error_message() or str(err)
 
 
+def _over_rpc_limit(err) -> bool:
+    """The remote protocol refused a listing longer than it carries (16,384 volumes of one
+    pool): an answer from the peer, not a lost connection."""
+    return "for limit" in (err.get_error_message() or "")
+
+
 def _connection_lost(err) -> bool:
     lv = _libvirt()
     code, domain = err.get_error_code(), err.get_error_domain()
     if code == lv.VIR_ERR_INVALID_CONN:
         return True
+    if _over_rpc_limit(err):
+        return False
     return code in (lv.VIR_ERR_SYSTEM_ERROR, lv.VIR_ERR_INTERNAL_ERROR, lv.VIR_ERR_RPC) and domain in (
         lv.VIR_FROM_REMOTE,
         lv.VIR_FROM_RPC,
@@ -1176,8 +1184,19 @@ class LibvirtHypervisor(Hypervisor):
 
     def list_instances(self) -> list[str]:
         def op(conn):
+            lv = _libvirt()
             found = {self._names.instance_of_domain(d.name()) for d in conn.listAllDomains(0)}
-            for v in self._pool(conn).listAllVolumes(0):
+            try:
+                volumes = self._pool(conn).listAllVolumes(0)
+            except lv.libvirtError as e:
+                if not _over_rpc_limit(e):
+                    raise
+                # Over a remote connection a pool of more than 16,384 volumes cannot be
+                # listed: the domains are still known, a disk or seed left without one is not.
+                log.warning("list instances at %s: %s; disks and seeds without a domain are not listed",
+                            self.uri, _msg(e))
+                volumes = []
+            for v in volumes:
                 found |= {self._names.instance_of_disk(v.name()), self._names.instance_of_seed(v.name())}
             return sorted(i for i in found if i)
 

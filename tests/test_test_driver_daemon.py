@@ -202,3 +202,49 @@ def test_the_server_rebuilds_the_daemons_domains_at_every_start(tmp_path, test_d
         while domains() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert domains() == []
+
+
+def test_a_pool_too_long_for_the_remote_protocol_still_lists_the_domains(monkeypatch):
+    """A remote connection lists at most 16,384 volumes of a pool (10,000 instances have
+    20,000): that refusal is an answer, not a lost connection to reopen."""
+    import libvirt
+
+    from host_adapters.libvirt_hypervisor import LibvirtHypervisor, _connection_lost
+
+    class TooMany(libvirt.libvirtError):
+        def __init__(self):
+            Exception.__init__(self, "too many")
+
+        def get_error_code(self):
+            return libvirt.VIR_ERR_INTERNAL_ERROR
+
+        def get_error_domain(self):
+            return libvirt.VIR_FROM_RPC
+
+        def get_error_message(self):
+            return "internal error: Too many storage_vols '20001' for limit '16384'"
+
+    class Named:
+        def __init__(self, name):
+            self._name = name
+
+        def name(self):
+            return self._name
+
+    hv = LibvirtHypervisor("test+unix:///default?socket=/nowhere", storage_pool="default-pool")
+    iid = "0f000000-0000-4000-8000-0000000000aa"
+
+    class Pool:
+        def listAllVolumes(self, _flags):
+            raise TooMany()
+
+    class Conn:
+        def listAllDomains(self, _flags):
+            return [Named(hv._names.domain(iid)), Named("someone-else")]
+
+    opened = []
+    monkeypatch.setattr(hv, "_connection", lambda: opened.append(1) or Conn())
+    monkeypatch.setattr(hv, "_pool", lambda conn: Pool())
+    assert not _connection_lost(TooMany())
+    assert hv.list_instances() == [iid]
+    assert opened == [1]  # not reopened
