@@ -1,15 +1,19 @@
 """Writing and reading the content of libvirt storage volumes.
 
 Real drivers move bytes with libvirt streams (virStorageVolUpload/Download),
-which work the same over a remote connection. The test driver has no streams:
-InProcessVolumeIO keeps small contents (seeds) in memory for the life of the
-process, which is as long as the test driver keeps its volumes anyway.
+which work the same over a remote connection. The test driver has no streams,
+also behind a daemon: InProcessVolumeIO keeps small contents (seeds) for the
+life of the process, which is as long as the test driver keeps its volumes
+anyway (behind a daemon: as long as the server is its client).
 """
 
+import os
+import tempfile
 import threading
 import zlib
 from contextlib import contextmanager
 
+from common.errors import HostError
 from host_adapters.hypervisor import ImageSource, Progress
 
 
@@ -132,32 +136,49 @@ def _stream(conn):
 
 
 class InProcessVolumeIO(VolumeIO):
-    """For libvirt's test driver: contents in memory, keyed by volume path.
+    """For libvirt's test driver: contents kept by this process, keyed by volume path.
 
     Uploaded base images are not kept (keeps_content False): the sandbox
     boots no real guest, so a checked source stands in as a blank disk.
     Contents are kept zlib-compressed without their zero padding: a sandbox
     with 10,000 instances holds 10,000 seeds of 4 MiB each (about 3 KB so).
+    They are written to an unlinked temporary file, not kept in memory: on a
+    host volume contents are files, not the controller's memory (10,000 seeds
+    held as bytes were 34 MB of the server's), and the file goes with the
+    process, as the test driver's volumes do. Only their places stay in memory.
     """
 
     keeps_content = False
 
     def __init__(self):
-        self._data: dict[str, bytes] = {}
+        self._file = tempfile.TemporaryFile(prefix="cc-volume-contents-")
+        # path -> (offset in the file, compressed length, length with padding)
+        self._where: dict[str, tuple[int, int, int]] = {}
+        self._end = 0
         self._lock = threading.Lock()
 
     def write(self, conn, vol, data: bytes, *, pad_to: int = 0) -> None:
-        stored = (zlib.compress(data, 1), max(len(data), pad_to))
+        packed = zlib.compress(data, 1)
+        path = vol.path()
         with self._lock:
-            self._data[vol.path()] = stored
+            old = self._where.get(path)
+            if old is not None and old[1] >= len(packed):
+                offset = old[0]  # a rewrite that fits reuses its place
+            else:
+                offset, self._end = self._end, self._end + len(packed)
+            try:
+                os.pwrite(self._file.fileno(), packed, offset)
+            except OSError as e:  # e.g. a full temporary folder
+                raise HostError(f"cannot keep the content of volume {path}: {e.strerror}") from None
+            self._where[path] = (offset, len(packed), max(len(data), pad_to))
 
     def read(self, conn, vol) -> bytes:
-        with self._lock:
-            stored = self._data.get(vol.path())
-        if stored is None:
+        with self._lock:  # a rewrite may reuse the place: read it whole first
+            where = self._where.get(vol.path())
+            packed = None if where is None else os.pread(self._file.fileno(), where[1], where[0])
+        if where is None:
             return b""
-        packed, length = stored
-        return zlib.decompress(packed).ljust(length, b"\0")
+        return zlib.decompress(packed).ljust(where[2], b"\0")
 
     def upload_file(self, conn, vol, source: ImageSource, progress: Progress | None) -> None:
         if progress is not None:

@@ -190,7 +190,8 @@ def main() -> None:
 
         def scenario(name: str, target_port: int, script: str, env: dict, rows: int | None = None, **kw) -> None:
             r = wrk(target_port, script, **{**reads, **kw}, env=env)
-            results.append({"scenario": name, "rows": rows, **r})
+            # Where the server's peak comes from: its peak so far after each scenario.
+            results.append({"scenario": name, "rows": rows, **r, "server_peak_rss_mb_after": rss_mb(server.pid)})
             print(f"bench: {name}: {r['requests_per_s']} requests/s, p99 {r['p99_ms']} ms", file=sys.stderr)
 
         scenario("bare app (ceiling)", bare_port, "auth.lua", {"BENCH_PATH": "/"})
