@@ -501,7 +501,7 @@ class LibvirtHypervisor(Hypervisor):
         net = self._network(conn, required=False)
         if net is None or not macs:
             return []
-        hosts = domain_xml.dhcp_hosts_of(net.XMLDesc(0))
+        hosts = domain_xml.iter_dhcp_hosts(net.XMLDesc(0))
         return sorted(
             (Reservation(mac=h.mac, address=h.ip, hostname=h.name) for h in hosts if h.mac in macs),
             key=lambda r: r.mac,
@@ -570,12 +570,12 @@ class LibvirtHypervisor(Hypervisor):
         net = self._network(conn, required=bool(add))
         if net is None:
             return
-        if not domain_xml.serves_addresses(net.XMLDesc(0)):
+        xml = net.XMLDesc(0)
+        if not domain_xml.serves_addresses(xml):
             return  # a bridged network: libvirt hands out no addresses there, the seed's static config does
         flags = lv.VIR_NETWORK_UPDATE_AFFECT_CONFIG
         if net.isActive():
             flags |= lv.VIR_NETWORK_UPDATE_AFFECT_LIVE
-        existing = domain_xml.dhcp_hosts_of(net.XMLDesc(0))
         wanted = {domain_xml.DhcpHost(mac=r.mac, ip=r.address, name=r.hostname) for r in add}
 
         def clashes(host) -> bool:
@@ -583,6 +583,9 @@ class LibvirtHypervisor(Hypervisor):
             # the controller owns these, so a stale one gives way.
             return any(host.ip == w.ip or (host.name and host.name == w.name) for w in wanted)
 
+        # Only the entries this change touches are kept (a network may hold 10,000).
+        existing = [h for h in domain_xml.iter_dhcp_hosts(xml) if h in wanted or h.mac in remove or clashes(h)]
+        del xml
         for host in existing:
             if host not in wanted and (host.mac in remove or clashes(host)):
                 net.update(lv.VIR_NETWORK_UPDATE_COMMAND_DELETE, lv.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1,
