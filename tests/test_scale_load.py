@@ -272,6 +272,47 @@ def test_a_list_writes_what_the_host_says_and_checks_the_whole_view_again(client
     assert asked[-1] is None and stored(ids[0]) == "running"
 
 
+def test_listed_users_follow_grants_revocations_and_deleted_accounts(client, cctx, people, catalog):
+    ids = _five_instances(client, cctx, people, catalog)
+    a, b = people["accounts"]["owner"]["uuid"], people["accounts"]["managed"]["uuid"]
+
+    def listed():
+        objs = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
+        return {o["id"]: o["users"] for o in objs}
+
+    assert listed()[ids[0]] == [b, a] if b > a else [a, b]
+    ok(client.simulate_put(f"/v1/server-instance/{ids[1]}", headers=people["owner"].headers,
+                           json={"task": {"what": "modify-users", "how": "add", "users": [b]}}))
+    assert listed()[ids[1]] == [a, b]  # the owner's account stays first
+    with cctx.store.write() as conn:
+        conn.execute("DELETE FROM instance_users WHERE account_uuid = ? AND instance_id = ?", (b, ids[0]))
+        conn.execute("UPDATE instance_users SET instance_id = ? WHERE instance_id = ? AND account_uuid = ?",
+                     (ids[3], ids[1], b))
+    users = listed()
+    assert users[ids[0]] == [a] and users[ids[1]] == [a] and users[ids[3]] == [a, b]
+    with cctx.store.write() as conn:  # an account deleted: ON DELETE CASCADE takes it off every instance
+        conn.execute("DELETE FROM system_accounts WHERE uuid = ?", (b,))
+    users = listed()
+    assert users[ids[3]] == [a] and all(b not in u for u in users.values())
+    assert users == {i: cctx.store.instance_users([i]).get(i, []) for i in ids}
+
+
+def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, people, catalog):
+    from controller import migrations
+
+    ids = _five_instances(client, cctx, people, catalog)
+    before = {i: cctx.store.instance_users([i]).get(i, []) for i in ids}
+    conn = cctx.store.conn
+    # The database as version 9 left it: no column, no triggers.
+    for trigger in ("instance_user_added", "instance_user_removed", "instance_user_changed"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("ALTER TABLE instances DROP COLUMN users_json")
+    conn.execute("PRAGMA user_version = 9")
+    assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
+    listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
+    assert {o["id"]: o["users"] for o in listed} == before and any(len(u) == 2 for u in before.values())
+
+
 # -- the libvirt adapter: status snapshot and batched reservations (test driver) -------------------
 def _guest(hv, index):
     from host_adapters.guest import GuestSpec, Nic
