@@ -263,6 +263,8 @@ _M10_LISTED_USERS = f"""
             UPDATE instances SET users_json = {_INSTANCE_USERS_JSON.format(of="OLD.instance_id")}
             WHERE id = OLD.instance_id;
         END;
+        -- The hosts holding rows of a list, read before it (status_sync) without a table look-up per row.
+        CREATE INDEX instances_live_host ON instances(host) WHERE intent IS NULL;
         CREATE TRIGGER instance_user_changed AFTER UPDATE ON instance_users BEGIN
             UPDATE instances SET users_json = {_INSTANCE_USERS_JSON.format(of="instances.id")}
             WHERE id IN (OLD.instance_id, NEW.instance_id);
