@@ -306,6 +306,7 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     # The database as version 9 left it: no column, no triggers.
     for trigger in ("instance_user_added", "instance_user_removed", "instance_user_changed"):
         conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP INDEX instances_live_host")
     conn.execute("ALTER TABLE instances DROP COLUMN users_json")
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
