@@ -27,7 +27,7 @@ def _query(req, name: str) -> str | None:
 
 class InstanceCollection(_Resource):
     def on_get(self, req, resp):
-        stream_controller(resp, instances.iter_instances(
+        stream_controller(resp, instances.iter_instance_json(
             self.ctx, req.context.requester, cloudauth_id=_query(req, "cloudauth-id")))
 
     def on_post(self, req, resp):

@@ -14,6 +14,7 @@ from controller.images import get_flavor_row
 from controller.locks import host_changes, one_at_a_time
 from controller.permissions import Requester
 from controller.rules import as_uuid, find_or_404, new_id
+from controller.status_sync import sync_statuses
 from controller.store import utc_now
 from host_adapters.guest import GuestGroup, GuestSpec, GuestUser
 
@@ -60,45 +61,22 @@ def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
                          what="this server-instance")
 
 
-def list_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
-    return list(iter_instances(ctx, requester, cloudauth_id=cloudauth_id))
+def iter_instance_json(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> Iterator[str]:
+    """The instances the requester sees, as instance_object()s encoded by SQLite: chunks of
+    JSON objects joined by commas (store.iter_instance_json), so a superuser's list of
+    10,000 is never held whole, in rows or in objects.
 
-
-def iter_instances(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> Iterator[dict]:
-    """The instances the requester sees, as objects, one at a time from a store cursor (a
-    superuser's list of 10,000 is never held whole, in rows or in objects).
-
-    One call to each host holding rows for all their statuses (made at the first row; none
-    for an empty list); the host's view wins, and changed statuses are written in one
-    statement after the last row. Consume it in the calling thread."""
+    The stored statuses are first brought to the view of the hosts holding rows of this
+    list (status_sync: at most one call to each, none for an empty list); a host that
+    cannot answer shows "error" on its rows, unwritten. Consume it in the calling thread."""
     if cloudauth_id is not None:
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:
             raise InvalidInput("cloudauth-id must be a UUID")
     scope = perms.visible_to(requester)
-    rows = ctx.store.iter_instances(visible_to=scope, owner_id=cloudauth_id)
-
-    def objects() -> Iterator[dict]:
-        answers, changed = None, {}
-        for row in rows:
-            if answers is None:
-                # One call to each host holding rows of this list, several hosts at once.
-                held = ctx.store.instance_hosts(visible_to=scope, owner_id=cloudauth_id)
-                answers = hosts.each_host(held, lambda name: hypervisor_of(ctx, name).statuses())
-            current = answers.get(row["host"])
-            if not isinstance(current, dict):
-                # A host that cannot answer: "error", unwritten (the stored state is the
-                # last one known, kept for when it answers).
-                row["status"] = "error"
-            else:
-                status = current.get(row["id"], "error")
-                if status != row["status"]:
-                    changed[row["id"]] = row["status"] = status
-            yield instance_object(row)
-        if changed:
-            ctx.store.set_instance_statuses(changed)
-
-    return objects()
+    held = ctx.store.instance_hosts(visible_to=scope, owner_id=cloudauth_id)
+    unreachable = sync_statuses(ctx, held) if held else set()
+    return ctx.store.iter_instance_json(visible_to=scope, owner_id=cloudauth_id, error_hosts=sorted(unreachable))
 
 
 def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:

@@ -245,9 +245,36 @@ _M9_LIST_ORDER = """
 """
 
 
+# An instance's users as lists show them: their account uuids in grant order, each a JSON
+# string, joined by commas. SQLite keeps it with the rows of instance_users (a list of
+# 10,000 instances read it per row in 16 of its 37 ms).
+_INSTANCE_USERS_JSON = """coalesce((SELECT group_concat(json_quote(account_uuid)) FROM (
+            SELECT account_uuid FROM instance_users WHERE instance_id = {of} ORDER BY rowid)), '')"""
+
+_M10_LISTED_USERS = f"""
+        ALTER TABLE instances ADD COLUMN users_json TEXT NOT NULL DEFAULT '';
+        UPDATE instances SET users_json = {_INSTANCE_USERS_JSON.format(of="instances.id")};
+        CREATE TRIGGER instance_user_added AFTER INSERT ON instance_users BEGIN
+            UPDATE instances SET users_json = {_INSTANCE_USERS_JSON.format(of="NEW.instance_id")}
+            WHERE id = NEW.instance_id;
+        END;
+        -- Also when an account's deletion takes it off its instances (ON DELETE CASCADE).
+        CREATE TRIGGER instance_user_removed AFTER DELETE ON instance_users BEGIN
+            UPDATE instances SET users_json = {_INSTANCE_USERS_JSON.format(of="OLD.instance_id")}
+            WHERE id = OLD.instance_id;
+        END;
+        -- The hosts holding rows of a list, read before it (status_sync) without a table look-up per row.
+        CREATE INDEX instances_live_host ON instances(host) WHERE intent IS NULL;
+        CREATE TRIGGER instance_user_changed AFTER UPDATE ON instance_users BEGIN
+            UPDATE instances SET users_json = {_INSTANCE_USERS_JSON.format(of="instances.id")}
+            WHERE id IN (OLD.instance_id, NEW.instance_id);
+        END;
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
-    _M8_HOSTS, _M9_LIST_ORDER,
+    _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -214,6 +214,15 @@ class Hypervisor:
         Callers only read the mapping (an adapter may hand out a shared snapshot)."""
         raise NotImplementedError
 
+    def status_changes(self, since: object | None) -> tuple[object, dict[str, str | None], bool]:
+        """What statuses() says now, as a change from a mark an earlier call returned:
+        (mark, statuses, whole). whole: `statuses` is statuses() itself (first call, an
+        unknown or too old mark, or the host's view was read anew). Otherwise it holds
+        only the instances whose status changed since `since` (None: the domain is gone).
+        A caller that keeps the stored statuses equal to the host's view writes only
+        those. At most one call to the host, as statuses()."""
+        return object(), self.statuses(), True
+
     def set_guest(self, instance_id: str, guest: GuestSpec) -> None:
         """The instance's persistent definition, seed and reservations match `guest` afterwards.
 

@@ -168,11 +168,17 @@ class _LiveStatuses:
     order: each is at least as new as what the read saw, so the end state is right.
     """
 
+    # Changes remembered for status_changes(); a caller further behind takes the whole map.
+    JOURNAL_MAX = 4096
+
     def __init__(self, conn, names: Names):
         self.conn, self._names = conn, names
         self._statuses: dict[str, str] | None = None
         self._pending: list[tuple[str, int, int]] = []
         self._lock = threading.Lock()
+        # The ids changed, in order: change number n is _journal[n - _base].
+        self._journal: list[str] = []
+        self._base = 0
 
     def start(self, statuses: dict[str, str]) -> None:
         with self._lock:
@@ -201,6 +207,20 @@ class _LiveStatuses:
             self._statuses.pop(instance_id, None)
         else:
             self._statuses[instance_id] = status
+        self._journal.append(instance_id)
+        if len(self._journal) > self.JOURNAL_MAX:
+            drop = len(self._journal) // 2
+            del self._journal[:drop]
+            self._base += drop
+
+    def changes(self, since: object | None) -> tuple[object, dict[str, str | None], bool]:
+        """status_changes() of these statuses: a mark is (this object, change number)."""
+        with self._lock:
+            mark = (self, self._base + len(self._journal))
+            if not (isinstance(since, tuple) and since[0] is self and since[1] >= self._base):
+                return mark, dict(self._statuses), True
+            changed = set(self._journal[since[1] - self._base:])
+            return mark, {i: self._statuses.get(i) for i in changed}, False
 
     def get(self, instance_id: str) -> str:
         return self._statuses.get(instance_id, "error")
@@ -1089,6 +1109,16 @@ class LibvirtHypervisor(Hypervisor):
             return snap[1]
         finally:
             self._snapshot_lock.release()
+
+    def status_changes(self, since: object | None) -> tuple[object, dict[str, str | None], bool]:
+        live = self._live_statuses()
+        if live is not None:
+            return live.changes(since)
+        # Without events: each snapshot is whole; the same one again has no change.
+        statuses = self.statuses()
+        if isinstance(since, tuple) and since[0] == "snapshot" and since[1] is statuses:
+            return since, {}, False
+        return ("snapshot", statuses), statuses, True
 
     def _changed(self, instance_id: str) -> None:
         """Our own change of an instance's domain: the next statuses() asks the host, and

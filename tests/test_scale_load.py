@@ -9,6 +9,7 @@ reconcile`, and by a real `cloud-agent serve` that must rebuild every domain.
 import json
 import os
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from api.envelopes import _chunks
 from controller.errors import Conflict, HostError
 from host_adapters import local_directory, sysroot, unix_groups
 from host_adapters.local_directory import LocalDirectory
@@ -155,13 +155,14 @@ def test_in_process_volume_contents_are_kept_outside_the_heap_and_rewritten_in_p
 
 
 # -- the streamed list envelope ---------------------------------------------------------------
-@pytest.mark.parametrize("count", [0, 1, 3, 200, 400, 450])
-def test_streamed_envelope_is_the_controller_envelope(count):
-    objects = [{"id": str(i), "users": []} for i in range(count)]
-    it = iter(objects)
-    chunks = list(_chunks(next(it, None), it, per_chunk=200))
-    assert json.loads(b"".join(chunks)) == {"data": objects, "msg": "", "success": True}
-    assert len(chunks) == 1 + -(-count // 200)  # a chunk per 200 objects, then the envelope's end
+def _encoded_chunks(count: int, per_chunk: int = 200, closed: list | None = None):
+    """What store.iter_instance_json yields: objects joined by commas, per_chunk at a time."""
+    try:
+        for start in range(0, count, per_chunk):
+            yield ",".join(json.dumps({"id": str(i)}) for i in range(start, min(count, start + per_chunk)))
+    finally:
+        if closed is not None:
+            closed.append(True)
 
 
 @pytest.mark.parametrize("count", [0, 1, 200, 201, 450])
@@ -171,26 +172,21 @@ def test_short_lists_are_sent_whole_and_long_ones_streamed(count):
     from api.envelopes import stream_controller
 
     closed = []
-
-    def source():
-        try:
-            yield from ({"id": str(i)} for i in range(count))
-        finally:
-            closed.append(True)
-
     resp = falcon.Response()
-    stream_controller(resp, source(), per_chunk=200)
+    stream_controller(resp, _encoded_chunks(count, closed=closed))
     if count <= 200:
-        assert resp.stream is None and closed == [True]  # read to the end: its statuses are written
+        assert resp.stream is None and closed == [True]  # read to the end: its transaction ends
         body = resp.data
     else:
         assert resp.data is None and closed == []
         first = next(resp.stream)
-        resp.stream.close()  # the client went away: the store's cursor is closed
+        resp.stream.close()  # the client went away: the store's read transaction ends
         assert closed == [True]
         resp = falcon.Response()
-        stream_controller(resp, source(), per_chunk=200)
-        body = b"".join(resp.stream)
+        stream_controller(resp, _encoded_chunks(count))
+        chunks = list(resp.stream)
+        assert len(chunks) == 1 + -(-count // 200)  # a piece per chunk, then the envelope's end
+        body = b"".join(chunks)
     assert json.loads(body) == {"data": [{"id": str(i)} for i in range(count)], "msg": "", "success": True}
     if count > 200:
         assert first.startswith(b'{"data": [')
@@ -215,6 +211,145 @@ def test_a_list_makes_one_hypervisor_call_whatever_its_length(client, cctx, adap
     before = hv.host_calls
     ok(client.simulate_get(f"/v1/server-instance/{one}", headers=owner.headers))
     assert hv.host_calls - before == 1
+
+
+# -- lists encoded by SQLite (store.iter_instance_json) -------------------------------------------
+def _five_instances(client, cctx, people, catalog):
+    owner, managed = people["owner"], people["managed"]
+    give_volume(client, owner)
+    ids = [ok(boot(client, owner, catalog), 201)[0]["id"] for _ in range(5)]
+    a, b = people["accounts"]["owner"]["uuid"], people["accounts"]["managed"]["uuid"]
+    # Users in grant order, not sorted; address fields unset, empty or set; one creation
+    # second for all (the order falls to the id, across chunk boundaries).
+    cctx.store.set_instance_users(ids[0], sorted([a, b], reverse=True))
+    cctx.store.set_instance_users(ids[1], [])
+    with cctx.store.write() as conn:
+        conn.execute("UPDATE instances SET creation_date = '2026-11-23T10:00:00Z'")
+        conn.execute("UPDATE instances SET hostname = NULL, public_ip = '203.0.113.7' WHERE id = ?", (ids[2],))
+        conn.execute("UPDATE instances SET private_ip = '' WHERE id = ?", (ids[3],))
+    return ids
+
+
+def test_encoded_lists_are_the_instance_objects_in_creation_order(client, cctx, people, catalog):
+    from controller.instances import instance_object
+
+    ids = _five_instances(client, cctx, people, catalog)
+    listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
+    expected = [instance_object(r) for r in cctx.store.list_instances(visible_to=None)]
+    assert listed == expected and len(listed) == 5
+    assert [o["id"] for o in listed] == sorted(ids)
+    by_id = {o["id"]: o for o in listed}
+    assert {"hostname", "private-ip"} <= set(by_id[ids[4]]) and "public-ip" not in by_id[ids[4]]
+    assert "hostname" not in by_id[ids[2]] and by_id[ids[2]]["public-ip"] == "203.0.113.7"
+    assert "private-ip" not in by_id[ids[3]] and by_id[ids[1]]["users"] == []
+    assert by_id[ids[0]]["users"] == sorted(by_id[ids[0]]["users"], reverse=True) and len(by_id[ids[0]]["users"]) == 2
+    for per_chunk in (1, 2, 4, 5, 6):
+        chunks = list(cctx.store.iter_instance_json(visible_to=None, per_chunk=per_chunk))
+        assert len(chunks) == -(-5 // per_chunk)
+        assert json.loads("[" + ",".join(chunks) + "]") == expected
+    # Each object is what GET of that instance answers.
+    for obj in listed:
+        assert ok(client.simulate_get(f"/v1/server-instance/{obj['id']}", headers=people["owner"].headers)) == [obj]
+
+
+def test_a_list_reads_one_snapshot_and_ends_it(client, cctx, people, catalog):
+    ids = _five_instances(client, cctx, people, catalog)
+    chunks = cctx.store.iter_instance_json(visible_to=None, per_chunk=2)
+    first = next(chunks)
+    assert cctx.store.conn.in_transaction
+    # A delete committed meanwhile (another connection) is not seen by the list under way.
+    other = sqlite3.connect(cctx.store.path)
+    with other:
+        other.execute("DELETE FROM instance_users WHERE instance_id = ?", (ids[-1],))
+        other.execute("DELETE FROM instances WHERE id = ?", (ids[-1],))
+    other.close()
+    rest = list(chunks)
+    assert len(json.loads("[" + ",".join([first, *rest]) + "]")) == 5
+    assert not cctx.store.conn.in_transaction
+    chunks = cctx.store.iter_instance_json(visible_to=None, per_chunk=2)
+    next(chunks)
+    chunks.close()  # the client went away half way: the read transaction ends
+    assert not cctx.store.conn.in_transaction
+    cctx.store.set_instance_status(ids[0], "paused")  # and this thread can write again
+
+
+def test_a_list_writes_what_the_host_says_and_checks_the_whole_view_again(client, cctx, adapters, people, catalog,
+                                                                          monkeypatch):
+    from controller import status_sync
+
+    ids = _five_instances(client, cctx, people, catalog)
+    hv, admin = adapters.hypervisor, people["admin"].headers
+
+    def stored(instance_id):
+        return cctx.store.list_instances(visible_to=None, instance_id=instance_id)[0]["status"]
+
+    hv.instances[ids[1]].status = "shutoff"  # changed on the host
+    listed = {o["id"]: o["status"] for o in ok(client.simulate_get("/v1/server-instance", headers=admin))}
+    assert listed[ids[1]] == "shutoff" and stored(ids[1]) == "shutoff"
+    del hv.instances[ids[2]]  # the host lost it
+    listed = {o["id"]: o["status"] for o in ok(client.simulate_get("/v1/server-instance", headers=admin))}
+    assert listed[ids[2]] == "error" and stored(ids[2]) == "error"
+
+    # A host that tells only what changed since the last mark: nothing is read again...
+    asked = []
+
+    def changes_only(since):
+        asked.append(since)
+        return ("mark", {}, False) if since == "mark" else ("mark", hv.statuses(), True)
+
+    monkeypatch.setattr(hv, "status_changes", changes_only)
+    ok(client.simulate_get("/v1/server-instance", headers=admin))
+    cctx.store.set_instance_status(ids[0], "paused")  # written by another process, from an older view
+    assert {o["id"]: o["status"] for o in ok(client.simulate_get("/v1/server-instance", headers=admin))}[ids[0]] \
+        == "paused"
+    assert asked[-1] == "mark"
+    # ... until the whole view is compared again, which corrects it.
+    monkeypatch.setattr(status_sync, "WHOLE_CHECK_SECONDS", -1)
+    assert {o["id"]: o["status"] for o in ok(client.simulate_get("/v1/server-instance", headers=admin))}[ids[0]] \
+        == "running"
+    assert asked[-1] is None and stored(ids[0]) == "running"
+
+
+def test_listed_users_follow_grants_revocations_and_deleted_accounts(client, cctx, people, catalog):
+    ids = _five_instances(client, cctx, people, catalog)
+    a, b = people["accounts"]["owner"]["uuid"], people["accounts"]["managed"]["uuid"]
+
+    def listed():
+        objs = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
+        return {o["id"]: o["users"] for o in objs}
+
+    assert listed()[ids[0]] == [b, a] if b > a else [a, b]
+    ok(client.simulate_put(f"/v1/server-instance/{ids[1]}", headers=people["owner"].headers,
+                           json={"task": {"what": "modify-users", "how": "add", "users": [b]}}))
+    assert listed()[ids[1]] == [a, b]  # the owner's account stays first
+    with cctx.store.write() as conn:
+        conn.execute("DELETE FROM instance_users WHERE account_uuid = ? AND instance_id = ?", (b, ids[0]))
+        conn.execute("UPDATE instance_users SET instance_id = ? WHERE instance_id = ? AND account_uuid = ?",
+                     (ids[3], ids[1], b))
+    users = listed()
+    assert users[ids[0]] == [a] and users[ids[1]] == [a] and users[ids[3]] == [a, b]
+    with cctx.store.write() as conn:  # an account deleted: ON DELETE CASCADE takes it off every instance
+        conn.execute("DELETE FROM system_accounts WHERE uuid = ?", (b,))
+    users = listed()
+    assert users[ids[3]] == [a] and all(b not in u for u in users.values())
+    assert users == {i: cctx.store.instance_users([i]).get(i, []) for i in ids}
+
+
+def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, people, catalog):
+    from controller import migrations
+
+    ids = _five_instances(client, cctx, people, catalog)
+    before = {i: cctx.store.instance_users([i]).get(i, []) for i in ids}
+    conn = cctx.store.conn
+    # The database as version 9 left it: no column, no triggers.
+    for trigger in ("instance_user_added", "instance_user_removed", "instance_user_changed"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP INDEX instances_live_host")
+    conn.execute("ALTER TABLE instances DROP COLUMN users_json")
+    conn.execute("PRAGMA user_version = 9")
+    assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
+    listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
+    assert {o["id"]: o["users"] for o in listed} == before and any(len(u) == 2 for u in before.values())
 
 
 # -- the libvirt adapter: status snapshot and batched reservations (test driver) -------------------
@@ -263,9 +398,12 @@ def test_statuses_are_kept_current_by_lifecycle_events(libvirt_test_driver, monk
     for i, iid in enumerate((a, b)):
         hv.spawn(iid, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=_guest(hv, i))
     assert hv.statuses()[a] == "running"
+    mark, whole_view, whole = hv.status_changes(None)
+    assert whole and whole_view == hv.statuses()
     # From here on no list reads every domain again: the events keep the statuses.
     reads = []
     monkeypatch.setattr(hv, "_read_statuses", lambda: reads.append(1) or {})
+    assert hv.status_changes(mark)[1:] == ({}, False)
     # Changed behind the adapter's back (another connection): the event brings it.
     other = libvirt.open(TEST_URI)
     other.lookupByName(hv._names.domain(a)).destroy()
@@ -273,6 +411,8 @@ def test_statuses_are_kept_current_by_lifecycle_events(libvirt_test_driver, monk
     while hv.statuses().get(a) != "shutoff" and time.monotonic() < deadline:
         time.sleep(0.01)
     assert hv.statuses()[a] == "shutoff" and hv.status(a) == "shutoff"
+    mark, changes, whole = hv.status_changes(mark)
+    assert changes == {a: "shutoff"} and not whole  # only what changed since the mark
     other.lookupByName(hv._names.domain(a)).create()
     other.lookupByName(hv._names.domain(a)).suspend()
     while hv.statuses().get(a) != "paused" and time.monotonic() < deadline:
@@ -283,7 +423,28 @@ def test_statuses_are_kept_current_by_lifecycle_events(libvirt_test_driver, monk
     assert hv.statuses()[b] == "shutoff" and hv.status(b) == "shutoff"
     hv.destroy(b)
     assert b not in hv.statuses() and hv.status(b) == "error"
+    assert hv.status_changes(mark)[1:] == ({a: "paused", b: None}, False)  # None: no domain
     assert reads == []
+
+
+def test_a_mark_older_than_the_remembered_changes_gets_the_whole_view():
+    from host_adapters.hypervisor import Names
+    from host_adapters.libvirt_hypervisor import _LiveStatuses
+
+    live = _LiveStatuses(conn=None, names=Names("cc-"))
+    ids = [f"0f000000-0000-4000-8000-{i:012d}" for i in range(3)]
+    live.start({ids[0]: "running"})
+    first, view, whole = live.changes(None)
+    assert whole and view == {ids[0]: "running"}
+    live.set(ids[1], "shutoff")
+    mark, changes, whole = live.changes(first)
+    assert changes == {ids[1]: "shutoff"} and not whole
+    for i in range(live.JOURNAL_MAX + 1):
+        live.set(ids[2], "running" if i % 2 else "paused")
+    assert live.changes(mark) == ((live, mark[1] + live.JOURNAL_MAX + 1), live.copy(), True)
+    other = _LiveStatuses(conn=None, names=Names("cc-"))
+    other.start({})
+    assert live.changes(other.changes(None)[0])[2]  # another connection's mark
 
 
 def test_events_before_the_first_read_are_applied_after_it_in_order():

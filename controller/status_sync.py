@@ -1,0 +1,61 @@
+"""Stored instance statuses brought to their hosts' view before a list is read.
+
+Instance lists are encoded by SQLite from the stored rows (store.iter_instance_json),
+so the stored status must be what the host says. Each host's Hypervisor tells what
+changed since the mark of the last sync (status_changes: at most one call to the
+host, none once libvirt's lifecycle events keep its statuses) and only those rows
+are written. The whole view is compared again at least every WHOLE_CHECK_SECONDS,
+so a status written by another process with an older view (a restored backup, say)
+does not stay wrong.
+"""
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from controller.context import Context
+
+WHOLE_CHECK_SECONDS = 60.0
+
+
+class StatusMarks:
+    """Per process: each host's mark from its last sync, and when its whole view was compared."""
+
+    def __init__(self):
+        self.marks: dict[str, tuple[object, float]] = {}
+        # One sync at a time: a slower one must not write an older view over a newer one.
+        self.lock = threading.Lock()
+
+
+def sync_statuses(ctx: "Context", host_names: list[str]) -> set[str]:
+    """Write the current status of the live instances of these hosts where it changed;
+    return the hosts that did not answer (their rows show "error", unwritten: the stored
+    state is the last one known, kept for when they answer)."""
+    from controller import hosts  # not at the top: controller.context imports this module
+
+    state = ctx.status_marks
+    unreachable: set[str] = set()
+    with state.lock:
+        now = time.monotonic()
+
+        def changes(name: str):
+            mark, when = state.marks.get(name, (None, now))
+            if now - when > WHOLE_CHECK_SECONDS:
+                mark = None
+            return hosts.hypervisor_of(ctx, name).status_changes(mark)
+
+        for name, answer in hosts.each_host(host_names, changes).items():
+            if isinstance(answer, Exception):  # the ControllerError each_host caught
+                unreachable.add(name)
+                continue
+            mark, statuses, whole = answer
+            if whole:
+                ctx.store.sync_host_statuses(name, statuses)
+                state.marks[name] = (mark, now)
+            else:
+                if statuses:
+                    ctx.store.set_live_instance_statuses(
+                        {i: status or "error" for i, status in statuses.items()}, host=name)
+                state.marks[name] = (mark, state.marks.get(name, (None, now))[1])
+    return unreachable
