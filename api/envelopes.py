@@ -56,7 +56,7 @@ def _body(first: str, second: str, rest: Iterator[str]) -> Iterator[bytes]:
             yield ("," + chunk).encode()
         yield _CLOSING.encode()
     finally:
-        _close(rest)  # the store's read transaction, when the client went away half way
+        _close(rest)  # the source's own clean-up, also when the client went away half way
 
 
 def _close(chunks: Iterator[str]) -> None:

@@ -68,7 +68,7 @@ def iter_instance_json(ctx: Context, requester: Requester, *, cloudauth_id: str 
 
     The stored statuses are first brought to the view of the hosts holding rows of this
     list (status_sync: at most one call to each, none for an empty list); a host that
-    cannot answer shows "error" on its rows, unwritten. Consume it in the calling thread."""
+    cannot answer shows "error" on its rows, unwritten."""
     if cloudauth_id is not None:
         cloudauth_id = as_uuid(cloudauth_id)
         if cloudauth_id is None:

@@ -572,9 +572,13 @@ class Store:
                            error_hosts: Iterable[str] = (), per_chunk: int = 200) -> Iterator[str]:
         """list_instances' rows (without intents) as controller.instances.instance_object()s
         encoded by SQLite: chunks of up to per_chunk JSON objects joined by commas, in
-        creation order, from one read transaction. The stored status is given (status_sync brings it to the hosts'
-        view first), or "error" for rows on error_hosts. SQLite builds a chunk in one step,
-        without Python's GIL; rows are never Python objects. Consume it in the calling thread."""
+        creation order. Each chunk is read by its own statements, ended before it is
+        yielded: a client that stops reading holds no transaction or cursor, in any thread.
+        A row created or deleted while a long list is sent may be in it or not; none is
+        listed twice (a chunk starts after the creation date and id the last one ended at).
+        The stored status is given (status_sync brings it to the hosts' view first), or
+        "error" for rows on error_hosts. SQLite builds a chunk in one step, without Python's
+        GIL; rows are never Python objects."""
         where, params = self._where(visible_to, owner_id=owner_id)
         where += " AND intent IS NULL"
         error_hosts = list(error_hosts)
@@ -584,31 +588,26 @@ class Store:
         obj = _INSTANCE_JSON.format(status=status)
 
         def chunks() -> Iterator[str]:
-            conn = self.conn
-            conn.execute("BEGIN")  # one snapshot for every chunk
-            try:
-                after, after_params = "", []
-                while True:
-                    # The chunk ends at its per_chunk-th row (by the creation-order index);
-                    # the next starts after it.
-                    end = conn.execute(
-                        f"""SELECT creation_date, id FROM instances WHERE {where}{after}
-                            ORDER BY creation_date, id LIMIT 1 OFFSET ?""",
-                        [*params, *after_params, per_chunk - 1]).fetchone()
-                    upto, upto_params = ("", []) if end is None else (" AND (creation_date, id) <= (?, ?)", list(end))
-                    # The objects are concatenated in the order the subquery gives them.
-                    text = conn.execute(
-                        f"""SELECT group_concat(obj, ',') FROM (SELECT {obj} AS obj FROM instances
-                            WHERE {where}{after}{upto} ORDER BY creation_date, id)""",
-                        [*error_hosts, *params, *after_params, *upto_params]).fetchone()[0]
-                    if text:
-                        yield text
-                    if end is None:
-                        return
-                    after, after_params = " AND (creation_date, id) > (?, ?)", list(end)
-            finally:
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
+            after, after_params = "", []
+            while True:
+                # The chunk ends at its per_chunk-th row (by the creation-order index); the
+                # next starts after it. Each statement is done before its chunk is yielded:
+                # nothing of the database is held between chunks.
+                end = self.conn.execute(
+                    f"""SELECT creation_date, id FROM instances WHERE {where}{after}
+                        ORDER BY creation_date, id LIMIT 1 OFFSET ?""",
+                    [*params, *after_params, per_chunk - 1]).fetchone()
+                upto, upto_params = ("", []) if end is None else (" AND (creation_date, id) <= (?, ?)", list(end))
+                # The objects are concatenated in the order the subquery gives them.
+                text = self.conn.execute(
+                    f"""SELECT group_concat(obj, ',') FROM (SELECT {obj} AS obj FROM instances
+                        WHERE {where}{after}{upto} ORDER BY creation_date, id)""",
+                    [*error_hosts, *params, *after_params, *upto_params]).fetchone()[0]
+                if text:
+                    yield text
+                if end is None:
+                    return
+                after, after_params = " AND (creation_date, id) > (?, ?)", list(end)
 
         return chunks()
 
