@@ -179,6 +179,8 @@ class _LiveStatuses:
         # The ids changed, in order: change number n is _journal[n - _base].
         self._journal: list[str] = []
         self._base = 0
+        # Whether the connection's close callback is ours, and whether it was called.
+        self.watched = self.closed = False
 
     def start(self, statuses: dict[str, str]) -> None:
         with self._lock:
@@ -233,6 +235,12 @@ class _LiveStatuses:
 def _on_lifecycle(_conn, dom, event, detail, live: _LiveStatuses) -> None:
     # Runs in the event loop thread: no libvirt call here (the name is held by the object).
     live.event(dom.name(), event, detail)
+
+
+def _on_close(_conn, _reason, live: _LiveStatuses) -> None:
+    # The connection is gone (keepalive failed, the daemon went away): its statuses no
+    # longer follow the host; the next call opens a new connection and reads them again.
+    live.closed = True
 
 
 def _shares_of(filesystems: Iterable[domain_xml.Filesystem]) -> tuple[Share, ...]:
@@ -1064,8 +1072,12 @@ class LibvirtHypervisor(Hypervisor):
     def status(self, instance_id: str) -> str:
         check_id(instance_id, "instance id")
         live = self._live
-        if live is not None and live.conn is self._connection():
-            return live.get(instance_id)  # kept current by events: no call to the host
+        # Kept current by events: no call to the host, not even isAlive() (each libvirt
+        # call hands the GIL over, the dearest part of a GET under load). A connection that
+        # closes says so through its close callback (_on_close).
+        if live is not None and (live.watched and not live.closed and live.conn is self._conn
+                                 or not live.watched and live.conn is self._connection()):
+            return live.get(instance_id)
         # A fresh snapshot of statuses() answers too (same age rule, dropped by our own
         # changes): it saves the domain look-up, and each libvirt call hands the GIL over.
         snap = self._snapshot
@@ -1166,6 +1178,12 @@ class LibvirtHypervisor(Hypervisor):
                          self.uri, _msg(e))
                 self._no_events = True
                 return None
+            try:
+                conn.registerCloseCallback(_on_close, live)
+                live.watched = True
+            except lv.libvirtError as e:
+                log.info("libvirt at %s has no close callback (%s): status() checks the connection",
+                         self.uri, _msg(e))
             live.start(self._read_statuses())
             self._live = live
             return live

@@ -114,6 +114,32 @@ def test_statuses_over_the_daemon_are_kept_current_by_its_events(served_hypervis
     other.close()
 
 
+def test_a_get_asks_the_host_nothing_until_the_connection_closes(test_driver_daemon, tmp_path, monkeypatch):
+    from controller.errors import HostError
+
+    values = sandbox_values(str(tmp_path))
+    values["libvirt"].update(uri=test_driver_daemon.uri, domain_prefix=unique_prefix())
+    hv = factory.build_hypervisor(config_from_dict(values))
+    hv.ensure_network()
+    base = hv.create_base_image("closeimg", size_gb=1)
+    a = "0f000000-0000-4000-8000-0000000000c1"
+    hv.spawn(a, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=_guest(hv, 9))
+    assert hv.statuses()[a] == "running"
+    checks = []
+    real_connection = hv._connection
+    monkeypatch.setattr(hv, "_connection", lambda: checks.append(1) or real_connection())
+    assert [hv.status(a) for _ in range(5)] == ["running"] * 5
+    assert checks == []  # not even isAlive(): the connection's close callback watches it
+    test_driver_daemon.stop()  # the host goes away: its close callback marks the statuses stale
+    deadline = time.monotonic() + 10
+    while not hv._live.closed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert hv._live.closed
+    with pytest.raises(HostError):
+        hv.status(a)  # asked again, and the host does not answer: never the stale "running"
+    assert checks
+
+
 def _agent(config, *args, input=None):
     proc = subprocess.run([str(AGENT), "--config", str(config), "--json", *args], capture_output=True, text=True,
                           timeout=300, input=input)
