@@ -19,6 +19,7 @@ from controller.config import config_from_dict, sandbox_values
 from host_adapters import factory
 from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
 from tests.fixtures.libvirtd import cleanup_hypervisor, remove_network, unique_prefix
+from tests.test_scale_load import _token
 
 AGENT = Path(sys.executable).parent / "cloud-agent"
 
@@ -172,14 +173,6 @@ def _serve(config, log):
         except OSError:
             assert server.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-
-
-def _token(port, who):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/auth/token", method="POST",
-                                 data=json.dumps({"api_key": who["api_key"], "api_secret": who["api_secret"]}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())["data"]["token"]
 
 
 @pytest.mark.real_commands

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from private_libvirtd import PrivateLibvirtd
+from private_libvirtd import PrivateLibvirtd, stop_process
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -114,13 +113,7 @@ def token_validation_us(config: str, token: str, userid: str, rounds: int) -> fl
 
 
 def stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, timeout=20)
 
 
 def main() -> None:
