@@ -73,7 +73,8 @@ def wrk(port: int, script: str, *, connections: int, threads: int, duration: int
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--timeout", "10s", "--latency",
          "-s", str(HERE / script), f"http://127.0.0.1:{port}"],
-        capture_output=True, text=True, env={**os.environ, **env}, timeout=duration + 60)
+        capture_output=True, text=True, env={**os.environ, "BENCH_DIR": str(HERE), **env},
+        timeout=duration + 60)
     line = next((l for l in out.stdout.splitlines() if l.startswith("BENCH-RESULT ")), None)
     if line is None:
         sys.exit(f"bench: wrk printed no result:\n{out.stdout}\n{out.stderr}")
