@@ -75,7 +75,7 @@ def iter_instance_json(ctx: Context, requester: Requester, *, cloudauth_id: str 
             raise InvalidInput("cloudauth-id must be a UUID")
     scope = perms.visible_to(requester)
     held = ctx.store.instance_hosts(visible_to=scope, owner_id=cloudauth_id)
-    unreachable = sync_statuses(ctx, held) if held else set()
+    unreachable = sync_statuses(ctx, held)
     return ctx.store.iter_instance_json(visible_to=scope, owner_id=cloudauth_id, error_hosts=sorted(unreachable))
 
 

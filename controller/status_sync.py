@@ -20,7 +20,7 @@ WHOLE_CHECK_SECONDS = 60.0
 
 
 class StatusMarks:
-    """Per process: each host's mark from its last sync, and when its whole view was compared."""
+    """Per process: each host's mark from its last sync, and when its whole view was last taken."""
 
     def __init__(self):
         self.marks: dict[str, tuple[object, float]] = {}
@@ -40,10 +40,9 @@ def sync_statuses(ctx: "Context", host_names: list[str]) -> set[str]:
         now = time.monotonic()
 
         def changes(name: str):
-            mark, when = state.marks.get(name, (None, now))
-            if now - when > WHOLE_CHECK_SECONDS:
-                mark = None
-            return hosts.hypervisor_of(ctx, name).status_changes(mark)
+            mark, whole_at = state.marks.get(name, (None, now))
+            return hosts.hypervisor_of(ctx, name).status_changes(
+                mark if now - whole_at <= WHOLE_CHECK_SECONDS else None)
 
         for name, answer in hosts.each_host(host_names, changes).items():
             if isinstance(answer, Exception):  # the ControllerError each_host caught
@@ -52,10 +51,9 @@ def sync_statuses(ctx: "Context", host_names: list[str]) -> set[str]:
             mark, statuses, whole = answer
             if whole:
                 ctx.store.sync_host_statuses(name, statuses)
-                state.marks[name] = (mark, now)
-            else:
-                if statuses:
-                    ctx.store.set_live_instance_statuses(
-                        {i: status or "error" for i, status in statuses.items()}, host=name)
-                state.marks[name] = (mark, state.marks.get(name, (None, now))[1])
+            elif statuses:
+                ctx.store.set_live_instance_statuses(
+                    {i: status or "error" for i, status in statuses.items()}, host=name)
+            # Only changes come back for a mark this process holds: the host has one.
+            state.marks[name] = (mark, now if whole else state.marks[name][1])
     return unreachable

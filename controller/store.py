@@ -48,6 +48,12 @@ _INSTANCE_JSON = """printf(
     iif(coalesce(private_ip, '') = '', '', ',"private-ip":' || json_quote(private_ip)))"""
 
 
+def _with_users(row: dict) -> dict:
+    """An instance row with `users` (account uuids in grant order) from its users_json."""
+    row["users"] = json.loads("[" + row.pop("users_json") + "]")
+    return row
+
+
 class Store:
     def __init__(self, path: str, *, create: bool = False):
         """Open the database at path; only with create=True (`cloud-agent init`) may it be made."""
@@ -549,24 +555,14 @@ class Store:
                 return []
             where += f" AND id IN ({','.join('?' * len(instance_ids))})"
             params += list(instance_ids)
-        rows = self._all(f"SELECT * FROM instances WHERE {where} ORDER BY creation_date, id", params)
-        users = self.instance_users([r["id"] for r in rows])
-        for r in rows:
-            r["users"] = users.get(r["id"], [])
-        return rows
+        return [_with_users(r) for r in
+                self._all(f"SELECT * FROM instances WHERE {where} ORDER BY creation_date, id", params)]
 
     def get_instance(self, instance_id: str, *, visible_to: str | None) -> dict | None:
-        """list_instances(instance_id=...)'s row, in one statement instead of two (a GET of one
-        instance is the most frequent request; each statement costs a GIL hand-over)."""
+        """list_instances(instance_id=...)'s row (a GET of one instance: the most frequent request)."""
         where, params = self._where(visible_to, id=instance_id)
-        row = self._one(
-            f"""SELECT *, (SELECT group_concat(account_uuid) FROM (SELECT account_uuid FROM instance_users
-                WHERE instance_id = instances.id ORDER BY rowid)) AS users_csv
-                FROM instances WHERE {where} AND intent IS NULL""", params)
-        if row is not None:
-            csv = row.pop("users_csv")
-            row["users"] = csv.split(",") if csv else []
-        return row
+        row = self._one(f"SELECT * FROM instances WHERE {where} AND intent IS NULL", params)
+        return _with_users(row) if row is not None else None
 
     def iter_instance_json(self, *, visible_to: str | None, owner_id: str | None = None,
                            error_hosts: Iterable[str] = (), per_chunk: int = 200) -> Iterator[str]:
