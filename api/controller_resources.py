@@ -1,7 +1,7 @@
 """The controller interface (spec sections 4.1 to 4.5): thin resources over the service layer."""
 
 from api import schemas
-from api.envelopes import ok_controller, stream_controller
+from api.envelopes import ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
 from controller import groups, images, instances, volumes
@@ -37,7 +37,7 @@ class InstanceCollection(_Resource):
 
 class InstanceItem(_Resource):
     def on_get(self, req, resp, id):
-        ok_controller(resp, [instances.get_instance(self.ctx, req.context.requester, id)])
+        ok_controller_json(resp, instances.instance_json(self.ctx, req.context.requester, id))
 
     def on_put(self, req, resp, id):
         body = self.body(req, schemas.INSTANCE_TASK)

@@ -40,9 +40,16 @@ def stream_controller(resp: falcon.Response, chunks: Iterator[str]) -> None:
     second = next(chunks, None) if first is not None else None
     if second is None:
         _close(chunks)
-        resp.data = (_OPENING + (first or "") + _CLOSING).encode()
+        ok_controller_json(resp, first or "")
         return
     resp.stream = _body(first, second, chunks)
+
+
+def ok_controller_json(resp: falcon.Response, objects: str) -> None:
+    """A 200 controller envelope whose `data` holds `objects`: JSON objects joined by commas."""
+    resp.status = 200
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = (_OPENING + objects + _CLOSING).encode()
 
 
 _OPENING, _CLOSING = '{"data": [', '], "msg": "", "success": true}'

@@ -23,10 +23,15 @@ import sqlite_utils
 from controller import migrations
 from controller.errors import Conflict
 from controller.limits import KINDS as LIMIT_KINDS
+from controller.write_mark import WriteMark
 
 BUSY_TIMEOUT_MS = 10_000
 # The host of instance rows made before there were hosts (migration _M8_HOSTS).
 DEFAULT_HOST = "default"
+# How long a token's owner is remembered at most, for writes that do not change the
+# write mark (the sqlite3 shell); every write of the service or cloud-agent ends it at once.
+TOKEN_MEMO_SECONDS = 5.0
+_TOKEN_MEMO_MAX = 10_000
 
 
 def utc_now() -> str:
@@ -34,7 +39,7 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# An instance object (controller.instances.instance_object) made by SQLite: `users` in the
+# A server-instance object (spec section 2.1) made by SQLite: `users` in the
 # order they were granted (users_json, kept by triggers: migration _M10_LISTED_USERS), the
 # address fields only when set. One printf per row: a json_object() with its nested array
 # cost half as much again (10,000 rows: 57 ms, 37 ms; 21 ms with users_json).
@@ -60,6 +65,15 @@ class Store:
         self.path = str(path)
         self.create = create
         self._local = threading.local()
+        self._mark: WriteMark | None = None
+        # token hash -> (write mark, token expiry, memo expiry, user id, roles)
+        self._token_memo: dict[str, tuple] = {}
+
+    @property
+    def write_mark(self) -> WriteMark:
+        if self._mark is None:
+            self._mark = WriteMark(self.path)
+        return self._mark
 
     # -- connections and transactions ------------------------------------
     @property
@@ -111,9 +125,13 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        self.write_mark.change()
 
     def migrate(self) -> tuple[int, int]:
-        return migrations.migrate(self.conn)
+        try:
+            return migrations.migrate(self.conn)
+        finally:
+            self.write_mark.change()
 
     def schema_version(self) -> int:
         return self.conn.execute("PRAGMA user_version").fetchone()[0]
@@ -334,15 +352,33 @@ class Store:
             )
 
     def token_owner(self, token_hash: str, *, now: int) -> dict | None:
-        """The active user a live token belongs to, with the token's user id, or None."""
-        return self._user_row(
-            self._one(
-                """SELECT u.* FROM tokens t JOIN users u ON u.id = t.user_id
-                   WHERE t.token_hash = ? AND t.expires_at > ? AND u.active > 0
-                   AND u.api_secret_enc IS NOT NULL""",
-                (token_hash, now),
-            )
+        """The id and roles of the active user a live token belongs to, or None. Only what a
+        Requester holds is read: this runs on every authenticated request.
+
+        A found owner is remembered while no write has been committed since (the write mark
+        is the one read before the lookup), the token has not expired, and for at most
+        TOKEN_MEMO_SECONDS: the token's statement was half of a GET's statements, and each
+        statement hands the GIL to another thread. So a deactivation, a secret reset or a
+        token's removal ends it at once, here or in any other process."""
+        mark = self.write_mark.read()
+        held = self._token_memo.get(token_hash)
+        if held is not None and held[0] == mark and now < held[1] and time.monotonic() < held[2]:
+            return {"id": held[3], "roles": list(held[4])}
+        row = self._one(
+            """SELECT u.id, u.roles, t.expires_at FROM tokens t JOIN users u ON u.id = t.user_id
+               WHERE t.token_hash = ? AND t.expires_at > ? AND u.active > 0
+               AND u.api_secret_enc IS NOT NULL""",
+            (token_hash, now),
         )
+        if row is None:
+            return None
+        user = self._user_row({"id": row["id"], "roles": row["roles"]})
+        if self.write_mark.usable:
+            if len(self._token_memo) >= _TOKEN_MEMO_MAX:
+                self._token_memo.clear()
+            self._token_memo[token_hash] = (mark, row["expires_at"], time.monotonic() + TOKEN_MEMO_SECONDS,
+                                            user["id"], tuple(user["roles"]))
+        return user
 
     def purge_expired_tokens(self, *, now: int) -> int:
         with self.write() as conn:
@@ -564,9 +600,18 @@ class Store:
         row = self._one(f"SELECT * FROM instances WHERE {where} AND intent IS NULL", params)
         return _with_users(row) if row is not None else None
 
+    def get_instance_json(self, instance_id: str, *, visible_to: str | None,
+                          status: str | None = None) -> dict | None:
+        """get_instance's id, host and stored status, with `json`: its server-instance object encoded
+        as iter_instance_json encodes it, with the stored status or the status given."""
+        where, params = self._where(visible_to, id=instance_id)
+        obj = _INSTANCE_JSON.format(status="status" if status is None else "?")
+        return self._one(f"SELECT id, host, status, {obj} AS json FROM instances WHERE {where} AND intent IS NULL",
+                         params if status is None else [status, *params])
+
     def iter_instance_json(self, *, visible_to: str | None, owner_id: str | None = None,
                            error_hosts: Iterable[str] = (), per_chunk: int = 200) -> Iterator[str]:
-        """list_instances' rows (without intents) as controller.instances.instance_object()s
+        """list_instances' rows (without intents) as server-instance objects
         encoded by SQLite: chunks of up to per_chunk JSON objects joined by commas, in
         creation order. Each chunk is read by its own statements, ended before it is
         yielded: a client that stops reading holds no transaction or cursor, in any thread.

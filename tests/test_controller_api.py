@@ -299,6 +299,24 @@ def test_reads_make_one_hypervisor_call_whatever_the_row_count(client, cctx, ada
     assert stored[ids[0]] == "shutoff" and stored[ids[1]] == "error"
 
 
+def test_a_get_answers_the_hosts_status_and_records_it(client, cctx, adapters, people, catalog, monkeypatch):
+    owner, hv = people["owner"], adapters.hypervisor
+    give_volume(client, owner)
+    made = ok(boot(client, owner, catalog), 201)[0]
+    path = f"/v1/server-instance/{made['id']}"
+    assert ok(client.simulate_get(path, headers=owner.headers)) == [made]
+    hv.instances[made["id"]].status = "shutoff"  # changed behind the controller's back
+    assert ok(client.simulate_get(path, headers=owner.headers)) == [dict(made, status="shutoff")]
+    assert cctx.store.get_instance(made["id"], visible_to=None)["status"] == "shutoff"
+
+    def unreachable(instance_id):
+        raise HostError("the host does not answer")
+
+    monkeypatch.setattr(hv, "status", unreachable)
+    assert ok(client.simulate_get(path, headers=owner.headers)) == [dict(made, status="error")]
+    assert cctx.store.get_instance(made["id"], visible_to=None)["status"] == "shutoff"
+
+
 def test_a_list_answers_from_the_record_when_the_host_cannot(client, cctx, adapters, people, catalog):
     owner = people["owner"]
     give_volume(client, owner)
