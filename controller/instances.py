@@ -74,7 +74,9 @@ def instance_json(ctx: Context, requester: Requester, instance_id: str) -> str:
     status = _host_status(ctx, row)
     if status == row["status"]:
         return row["json"]
-    return ctx.store.get_instance_json(row["id"], visible_to=None, status=status)["json"]
+    # Found again (deleted meanwhile: 404), encoded with the host's status.
+    return find_or_404("server-instance", instance_id,
+                       lambda i: ctx.store.get_instance_json(i, visible_to=None, status=status))["json"]
 
 
 def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:

@@ -316,6 +316,13 @@ def test_a_get_answers_the_hosts_status_and_records_it(client, cctx, adapters, p
     assert ok(client.simulate_get(path, headers=owner.headers)) == [dict(made, status="error")]
     assert cctx.store.get_instance(made["id"], visible_to=None)["status"] == "shutoff"
 
+    def deleted_meanwhile(instance_id):  # after the row was read, before it is encoded again
+        cctx.store.delete_instance(instance_id)
+        return "running"
+
+    monkeypatch.setattr(hv, "status", deleted_meanwhile)
+    err(client.simulate_get(path, headers=owner.headers), 404)
+
 
 def test_a_list_answers_from_the_record_when_the_host_cannot(client, cctx, adapters, people, catalog):
     owner = people["owner"]
