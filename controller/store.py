@@ -372,13 +372,13 @@ class Store:
         )
         if row is None:
             return None
-        user = self._user_row({"id": row["id"], "roles": row["roles"]})
+        roles = tuple(json.loads(row["roles"]))
         if self.write_mark.usable:
             if len(self._token_memo) >= _TOKEN_MEMO_MAX:
                 self._token_memo.clear()
             self._token_memo[token_hash] = (mark, row["expires_at"], time.monotonic() + TOKEN_MEMO_SECONDS,
-                                            user["id"], tuple(user["roles"]))
-        return user
+                                            row["id"], roles)
+        return {"id": row["id"], "roles": list(roles)}
 
     def purge_expired_tokens(self, *, now: int) -> int:
         with self.write() as conn:

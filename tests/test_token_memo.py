@@ -15,6 +15,7 @@ from controller.config import write_config
 from controller.security import token_hash
 from controller.write_mark import WriteMark
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
+from tests.test_auth_tokens import whoami
 
 AGENT = Path(sys.executable).parent / "cloud-agent"
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,10 +38,6 @@ def statements(store, call):
 
 def owner(store, caller, *, now=None):
     return store.token_owner(token_hash(caller.token), now=int(time.time()) if now is None else now)
-
-
-def whoami(user_client, caller):
-    return user_client.simulate_get(f"/v1/user/view/{caller.id}", headers=caller.headers)
 
 
 def create_bob(user_client, caller):
@@ -87,7 +84,7 @@ def test_unknown_tokens_are_not_remembered(ctx):
 
 @pytest.mark.parametrize("change", ["deactivate", "reset secret", "delete tokens", "take role"])
 def test_another_process_ends_a_remembered_token_at_once(ctx, user_client, alice, change):
-    user_envelope(whoami(user_client, alice), 200, data=True)  # remembered now
+    user_envelope(whoami(user_client, alice.token, alice.id), 200, data=True)  # remembered now
     script = {
         "deactivate": f"s.update_user({alice.id!r}, {{'active': 0}})",
         "reset secret": f"s.set_api_secret({alice.id!r}, None)",
@@ -101,11 +98,11 @@ def test_another_process_ends_a_remembered_token_at_once(ctx, user_client, alice
     if change == "take role":
         user_envelope(create_bob(user_client, alice), 403)
     else:
-        user_envelope(whoami(user_client, alice), 401)
+        user_envelope(whoami(user_client, alice.token, alice.id), 401)
 
 
 def test_cloud_agent_revoking_a_role_ends_it_for_the_running_service(ctx, config_values, tmp_path, user_client, alice):
-    user_envelope(whoami(user_client, alice), 200, data=True)  # remembered now
+    user_envelope(whoami(user_client, alice.token, alice.id), 200, data=True)  # remembered now
     config = tmp_path / "controller.ini"
     write_config(config_values, str(config))
     subprocess.run([str(AGENT), "--config", str(config), "user", "revoke", "--userid", alice.id, "create_user"],
