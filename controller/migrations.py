@@ -272,9 +272,23 @@ _M10_LISTED_USERS = f"""
 """
 
 
+# The uid a volume's quota is kept under (setquota: the uid; xfs: its project), recorded
+# when the home is made: removal acts on it, never on the owner of the tree, which root in
+# a guest can chown. Existing rows take the uid of the account whose home is the volume's
+# mount point, else of the user's only account; NULL when neither is known (the tree is
+# then removed and no quota changed).
+_M11_VOLUME_UID = """
+        ALTER TABLE volumes ADD COLUMN uid INTEGER;
+        UPDATE volumes SET uid = COALESCE(
+            (SELECT a.uid FROM system_accounts a WHERE a.user_id = volumes.owner_id AND a.home = volumes.mount_point),
+            (SELECT MIN(a.uid) FROM system_accounts a WHERE a.user_id = volumes.owner_id
+             GROUP BY a.user_id HAVING COUNT(*) = 1));
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
-    _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS,
+    _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -103,7 +103,7 @@ def _intents(run: _Run) -> None:
 
         def finish(v=volume, a=account):
             if a is not None:
-                retired = homes.retire(a["username"], token=v["id"])
+                retired = homes.retire(a["username"], token=v["id"], uid=v["uid"])
                 if retired is not None:
                     homes.purge(retired)
             if a is not None and v["state"] == "deleting":

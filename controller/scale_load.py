@@ -133,7 +133,8 @@ def load(ctx: Context, shape: Shape = Shape(), *, progress=lambda _msg: None) ->
             made_homes.append(adapters.homes.create(a["username"], uid=a["uid"], gid=a["gid"],
                                                     size_gb=shape.volume_gb))
             volumes.append({"id": new_id(), "owner_id": a["user_id"], "size_gb": shape.volume_gb, "name": None,
-                            "visibility": "cluster", "mount_point": made_homes[-1], "creation_date": now})
+                            "visibility": "cluster", "mount_point": made_homes[-1], "creation_date": now,
+                            "uid": a["uid"]})
 
         progress("groups")
         groups, members, specs = [], [], []

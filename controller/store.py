@@ -803,9 +803,10 @@ class Store:
         try:
             with self.write() as conn:
                 conn.execute(
-                    """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state)
+                    """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state,
+                       uid)
                        VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date,
-                       :state)""",
+                       :state, :uid)""",
                     {"state": "creating", **volume},
                 )
         except sqlite3.IntegrityError as e:
@@ -1056,8 +1057,9 @@ class Store:
                    created_at_utc) VALUES (:user_id, :username, :uuid, :uid, :gid, :home, :cloud_controller_id,
                    :created_at_utc)""", accounts)
             conn.executemany(
-                """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state)
-                   VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date, 'ready')""",
+                """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state, uid)
+                   VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date, 'ready',
+                   :uid)""",
                 volumes)
             conn.executemany(
                 """INSERT INTO groups (id, owner_id, name, creation_date, state)

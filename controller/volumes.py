@@ -62,6 +62,8 @@ def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
         "visibility": "cluster",
         "mount_point": homes.path(account["username"]),
         "creation_date": utc_now(),
+        # The uid the quota is set under, so removal acts on it and on nothing the tree says.
+        "uid": account["uid"],
     }
     from controller.instances import refresh_guests
 
@@ -101,7 +103,7 @@ def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
         try:
             # One rename: the home is gone from its path at once; removing the tree,
             # which may take minutes, happens in the background.
-            retired = ctx.adapters.homes.retire(account["username"], token=row["id"])
+            retired = ctx.adapters.homes.retire(account["username"], token=row["id"], uid=row["uid"])
         except BaseException:
             ctx.store.set_volume_state(row["id"], "ready", expect="deleting")
             raise

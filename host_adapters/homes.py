@@ -6,6 +6,7 @@ uid and primary gid, mode 0700, and limits it through a quota backend
 the same state in memory for fast tests. One GB is one GiB (2**30 bytes).
 """
 
+import logging
 import os
 import re
 import stat
@@ -15,6 +16,7 @@ from common.errors import Conflict, HostError, HostUnavailable, InvalidInput, No
 from host_adapters.names import check_username
 from host_adapters.quota import GIB, QuotaBackend, check_id, check_size_gb
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class HomeInfo:
@@ -44,13 +46,19 @@ class HomeInfo:
 
 RETIRED_PREFIX = ".retired-"
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# `.retired-<token>` or `.retired-<token>.<uid>`: the uid recorded for the volume rides in
+# the name, which only root can change (home_root is root's, and no share reaches it),
+# while the tree itself is the guest's to chown.
+_RETIRED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(?:\.(0|[1-9][0-9]{0,9}))?$")
 
 
-def retired_path(home_root: str, token: str) -> str:
-    """Where a home goes to be removed: a dot name, which no username can be."""
+def retired_path(home_root: str, token: str, uid: int | None = None) -> str:
+    """Where a home goes to be removed: a dot name, which no username can be, carrying the
+    uid its quota is kept under (None: not known, the quota is then left as it is)."""
     if not isinstance(token, str) or not _TOKEN.fullmatch(token):
         raise InvalidInput(f"invalid token {token!r}")
-    return os.path.join(home_root, RETIRED_PREFIX + token)
+    name = RETIRED_PREFIX + token if uid is None else f"{RETIRED_PREFIX}{token}.{check_id('uid', uid)}"
+    return os.path.join(home_root, name)
 
 
 def check_retired(home_root: str, path: object) -> str:
@@ -58,10 +66,18 @@ def check_retired(home_root: str, path: object) -> str:
         not isinstance(path, str)
         or os.path.dirname(path) != os.path.abspath(home_root)
         or not os.path.basename(path).startswith(RETIRED_PREFIX)
-        or not _TOKEN.fullmatch(os.path.basename(path)[len(RETIRED_PREFIX):])
+        or not _RETIRED_NAME.fullmatch(os.path.basename(path)[len(RETIRED_PREFIX):])
     ):
         raise InvalidInput(f"{path!r} is not a retired home under {home_root}")
     return path
+
+
+def retired_uid(path: str) -> int | None:
+    """The uid retired_path() recorded in a retired home's name; None if it recorded none."""
+    m = _RETIRED_NAME.fullmatch(os.path.basename(path)[len(RETIRED_PREFIX):])
+    if m is None or m.group(1) is None:
+        return None
+    return check_id("uid", int(m.group(1)))
 
 
 class HomeVolumes:
@@ -101,17 +117,20 @@ class HomeVolumes:
         """
         raise NotImplementedError
 
-    def retire(self, username: str, *, token: str) -> str | None:
+    def retire(self, username: str, *, token: str, uid: int | None) -> str | None:
         """Move the home out of the way in one atomic rename, to a path no username can take
-        (`<home_root>/.retired-<token>`), and return that path; None when there is no home.
+        (`<home_root>/.retired-<token>.<uid>`), and return that path; None when there is no home.
 
-        Its quota stays with it until purge(). The home's path is free at once, so a new
-        volume can be made there while the old tree is removed in the background.
+        uid is the one recorded for the volume, whose quota purge() removes (never the
+        tree's owner, which whoever had root in a guest could change); None when no uid
+        was recorded. Its quota stays with it until purge(). The home's path is free at
+        once, so a new volume can be made there while the old tree is removed in the background.
         """
         raise NotImplementedError
 
     def purge(self, path: str) -> None:
-        """Remove a retired home (a path retire() returned) with its quota. Succeeds when it is gone.
+        """Remove a retired home (a path retire() returned) and the quota of the uid its name
+        records (none when it records none). Succeeds when it is gone.
 
         InvalidInput for a path that is not a retired home of this home_root.
         """
@@ -210,9 +229,9 @@ class DirectoryHomeVolumes(HomeVolumes):
         check_id("uid", uid)
         self.quota.remove(path, uid=uid)
 
-    def retire(self, username: str, *, token: str) -> str | None:
+    def retire(self, username: str, *, token: str, uid: int | None) -> str | None:
         path = self.path(username)
-        target = retired_path(self.home_root, token)
+        target = retired_path(self.home_root, token, uid)
         try:
             os.rename(path, target)  # renames a symlink itself, never what it points to
         except FileNotFoundError:
@@ -223,12 +242,15 @@ class DirectoryHomeVolumes(HomeVolumes):
 
     def purge(self, path: str) -> None:
         check_retired(self.home_root, path)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             return
-        # The retired tree keeps its owner: the uid its per-user quota is kept under.
-        self.quota.remove(path, uid=st.st_uid)
+        # The uid recorded when it was retired, never the tree's owner: root in a guest
+        # can chown the home, and removing "its" quota would then cut another uid's.
+        uid = retired_uid(path)
+        if uid is None:
+            log.warning("%s records no uid (retired before uids were recorded): its tree is removed, "
+                        "no quota is changed", path)
+        self.quota.remove(path, uid=uid)
 
     def list_retired(self) -> list[str]:
         try:
@@ -330,9 +352,9 @@ class FakeHomeVolumes(HomeVolumes):
         self._maybe_fail("delete")
         self.homes.pop(username, None)
 
-    def retire(self, username: str, *, token: str) -> str | None:
+    def retire(self, username: str, *, token: str, uid: int | None) -> str | None:
         self.path(username)
-        target = retired_path(self.home_root, token)
+        target = retired_path(self.home_root, token, uid)
         self._maybe_fail("retire")
         home = self.homes.pop(username, None)
         if home is None:

@@ -11,7 +11,8 @@ applies per subvolume) and must die as one. The calls, in the order
 - `set_limit(path, *, uid, size_gb)`: set or change the hard limit.
 - `get_limit(path, *, uid) -> int | None`: the hard limit in bytes, None if none.
 - `remove(path, *, uid)`: remove the tree without following symlinks out of
-  it, then the quota.
+  it, then the quota. uid is the one recorded for the volume, never read from
+  the tree (root in a guest can chown it); None leaves per-uid quotas as they are.
 - `nested_subvolumes(path)`: subvolumes a user made inside the home (btrfs
   only), whose data the home's limit does not count.
 
@@ -66,8 +67,11 @@ class QuotaBackend:
         """The hard limit in bytes that applies to the home at path, or None if there is none."""
         raise NotImplementedError
 
-    def remove(self, path: str, *, uid: int) -> None:
+    def remove(self, path: str, *, uid: int | None) -> None:
         """Remove the tree at path and its quota. Succeeds when both are already gone.
+
+        uid is the uid recorded for the home (the tree's owner may be anyone by now);
+        None when none was recorded: the tree goes, a per-uid quota stays as it is.
 
         Never follows a symlink out of the tree (a symlink is removed, not its
         target) and refuses (HostError) to remove a tree with a mount point in it.
@@ -192,7 +196,7 @@ class NoQuota(QuotaBackend):
     def get_limit(self, path: str, *, uid: int) -> int | None:
         return None
 
-    def remove(self, path: str, *, uid: int) -> None:
+    def remove(self, path: str, *, uid: int | None) -> None:
         remove_tree(path)
 
 
@@ -237,7 +241,7 @@ class FakeQuota(NoQuota):
         self._maybe_fail("get_limit")
         return self.limits.get(path)
 
-    def remove(self, path: str, *, uid: int) -> None:
+    def remove(self, path: str, *, uid: int | None) -> None:
         self._maybe_fail("remove")
         remove_tree(path)
         self.limits.pop(path, None)
@@ -439,7 +443,9 @@ class BtrfsQuota(QuotaBackend):
         table = self._qgroups(path)
         return None if table is None else table.get(f"0/{sid}")
 
-    def remove(self, path: str, *, uid: int) -> None:
+    def remove(self, path: str, *, uid: int | None) -> None:
+        # A qgroup belongs to the subvolume, not to a uid: whoever owns the tree, only
+        # its own qgroup (and those of subvolumes nested in it) go.
         try:
             st = os.lstat(path)
         except FileNotFoundError:
@@ -609,10 +615,11 @@ class XfsQuota(QuotaBackend):
             raise HostError(f"cannot read the xfs_quota output: {out.strip()!r}") from None
         return hard * KIB or None
 
-    def remove(self, path: str, *, uid: int) -> None:
-        pid = self.project_id(uid)
+    def remove(self, path: str, *, uid: int | None) -> None:
+        pid = None if uid is None else self.project_id(uid)
         remove_tree(path)
-        self._xfs(f"limit -p bhard=0 {pid}")
+        if pid is not None:
+            self._xfs(f"limit -p bhard=0 {pid}")
 
 
 # --- user quota (ext4 and others) ------------------------------------------
@@ -674,8 +681,12 @@ class SetQuota(QuotaBackend):
             raise HostError(f"cannot read the quota output: {out.strip()!r}")
         return int(rows[0][3]) * KIB or None
 
-    def remove(self, path: str, *, uid: int) -> None:
+    def remove(self, path: str, *, uid: int | None) -> None:
+        if uid is not None:
+            check_id("uid", uid)
         remove_tree(path)
+        if uid is None:
+            return
         # Zero would mean "unlimited": the account outlives its volume, and a uid
         # without a home must not fill the filesystem from elsewhere on it (a
         # scratch or shared directory). The smallest limits setquota can express

@@ -184,8 +184,8 @@ class TestContract:
     def test_retire_frees_the_path_at_once_and_purge_removes_the_tree(self, setup):
         v = setup.volumes
         v.create("alice", uid=UID, gid=GID, size_gb=1)
-        retired = v.retire("alice", token="vol-1")
-        assert retired == os.path.join(v.home_root, ".retired-vol-1")
+        retired = v.retire("alice", token="vol-1", uid=UID)
+        assert retired == os.path.join(v.home_root, f".retired-vol-1.{UID}")
         assert not v.inspect("alice").exists
         assert v.list_retired() == [retired]
         v.create("alice", uid=UID, gid=GID, size_gb=2)  # a new volume at the same path, at once
@@ -193,7 +193,7 @@ class TestContract:
         assert v.list_retired() == []
         assert v.inspect("alice").exists  # the new home is untouched
         v.purge(retired)  # again: already gone
-        assert v.retire("nobody", token="vol-2") is None
+        assert v.retire("nobody", token="vol-2", uid=1002) is None
 
     @pytest.mark.parametrize("path", ["/etc", "../x", ".retired-x", "/srv/home/.retired-x/../../etc"])
     def test_purge_refuses_what_retire_did_not_make(self, setup, path):
@@ -204,7 +204,7 @@ class TestContract:
     def test_retire_refuses_a_bad_token(self, setup, token):
         setup.volumes.create("alice", uid=UID, gid=GID, size_gb=1)
         with pytest.raises(InvalidInput):
-            setup.volumes.retire("alice", token=token)
+            setup.volumes.retire("alice", token=token, uid=UID)
         assert setup.volumes.inspect("alice").exists
 
     def test_a_name_can_be_used_again_after_delete(self, setup):
@@ -463,7 +463,7 @@ def test_btrfs_retired_home_keeps_its_quota_until_purge_removes_subvolume_and_qg
     path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
     sid = int(_btrfs("inspect-internal", "rootid", path))
     assert _dd(UID, os.path.join(path, "data"), 16).returncode == 0
-    retired = volumes.retire("alice", token="vol-1")
+    retired = volumes.retire("alice", token="vol-1", uid=UID)
     assert int(_btrfs("inspect-internal", "rootid", retired)) == sid  # the same subvolume, moved
     assert f"0/{sid}" in _qgroup_ids(btrfs_homes.home_root)
     volumes.purge(retired)
@@ -634,3 +634,27 @@ def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
     assert "'scratch'" in detail and "'odd\\nname'" in detail and "\n" not in detail
     assert "escapes" in detail and "quota" in detail
     assert homes.inspect("alice").nested_subvolumes == ("scratch", "odd\nname")
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_purge_of_a_home_chowned_to_another_uid_leaves_that_uids_quota(btrfs_homes):
+    """Root in a guest chowns the home to another user's uid before the delete (issue 16, finding 10):
+    the removal drops the home's own qgroup, and the other user's home keeps its limit."""
+    volumes = btrfs_homes
+    other = UID + 1
+    mine = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    theirs = volumes.create("carol", uid=other, gid=other, size_gb=2)
+    assert _dd(UID, os.path.join(mine, "data"), 4).returncode == 0
+    mine_q = f"0/{int(_btrfs('inspect-internal', 'rootid', mine))}"
+    theirs_q = f"0/{int(_btrfs('inspect-internal', 'rootid', theirs))}"
+    for dirpath, _dirs, files in os.walk(mine):
+        for name in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
+            os.lchown(name, other, other)
+    retired = volumes.retire("alice", token="vol-1", uid=UID)
+    volumes.purge(retired)
+    assert not os.path.lexists(retired)
+    table = q.parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", volumes.home_root))
+    assert mine_q not in table
+    assert table[theirs_q] == 2 * GIB
+    assert volumes.inspect("carol").limit_gb == 2

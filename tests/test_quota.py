@@ -482,3 +482,102 @@ def test_btrfs_backend_enables_quotas_when_needed(btrfs_home_root):
 def test_btrfs_check_refuses_a_non_btrfs_root(tmp_path):
     with pytest.raises(HostUnavailable, match="btrfs"):
         q.BtrfsQuota().check(str(tmp_path))
+
+
+# --- removal acts on the recorded uid, never on the tree's owner (issue 16, finding 10) ----
+
+BOB, OTHER = 12345, 23456
+
+
+def _homes_on(tmp_path, backend) -> "DirectoryHomeVolumes":
+    from host_adapters.homes import DirectoryHomeVolumes
+
+    if os.geteuid() != 0:
+        pytest.fail("homes are chowned to their uid: run the tests as root", pytrace=False)
+    root = tmp_path / "home"
+    root.mkdir()
+    return DirectoryHomeVolumes(str(root), backend)
+
+
+def _chown_tree(path, uid) -> None:
+    # What root in a guest can do through the home's share.
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            os.lchown(name, uid, uid)
+
+
+@pytest.mark.parametrize("kind", ["setquota", "xfs"])
+def test_purge_of_a_home_chowned_to_another_uid_changes_only_the_recorded_uid(runner, tmp_path, kind):
+    backend = q.SetQuota(filesystem=str(tmp_path)) if kind == "setquota" else q.XfsQuota(mount_point=str(tmp_path))
+    homes = _homes_on(tmp_path, backend)
+    path = homes.create("bob", uid=BOB, gid=BOB, size_gb=1)
+    (tmp_path / "home" / "bob" / "f").write_text("x")
+    _chown_tree(path, OTHER)
+    runner.calls.clear()
+    retired = homes.retire("bob", token="vol-1", uid=BOB)
+    homes.purge(retired)
+    assert not os.path.lexists(retired)
+    if kind == "setquota":
+        assert runner.calls == [["setquota", "-u", str(BOB), "0", "1", "0", "1", str(tmp_path)]]
+    else:
+        assert runner.calls == [_xfs(f"limit -p bhard=0 {BOB}", str(tmp_path))]
+    assert not [argv for argv in runner.calls if any(str(OTHER) in a for a in argv)]
+
+
+def test_purge_of_a_home_retired_without_a_uid_changes_no_quota(runner, tmp_path):
+    """A home retired before uids were recorded: its tree goes, nobody's quota changes."""
+    homes = _homes_on(tmp_path, q.SetQuota(filesystem=str(tmp_path)))
+    homes.create("bob", uid=BOB, gid=BOB, size_gb=1)
+    runner.calls.clear()
+    retired = homes.retire("bob", token="vol-1", uid=None)
+    assert os.path.basename(retired) == ".retired-vol-1"
+    homes.purge(retired)
+    assert not os.path.lexists(retired)
+    assert runner.calls == []
+
+
+def test_deleting_a_volume_whose_home_guest_root_chowned_removes_only_the_owners_quota(
+        runner, tmp_path, cctx, client, adapters):
+    """The whole path: POST records the uid in the volume row, DELETE hands it to the removal."""
+    from tests.fixtures.api import enable, give_volume, make_caller
+
+    bob = make_caller(cctx, "bob@example.org")
+    account = enable(cctx, bob, "bob")
+    adapters.homes = _homes_on(tmp_path, q.SetQuota(filesystem=str(tmp_path)))
+    vol = give_volume(client, bob)
+    assert cctx.store.volume_of_user(bob.id)["uid"] == account["uid"]
+    _chown_tree(adapters.homes.path("bob"), OTHER)
+    runner.calls.clear()
+    r = client.simulate_delete(f"/v1/storage-volume/{vol['volume-id']}", headers=bob.headers)
+    assert r.status_code == 200, r.json
+    assert adapters.homes.list_retired() == []
+    assert not os.path.lexists(adapters.homes.path("bob"))
+    assert runner.calls == [["setquota", "-u", str(account["uid"]), "0", "1", "0", "1", str(tmp_path)]]
+
+
+def test_migration_records_the_uid_of_existing_volumes_from_their_account(tmp_path):
+    import sqlite3
+
+    from controller import migrations
+    from controller.store import Store
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for version, script in enumerate(migrations.MIGRATIONS[:10]):
+        conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {version + 1};\nCOMMIT;")
+    for n, (user, uid) in enumerate([("u1", 5001), ("u2", 5002), ("u3", None)]):
+        conn.execute("INSERT INTO users (id, email, password_hash, api_key, created_at_utc) VALUES (?, ?, 'x', ?, 't')",
+                     (user, f"{user}@example.org", f"key-{user}"))
+        if uid is not None:
+            conn.execute("INSERT INTO system_accounts (user_id, username, uuid, uid, gid, home, cloud_controller_id, "
+                         "created_at_utc) VALUES (?, ?, ?, ?, ?, ?, 1, 't')",
+                         (user, user, f"uuid-{user}", uid, uid, f"/home/{user}"))
+        # u2's volume is at another path than its account's home: its only account still decides.
+        mount = f"/home/{user}" if user != "u2" else "/old/u2"
+        conn.execute("INSERT INTO volumes (id, owner_id, size_gb, mount_point, creation_date) VALUES (?, ?, 1, ?, 't')",
+                     (f"v{n}", user, mount))
+    conn.close()
+    store = Store(str(path))
+    assert store.migrate() == (10, migrations.SCHEMA_VERSION)
+    assert {v["id"]: v["uid"] for v in store.list_volumes(visible_to=None)} == {"v0": 5001, "v1": 5002, "v2": None}
+    store.close()
