@@ -180,6 +180,7 @@ class Config:
             raise InvalidInput(f"config [libvirt] virt_type must be one of {', '.join(VIRT_TYPES)}")
         if self.get("guest", "sudo") not in GUEST_SUDO:
             raise InvalidInput(f"config [guest] sudo must be one of {', '.join(GUEST_SUDO)}")
+        self._validate_guest_root_quota(backend)
         from controller.addresses import network_plan
 
         network_plan(self)  # raises InvalidInput naming the bad [network] key
@@ -205,6 +206,18 @@ class Config:
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
         self._validate_groups()
+
+    def _validate_guest_root_quota(self, backend: str) -> None:
+        from host_adapters.quota import guest_root_escapes
+
+        # Guest root writes through a home's share as uid 0 on the head node: a per-uid
+        # limit never sees those files, so the owner's sudo would make the quota moot.
+        if self.get("guest", "sudo") == "owner" and guest_root_escapes(backend):
+            raise InvalidInput(
+                f"config [guest] sudo = owner cannot be used with [volumes] quota_backend = {backend}: "
+                f"{backend} limits the user's uid, and root in a guest writes into the homes shared with it "
+                "as root, past every user's quota; use quota_backend btrfs or xfs (they limit the home "
+                "whoever writes) or [guest] sudo = none")
 
     def _validate_groups(self) -> None:
         import re

@@ -47,6 +47,10 @@ class QuotaBackend:
 
     name = "abstract"
     enforces_limits = True  # False only where no limit is ever applied
+    # Whether the limit holds whoever writes in the home. Root in a guest writes through
+    # the home's share as host uid 0: a limit on the tree (btrfs qgroup, xfs project)
+    # counts that, a limit on the user's uid (setquota) does not.
+    binds_every_writer = True
 
     def check(self, home_root: str) -> None:
         """Raise HostUnavailable, naming the cause, if homes under home_root cannot get quotas."""
@@ -639,6 +643,7 @@ class SetQuota(QuotaBackend):
     """
 
     name = "setquota"
+    binds_every_writer = False  # files another uid writes (guest root: uid 0) count elsewhere
 
     def __init__(self, *, filesystem: str):
         self.filesystem = filesystem
@@ -694,7 +699,16 @@ class SetQuota(QuotaBackend):
         self._setquota(uid, DENY_KIB, DENY_INODES)
 
 
-BACKENDS = ("none", "btrfs", "xfs", "setquota")
+BACKEND_CLASSES: dict[str, type[QuotaBackend]] = {
+    "none": NoQuota, "btrfs": BtrfsQuota, "xfs": XfsQuota, "setquota": SetQuota,
+}
+BACKENDS = tuple(BACKEND_CLASSES)
+
+
+def guest_root_escapes(name: str) -> bool:
+    """Whether root in a guest can write past the limits the backend `name` sets (setquota)."""
+    cls = BACKEND_CLASSES[name]
+    return cls.enforces_limits and not cls.binds_every_writer
 
 
 def make_quota_backend(name: str, *, home_root: str) -> QuotaBackend:

@@ -103,3 +103,46 @@ def test_check_without_a_config_fails_cleanly(tmp_path):
     proc = run_agent("--config", str(tmp_path / "missing.ini"), "--json", "check")
     assert proc.returncode == 1
     assert proc.stdout.strip() == '{"error": "config file not found: %s"}' % (tmp_path / "missing.ini")
+
+
+def _set_config(sandbox, **sections) -> None:
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(sandbox.config)
+    for section, keys in sections.items():
+        if not parser.has_section(section):
+            parser.add_section(section)
+        for key, value in keys.items():
+            parser[section][key] = value
+    with open(sandbox.config, "w") as f:
+        parser.write(f)
+
+
+def test_check_refuses_guest_sudo_with_a_quota_guest_root_escapes(sandbox):
+    """setquota limits the user's uid; guest root writes as root (issue 16, finding 11)."""
+    _set_config(sandbox, guest={"sudo": "owner"}, volumes={"quota_backend": "setquota"})
+    line = sandbox.error("check")
+    assert "[guest] sudo = owner cannot be used with [volumes] quota_backend = setquota" in line
+    assert "btrfs or xfs" in line
+
+
+@pytest.mark.parametrize("sudo, backend, refused", [
+    ("owner", "setquota", True),
+    ("owner", "btrfs", False),
+    ("owner", "xfs", False),
+    ("owner", "none", False),  # no limit at all: nothing for guest root to escape
+    ("none", "setquota", False),
+])
+def test_config_validation_at_start_refuses_guest_sudo_with_setquota(tmp_path, sudo, backend, refused):
+    from controller.config import config_from_dict, sandbox_values
+    from controller.errors import InvalidInput
+
+    values = sandbox_values(str(tmp_path))
+    values["guest"] = {"sudo": sudo}
+    values["volumes"]["quota_backend"] = backend
+    if refused:
+        with pytest.raises(InvalidInput, match=r"sudo = owner cannot be used with .* quota_backend = setquota"):
+            config_from_dict(values)
+    else:
+        assert config_from_dict(values).get("guest", "sudo") == sudo

@@ -658,3 +658,15 @@ def test_btrfs_purge_of_a_home_chowned_to_another_uid_leaves_that_uids_quota(btr
     assert mine_q not in table
     assert table[theirs_q] == 2 * GIB
     assert volumes.inspect("carol").limit_gb == 2
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_btrfs_quota_stops_root_writing_in_the_home(btrfs_homes):
+    """Root in a guest writes through the share as uid 0 (issue 16, finding 11): the home's
+    qgroup limits the tree, so root's writes stop at the limit as the user's do."""
+    path = btrfs_homes.create("alice", uid=UID, gid=GID, size_gb=1)
+    proc = _dd(0, os.path.join(path, "by-root"), 1100)
+    assert proc.returncode != 0 and "Disk quota exceeded" in proc.stderr, proc.stderr
+    assert os.stat(os.path.join(path, "by-root")).st_uid == 0
+    assert os.path.getsize(os.path.join(path, "by-root")) <= GIB
