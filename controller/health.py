@@ -11,14 +11,15 @@ def run_checks(ctx: Context, *, thorough: bool = False) -> list[dict]:
     """Every check the service depends on, each {"name", "ok", "detail"}.
 
     thorough (the agent's `check`) adds what costs a real guest start: whether
-    QEMU starts a guest with the configured virt_type and cpu_mode.
+    QEMU starts a guest with the configured virt_type and cpu_mode; and, on a local
+    QEMU host, whether its virtiofsd can confine a home's share to the home's owner.
     """
     results = []
 
     def record(name, fn):
         try:
-            fn()
-            results.append({"name": name, "ok": True, "detail": ""})
+            said = fn()  # a check that passes may say something worth knowing
+            results.append({"name": name, "ok": True, "detail": said if isinstance(said, str) else ""})
         except (ControllerError, sqlite3.Error, OSError) as e:
             results.append({"name": name, "ok": False, "detail": getattr(e, "message", None) or str(e)})
 
@@ -31,6 +32,9 @@ def run_checks(ctx: Context, *, thorough: bool = False) -> list[dict]:
             record(name, check)
         if thorough:
             record("guest_start", ctx.adapters.hypervisor.probe_guest)
+            if ctx.adapters.shares is not None:
+                # Passes whether or not shares can be confined: it says which holds here.
+                record("virtiofs", ctx.adapters.shares.describe)
             results.extend(_other_hosts(ctx))
     return results
 

@@ -9,6 +9,7 @@ from host_adapters.homes import FakeHomeVolumes, HomeVolumes
 from host_adapters.hosts import FakeHosts, HostPool, HostSpec
 from host_adapters.hypervisor import FakeHypervisor, Hypervisor
 from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
+from host_adapters.virtiofs import LocalShareConfinement, ShareConfinement
 
 if TYPE_CHECKING:  # the config is handed in; host_adapters never imports controller/
     from controller.config import Config
@@ -29,6 +30,9 @@ class Adapters:
     # config's own host. Without one, every host is that one (a single node).
     hosts: HostPool | None = None
     fake_hosts: FakeHosts | None = None  # the fakes behind `hosts` in tests
+    # What confines a home's share on the config's host (`cloud-agent check`); None where
+    # this process cannot look: the test driver runs no virtiofsd, a remote host's is there.
+    shares: ShareConfinement | None = None
 
     def __post_init__(self):
         if self.hosts is None:
@@ -77,6 +81,14 @@ def is_test_driver(uri: str) -> bool:
     memory, has no volume streams and runs no guest."""
     scheme = uri.split(":", 1)[0]
     return scheme == "test" or scheme.startswith("test+")
+
+
+def is_local_qemu(uri: str) -> bool:
+    """A QEMU libvirt URI served on this machine (`qemu:///system`, `qemu+unix:///system`)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    return parts.scheme in ("qemu", "qemu+unix") and not parts.netloc
 
 
 def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervisor:
@@ -131,6 +143,7 @@ def build_adapters(config: "Config") -> Adapters:
         groups=CommandUnixGroups(config.get("unix", "root") or None,
                                  gid_range=(config.get_int("groups", "gid_min"), config.get_int("groups", "gid_max"))),
         directory=build_directory(config),
+        shares=LocalShareConfinement() if is_local_qemu(config.get("libvirt", "uri")) else None,
     )
 
 
