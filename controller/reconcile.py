@@ -105,7 +105,7 @@ def _intents(run: _Run) -> None:
             if a is not None:
                 retired = homes.retire(a["username"], token=v["id"], uid=v["uid"])
                 if retired is not None:
-                    homes.purge(retired)
+                    volumes.remove_retired(ctx, retired)
             if a is not None and v["state"] == "deleting":
                 volumes.finish_delete(ctx, v, a)
             else:
@@ -118,7 +118,7 @@ def _intents(run: _Run) -> None:
     read, retired = run.probe("homes", "deleted homes not removed yet", homes.list_retired)
     for path in retired if read else ():
         run.found("home-retired", path, "a deleted home is not removed yet (a crash, or a removal in progress)",
-                  lambda p=path: homes.purge(p))
+                  lambda p=path: volumes.remove_retired(ctx, p))
     for group in ctx.store.list_groups(visible_to=None, with_intents=True):
         if group["state"] == "ready":
             continue

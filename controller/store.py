@@ -825,6 +825,10 @@ class Store:
     def volume_of_user(self, user_id: str) -> dict | None:
         return self._one("SELECT * FROM volumes WHERE owner_id = ?", (user_id,))
 
+    def volumes_with_uid(self, uid: int) -> list[dict]:
+        """Volumes made or being made whose quota is kept under uid (not those being deleted)."""
+        return self._all("SELECT * FROM volumes WHERE uid = ? AND state != 'deleting'", (uid,))
+
     def set_volume_state(self, volume_id: str, state: str, *, expect: str) -> bool:
         """Move the volume from state `expect` to `state`; False (nothing changed) if it was not in `expect`."""
         with self.write() as conn:

@@ -3,11 +3,12 @@
 from controller import permissions as perms
 from controller.context import Context
 from controller.background import run_later
-from controller.errors import Conflict, InvalidInput
+from controller.errors import Conflict, InvalidInput, NotFound
 from controller.locks import host_changes
 from controller.permissions import Requester
 from controller.rules import as_uuid, find_or_404, new_id
 from controller.store import utc_now
+from host_adapters.homes import retired_uid
 
 
 def volume_object(row: dict) -> dict:
@@ -114,7 +115,29 @@ def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
 
 def purge_retired(ctx: Context, path: str) -> None:
     with host_changes(ctx):
-        ctx.adapters.homes.purge(path)
+        remove_retired(ctx, path)
+
+
+def remove_retired(ctx: Context, path: str) -> None:
+    """Remove a retired home and its quota (the caller holds host_changes).
+
+    A per-uid quota (setquota; xfs, whose project follows the uid) is shared by every home
+    of that uid, and the user may have made a new volume while the old tree was removed:
+    that volume's limit is set again after the removal. Its row is written before its
+    home is made, so whichever of the two comes last sets the new volume's limit.
+    """
+    ctx.adapters.homes.purge(path)
+    uid = retired_uid(path)
+    if uid is None:
+        return
+    for row in ctx.store.volumes_with_uid(uid):
+        account = ctx.store.account_of_user(row["owner_id"], ctx.config.controller_id)
+        if account is None or account["uid"] != uid:
+            continue
+        try:
+            ctx.adapters.homes.resize(account["username"], uid=uid, size_gb=row["size_gb"])
+        except NotFound:
+            pass  # its home is not made yet: its create sets the limit itself
 
 
 def finish_delete(ctx: Context, row: dict, account: dict) -> None:

@@ -581,3 +581,36 @@ def test_migration_records_the_uid_of_existing_volumes_from_their_account(tmp_pa
     assert store.migrate() == (10, migrations.SCHEMA_VERSION)
     assert {v["id"]: v["uid"] for v in store.list_volumes(visible_to=None)} == {"v0": 5001, "v1": 5002, "v2": None}
     store.close()
+
+
+def test_a_volume_made_while_the_old_home_is_removed_keeps_its_limit(runner, tmp_path, cctx, client, adapters):
+    """setquota's limit is the uid's: removing the old home's quota after the user made a new
+    volume must not leave the new one with 1 KiB and one inode."""
+    import threading
+
+    from controller.background import Background
+    from tests.fixtures.api import enable, give_volume, make_caller
+
+    cctx.background = Background()
+    bob = make_caller(cctx, "bob@example.org")
+    uid = str(enable(cctx, bob, "bob")["uid"])
+    adapters.homes = _homes_on(tmp_path, q.SetQuota(filesystem=str(tmp_path)))
+    old = give_volume(client, bob, size=1)
+    release, purging = threading.Event(), threading.Event()
+    real = adapters.homes.purge
+
+    def slow_purge(path):
+        purging.set()
+        assert release.wait(10)
+        real(path)
+
+    adapters.homes.purge = slow_purge
+    assert client.simulate_delete(f"/v1/storage-volume/{old['volume-id']}", headers=bob.headers).status_code == 200
+    assert purging.wait(10)
+    give_volume(client, bob, size=3)  # while the old tree is still being removed
+    release.set()
+    cctx.background.wait()
+    assert adapters.homes.list_retired() == []
+    limits = [argv[2:7] for argv in runner.calls if argv[0] == "setquota"]
+    assert limits[-2:] == [[uid, "0", "1", "0", "1"], [uid, "0", str(3 * GIB // 1024), "0", "0"]]
+    assert adapters.homes.inspect("bob").exists
