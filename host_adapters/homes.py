@@ -18,6 +18,7 @@ from host_adapters.quota import GIB, QuotaBackend, check_id, check_size_gb
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class HomeInfo:
     """What is on the host at a home's path, for reconcile.
