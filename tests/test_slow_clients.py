@@ -45,19 +45,21 @@ def hold(port: int, kind: str) -> socket.socket:
     return s
 
 
-def timed_get(port: int, path: str, headers: dict) -> tuple[float, int, bytes]:
-    """One GET on a connection of its own, given 1 s in all."""
+def timed_call(port: int, method: str, path: str, headers: dict | None = None, body: bytes | None = None,
+               ) -> tuple[float, int, bytes]:
+    """One request on a connection of its own, given 1 s in all: (seconds, status, body);
+    status 0 when it got no answer in time."""
     started = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
     try:
-        conn.request("GET", path, headers=headers)
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
         r = conn.getresponse()
-        body = r.read()
+        data = r.read()
     except OSError as e:  # socket.timeout included
         return time.monotonic() - started, 0, repr(e).encode()
     finally:
         conn.close()
-    return time.monotonic() - started, r.status, body
+    return time.monotonic() - started, r.status, data
 
 
 def closed_by_server(s: socket.socket, within: float) -> bool:
@@ -81,7 +83,7 @@ def test_held_connections_do_not_delay_authenticated_reads(sandbox, tmp_path):
         held = [hold(server.port, kinds[i % len(kinds)]) for i in range(HELD)]
         slow = []
         for _ in range(GETS):
-            elapsed, status, body = timed_get(server.port, "/v1/server-flavor", headers)
+            elapsed, status, body = timed_call(server.port, "GET", "/v1/server-flavor", headers)
             assert status == 200, body
             assert flavor["id"] in body.decode()
             if elapsed >= 1.0:
