@@ -120,3 +120,10 @@ def test_a_request_arriving_for_longer_than_the_deadline_is_closed():
     now[0] = 100.0
     assert deadline.sweep([again]) == []
     assert not idle.will_close and not served.will_close
+
+
+@pytest.mark.parametrize("section", ["server", "health"])
+def test_the_sample_config_shows_the_defaults(section):
+    sample = configparser.ConfigParser(interpolation=None)
+    sample.read(Path(__file__).resolve().parent.parent / "etc" / "controller.ini.sample")
+    assert dict(sample[section]) == DEFAULTS[section]

@@ -121,8 +121,10 @@ def test_idle_and_trickling_connections_are_closed_after_their_timeouts(sandbox,
         assert 3 <= closed_at < 3 + 1 + 2, closed_at  # request_timeout + cleanup_interval + slack
         # Silent ones went after channel_timeout.
         assert closed_by_server(idle, 1) and closed_by_server(half, 1)
-        # Anyone else is served as before.
+        # Anyone else is served as before; headers over [server] max_header_bytes are refused.
         status, _ = server.call("GET", "/healthz")
         assert status == 200
+        _, status, _ = timed_call(server.port, "GET", "/healthz", headers={"X-Padding": "x" * 40_000})
+        assert status == 431
     finally:
         server.stop()
