@@ -154,7 +154,7 @@ def serve(opts: Options, host, port):
         threads=config.get_int("server", "threads"),
         **waitress_settings(config, connection_limit=connection_limit),
     )
-    RequestDeadline(config.get_int("server", "request_timeout_seconds")).attach(server)
+    RequestDeadline.attach(server, config.get_int("server", "request_timeout_seconds"))
     log.info("serving on http://%s:%s", server.effective_host, server.effective_port)
     from controller.audit import Housekeeper
 

@@ -84,10 +84,13 @@ class RequestDeadline:
         self._clock = clock
         self._arriving: dict[int, tuple[object, float]] = {}  # channel id -> (its parser, first seen)
 
-    def attach(self, server) -> None:
-        """Wrap the maintenance of every listening socket of a waitress server."""
+    @classmethod
+    def attach(cls, server, seconds: float, *, clock=time.time) -> None:
+        """One deadline in the maintenance of each listening socket of a waitress server
+        (each has its own channels, so each keeps its own clocks)."""
         for listener in _listeners(server):
-            listener.maintenance = self._wrap(listener)
+            deadline = cls(seconds, clock=clock)
+            listener.maintenance = deadline._wrap(listener)
 
     def _wrap(self, listener):
         original = listener.maintenance

@@ -6,6 +6,7 @@ is closed after its deadline. The server itself is exercised in test_slow_client
 import configparser
 import logging
 import resource
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,31 @@ def test_the_sample_config_shows_the_defaults(section):
     sample = configparser.ConfigParser(interpolation=None)
     sample.read(Path(__file__).resolve().parent.parent / "etc" / "controller.ini.sample")
     assert dict(sample[section]) == DEFAULTS[section]
+
+
+def test_each_listening_socket_keeps_its_own_deadlines():
+    """A host with two addresses gets two listeners, each with its own channels."""
+    from waitress import create_server
+
+    now = [0.0]
+    served = create_server(lambda environ, start: [], listen="127.0.0.1:0 127.0.0.1:0", _start=False)
+    try:
+        listeners = [d for d in served.map.values() if hasattr(d, "active_channels")]
+        assert len(listeners) == 2
+        RequestDeadline.attach(served, 30, clock=lambda: now[0])
+        channels = []
+        for listener in listeners:
+            channel = Channel()
+            channel.request, channel.last_activity = Parser(), time.time()
+            listener.active_channels[id(channel)] = channel
+            channels.append(channel)
+        for at in (0.0, 29.0, 30.0):
+            now[0] = at
+            for listener in listeners:
+                listener.maintenance(time.time())
+            if at < 30:
+                assert not any(c.will_close for c in channels)
+        assert all(c.will_close for c in channels)
+    finally:
+        for dispatcher in list(served.map.values()):
+            dispatcher.close()
