@@ -92,3 +92,17 @@ def test_a_hung_ldap_server_neither_stalls_the_api_nor_healthz(sandbox, private_
         log = server.stop()
     # The operator's log says which check and why, once per change.
     assert "health check directory failed: timed out after 1 s" in log
+
+
+def test_the_agent_check_gives_a_hung_check_its_bound(sandbox, private_slapd):
+    ldap_sandbox(sandbox, private_slapd)
+    os.kill(private_slapd.proc.pid, signal.SIGSTOP)
+    try:
+        # The LDAP adapter alone would wait [directory] timeout (10 s) per call, twice.
+        proc = sandbox.run("--json", "check", timeout=30)
+    finally:
+        os.kill(private_slapd.proc.pid, signal.SIGCONT)
+    assert proc.returncode == 1, proc.stderr
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["directory"] == {"name": "directory", "ok": False, "detail": "timed out after 1 s"}
+    assert all(c["ok"] for name, c in checks.items() if name != "directory")
