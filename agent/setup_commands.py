@@ -114,6 +114,7 @@ def serve(opts: Options, host, port):
     from waitress import create_server
 
     from api.app import build_context_for, create_app, interfaces_of
+    from api.server import RequestDeadline, fit_open_files, waitress_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # waitress warns on every queued request; under load that floods the log and costs throughput.
@@ -145,17 +146,15 @@ def serve(opts: Options, host, port):
         for path in ctx.adapters.homes.list_retired():
             run_later(ctx, f"removing deleted home {path}", lambda p=path: purge_retired(ctx, p))
     app = create_app(ctx, interfaces=interfaces)
+    connection_limit = fit_open_files(config.get_int("server", "connection_limit"))
     server = create_server(
         app,
         host=host or config.get("server", "host"),
         port=port if port is not None else config.get_int("server", "port"),
         threads=config.get_int("server", "threads"),
-        # Bodies a little over the limit reach the app, which refuses them with 413 in
-        # the interface's envelope; waitress refuses far larger ones itself (plain 413)
-        # before buffering them.
-        max_request_body_size=4 * config.get_int("server", "max_body_bytes") + 1,
-        ident="cloud-controller",
+        **waitress_settings(config, connection_limit=connection_limit),
     )
+    RequestDeadline.attach(server, config.get_int("server", "request_timeout_seconds"))
     log.info("serving on http://%s:%s", server.effective_host, server.effective_port)
     from controller.audit import Housekeeper
 
@@ -163,6 +162,9 @@ def serve(opts: Options, host, port):
     housekeeper = Housekeeper(store=ctx.store, anonymous=ctx.anonymous_failures,
                               retention_days=config.get_int("audit", "retention_days"))
     housekeeper.start()
+    # The first round of health checks is in before the first probe can arrive; later
+    # rounds run on the monitor's own thread, never on a request thread.
+    ctx.health.start(wait=True)
     def stop(signum, frame):
         raise KeyboardInterrupt  # leaves server.run() through the same clean path as Ctrl-C
 
@@ -176,6 +178,7 @@ def serve(opts: Options, host, port):
     finally:
         _sd_notify("STOPPING=1")
         server.close()
+        ctx.health.stop()
         housekeeper.stop()  # writes the anonymous failures still counted
 
 

@@ -31,6 +31,14 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "threads": "4",
         "max_body_bytes": str(1024 * 1024),
         "interfaces": "controller,user",
+        # Connections (issue 16): open at once; idle ones closed after channel_timeout_seconds;
+        # one whose request has been arriving for request_timeout_seconds closed too.
+        "connection_limit": "1000",
+        "channel_timeout_seconds": "15",
+        "request_timeout_seconds": "30",
+        "cleanup_interval_seconds": "2",
+        "backlog": "1024",
+        "max_header_bytes": str(32 * 1024),
     },
     "auth": {
         "secret_key_file": "/etc/cloud-controller/secret.key",
@@ -129,6 +137,15 @@ DEFAULTS["hosts"] = {
     "capacity_max_age_seconds": "600",
 }
 
+# GET /healthz answers from the last result of the checks, refreshed by one thread
+# (issue 16, finding 2); see controller/health.py.
+DEFAULTS["health"] = {
+    # Seconds between two rounds of checks.
+    "refresh_seconds": "2",
+    # A check still running after this long is reported failed ("timed out").
+    "check_timeout_seconds": "5",
+}
+
 # Audit growth and retention (issue 8, finding 4).
 DEFAULTS["audit"] = {
     # Rows older than this many days are pruned by `cloud-agent serve` once an hour; 0 keeps them.
@@ -203,6 +220,13 @@ class Config:
         except ValueError:
             raise InvalidInput("config [libvirt] status_max_age_seconds must be a number of seconds, 0 or more") \
                 from None
+        for key in ("connection_limit", "channel_timeout_seconds", "request_timeout_seconds",
+                    "cleanup_interval_seconds", "backlog", "max_header_bytes"):
+            if self.get_int("server", key) < 1:
+                raise InvalidInput(f"config [server] {key} must be 1 or more")
+        for key in ("refresh_seconds", "check_timeout_seconds"):
+            if self.get_int("health", key) < 1:
+                raise InvalidInput(f"config [health] {key} must be 1 or more")
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
         self._validate_groups()

@@ -21,6 +21,7 @@ class Context:
     anonymous_failures: AnonymousFailures | None = None  # counted instead of one audit row each
     status_marks: StatusMarks = field(default_factory=StatusMarks, repr=False)
     _secret_box: SecretBox | None = field(default=None, repr=False)
+    _health: object = field(default=None, repr=False)
 
     @property
     def secret_box(self) -> SecretBox:
@@ -28,6 +29,16 @@ class Context:
         if self._secret_box is None:
             self._secret_box = SecretBox(self.config.get("auth", "secret_key_file"))
         return self._secret_box
+
+    @property
+    def health(self):
+        """The controller.health.HealthMonitor GET /healthz answers from; its refresher
+        starts at the first probe, or before serving (`cloud-agent serve`)."""
+        if self._health is None:
+            from controller.health import monitor_for
+
+            self._health = monitor_for(self)
+        return self._health
 
 
 def build_context(config: Config, *, adapters=None, store: Store | None = None) -> Context:

@@ -1977,7 +1977,11 @@ def test_tokens_expire_and_host_failures_are_503(ttl_service):
     assert e.call("GET", f"/v1/user/view/{u.id}", who=u2).status == 200
 
     shutil.rmtree(e.sandbox / "sysroot")
-    r = e.call("GET", "/healthz")
+    # /healthz answers from the last round of checks, run every [health] refresh_seconds
+    # (2 s) and each bounded by check_timeout_seconds (5 s): the change shows within those.
+    deadline = time.monotonic() + 2 + 5 + 3
+    while (r := e.call("GET", "/healthz")).status == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert r.status == 503, (r.status, r.body)
     assert "system" in json.dumps(r.body).lower() or "root" in json.dumps(r.body).lower(), r.body
     u2.token = ui_ok(e.token(api_key=u.api_key, api_secret=u.api_secret))["token"]
