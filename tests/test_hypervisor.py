@@ -339,6 +339,23 @@ class HypervisorContract:
         ids = sorted(self.spawn(hv, base_image) for _ in range(2))
         assert hv.list_instances() == ids
 
+    def test_each_nic_carries_its_network_filter(self, hv, base_image):
+        """Issue 16, finding 8: a NIC sends only from its own MAC and address (clean-traffic),
+        and with isolation only to its gateway on the private subnet."""
+        import dataclasses
+
+        from host_adapters.domain_xml import FilterRef
+
+        instance_id = self.spawn(hv, base_image)
+        guest = self.guest_of(hv, instance_id, [])
+        [nic] = guest.nics
+        assert [n.filter for n in hv.describe(instance_id).nics] == [FilterRef("clean-traffic", (("IP", nic.address),))]
+        isolated = dataclasses.replace(guest, nics=(dataclasses.replace(nic, isolated=True),))
+        hv.set_guest(instance_id, isolated)
+        [found] = hv.describe(instance_id).nics
+        assert found.filter.name == "cloud-controller-isolated"
+        assert dict(found.filter.parameters)["GATEWAY"] == nic.gateway
+
 
 # --- the fake ----------------------------------------------------------------
 

@@ -354,3 +354,32 @@ def test_a_spec_made_while_inactive_leaves_the_user_out(client, cctx, adapters, 
     row = cctx.store.list_instances(visible_to=None, instance_id=inst["id"])[0]
     assert [u.username for u in guest_spec(cctx, row).users] == ["owner"]
     assert [u.username for u in guest_of(adapters, inst["id"]).users] == ["owner"]
+
+
+# -- network filters (issue 16, finding 8) ---------------------------------------------------
+def test_each_nic_sends_only_from_its_address_and_isolation_follows_the_config(client, cctx, adapters, people,
+                                                                               catalog):
+    from host_adapters.domain_xml import FilterRef
+
+    give_volume(client, people["owner"])
+    [inst] = ok(boot(client, people["owner"], catalog), 201)
+    hv = adapters.hypervisor
+    [nic] = hv.describe(inst["id"]).nics
+    assert nic.filter == FilterRef("clean-traffic", (("IP", inst["private-ip"]),))
+
+    cctx.config.parser["network"]["isolate_guests"] = "true"
+    [isolated] = ok(boot(client, people["owner"], catalog), 201)
+    [nic] = hv.describe(isolated["id"]).nics
+    assert nic.filter == FilterRef("cloud-controller-isolated", (
+        ("GATEWAY", "10.213.0.1"), ("IP", isolated["private-ip"]), ("SUBNET", "10.213.0.0"), ("SUBNET_PREFIX", "16")))
+    # The instance made before is drift now (as one made before NICs had filters), and repaired.
+    assert _kinds(cctx, fix=True) == [("domain-nics", True)]
+    assert hv.describe(inst["id"]).nics[0].filter.name == "cloud-controller-isolated"
+    assert _kinds(cctx) == []
+
+
+def test_isolate_guests_must_be_a_boolean(tmp_path):
+    values = config_values_for(tmp_path)
+    values["network"]["isolate_guests"] = "maybe"
+    with pytest.raises(InvalidInput, match=r"\[network\] isolate_guests"):
+        config_from_dict(values)
