@@ -803,3 +803,18 @@ def test_constructor_signatures():
         "stand_in_base_images", "connect_timeout", "status_max_age", "lean_definitions",
     ]
     assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-', network: str = 'cc-private')"
+
+
+def test_check_fails_where_the_nwfilter_driver_or_clean_traffic_is_missing():
+    """Issue 16, finding 8: every NIC refers to clean-traffic; a host without it could start no guest."""
+    import libvirt
+
+    class Conn:
+        def nwfilterLookupByName(self, name):
+            raise _libvirt_error(libvirt.VIR_ERR_NO_NWFILTER, libvirt.VIR_FROM_NWFILTER,
+                                 f"Network filter not found: no nwfilter with matching name '{name}'")
+
+    hv = LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)
+    with pytest.raises(HostUnavailable, match="clean-traffic is not usable at qemu\\+ssh://node1/system .*"
+                                              "libvirt-daemon-config-nwfilter"):
+        hv._check_filters(Conn())
