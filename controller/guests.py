@@ -43,9 +43,9 @@ def needs_cycle(row: dict) -> bool:
 
 def apply_to_instances(ctx: Context, rows: list[dict], *, may_cycle: set[str]) -> list[dict]:
     """Rebuild each instance's guest (seed, shares) from the database and power-cycle those of
-    `may_cycle` a QEMU process runs (the others boot with it next time). One result per instance: {"id", "hostname", "host", "status" (after),
-    "cycled", "error" (absent when it worked)}; a host that fails one instance does not stop
-    the others."""
+    `may_cycle` a QEMU process runs (the others boot with it next time). One result per
+    instance: {"id", "hostname", "host", "status" (after), "cycled", "error" (absent when it
+    worked)}; a host that fails one instance does not stop the others."""
     from controller.instances import guest_spec
 
     results = []
