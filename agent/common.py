@@ -131,6 +131,19 @@ def fail(opts: Options, message: str, code: int = 1):
     sys.exit(code)
 
 
+def confirm(opts: Options, yes: bool, question: str) -> None:
+    """Destructive commands ask on a terminal; elsewhere they need --yes.
+
+    Refusals go through fail() so that --json still prints one document.
+    """
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail(opts, "not on a terminal: add --yes to confirm", code=2)
+    if not click.confirm(question, default=False, err=True):
+        fail(opts, "aborted: nothing was changed")
+
+
 def emit(opts: Options, document, human: str | None = None) -> None:
     """Print the command's result: the JSON document with --json, else a human line."""
     opts.emitted = document

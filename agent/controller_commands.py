@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, emit, fail, require_one_user, target_user, userid_option
+from agent.common import Options, command_options, confirm, emit, require_one_user, target_user, userid_option
 from controller import accounts, images, volumes
 from controller.users import account_object
 
@@ -55,19 +55,6 @@ def account_disable(opts: Options, email, userid, yes):
     with target_user(opts, email, userid, adapters=True) as user:
         row = accounts.disable_account(opts.context(), user["id"])
     emit(opts, account_object(row), f"disabled {row['username']} for {user['email']}")
-
-
-def confirm(opts: Options, yes: bool, question: str) -> None:
-    """Destructive commands ask on a terminal; elsewhere they need --yes.
-
-    Refusals go through fail() so that --json still prints one document.
-    """
-    if yes:
-        return
-    if not sys.stdin.isatty():
-        fail(opts, "not on a terminal: add --yes to confirm", code=2)
-    if not click.confirm(question, default=False, err=True):
-        fail(opts, "aborted: nothing was changed")
 
 
 # -- image ----------------------------------------------------------------------------

@@ -4,8 +4,8 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, emit, target_user, userid_option
-from controller import limits, users
+from agent.common import Options, command_options, confirm, emit, require_one_user, target_user, userid_option
+from controller import guests, limits, users
 from controller.permissions import ROLES, SUPERUSER
 
 
@@ -146,6 +146,52 @@ def user_limits(opts: Options, email, userid, instances, vcpus, memory_mb, group
         source = "override" if kind in overrides else "default"
         lines.append(f"  {kind:<14} {shown:>10}  ({source}; holds {usage[kind]})")
     emit(opts, obj, "\n".join(lines))
+
+
+@user.command("apply")
+@click.argument("email", required=False)
+@userid_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@command_options
+def user_apply(opts: Options, email, userid, yes):
+    """Apply a user's changes to its guests now: power-cycle every running instance its
+    system account has access to.
+
+    A deactivated user leaves every guest, groups and a new home reach them, at each
+    guest's next boot; this command makes that boot happen now. Each instance gets its
+    seed and shares rebuilt, and each one running is powered off and on again (its users
+    lose what they have not saved). Asks on a terminal; elsewhere needs --yes. Prints
+    which instances it cycled; exits 1 when one could not be updated.
+
+    \b
+    Examples:
+      cloud-agent user apply alice@example.org
+      cloud-agent --json user apply --userid 1b4e28ba-2fa1-11d2-883f-0016d3cca427 --yes
+    """
+    require_one_user(email, userid)
+    ctx = opts.context(adapters=True)
+    # Listed and asked before the user is reserved, so a prompt left open holds no reservation.
+    found = users.find_user(ctx, email if email is not None else str(userid))
+    to_cycle = [r for r in guests.instances_of_user(ctx, found) if guests.needs_cycle(r)]
+    if to_cycle:
+        names = ", ".join(f"{r['hostname']} ({r['id']})" for r in to_cycle)
+        confirm(opts, yes, f"Power-cycle {len(to_cycle)} running server-instance(s) of {found['email']} "
+                           f"now: {names}? Their users lose unsaved work.")
+    with target_user(opts, email, userid, adapters=True) as target:
+        # Only the instances named in the question are cycled; any other is rebuilt for its next boot.
+        results = guests.apply_to_instances(ctx, guests.instances_of_user(ctx, target),
+                                            may_cycle={r["id"] for r in to_cycle})
+    lines = [f"{target['email']}: {len(results)} server-instance(s)"]
+    for r in results:
+        done = "power-cycled" if r["cycled"] else "updated for its next boot"
+        lines.append(f"  {r['hostname']} ({r['id']}) on {r['host']}: {done}, {r['status']}"
+                     + (f"; error: {r['error']}" if "error" in r else ""))
+    emit(opts, {"userid": target["id"], "email": target["email"], "instances": results}, "\n".join(lines))
+    if any("error" in r for r in results):
+        # After the document: --json keeps its one document, the exit status tells.
+        if not opts.as_json:
+            click.echo("error: some server-instances were not updated; `cloud-agent reconcile` repairs them", err=True)
+        sys.exit(1)
 
 
 def register(cli) -> None:

@@ -112,3 +112,18 @@ def follow_active(ctx: Context, user_id: str, active: int) -> Callable[[], None]
         directory.unlock_account(username)
         return lambda: directory.lock_account(username)
     return lambda: None
+
+
+def guests_follow_active(ctx: Context, user_id: str) -> None:
+    """After the user's `active` changed: every guest its account has access to drops it
+    (deactivated) or takes it back (reactivated), seed and home share, from that guest's
+    next boot; `cloud-agent user apply` power-cycles running guests now (issue 16,
+    finding 9). Without host adapters (the user interface served alone) nothing is done
+    here: `cloud-agent reconcile` reports and repairs the seeds and shares."""
+    account = ctx.store.account_of_user(user_id, ctx.config.controller_id)
+    if account is None or ctx.adapters is None:
+        return
+    from controller.instances import refresh_guests
+
+    with host_changes(ctx):
+        refresh_guests(ctx, [account["uuid"]])

@@ -26,6 +26,7 @@ class NetworkPlan:
     public_prefix: int | None = None
     public_gateway: ipaddress.IPv4Address | None = None
     public_dns: tuple[str, ...] = ()
+    isolate_guests: bool = False  # private NICs reach the gateway only (host_adapters/nic_filters.py)
 
     @property
     def has_public(self) -> bool:
@@ -48,6 +49,10 @@ def network_plan(config) -> NetworkPlan:
     plan = dict(name=get("name"), subnet=subnet, gateway=subnet.network_address + 1)
     if not plan["name"]:
         raise _bad("name", "a libvirt network name is required")
+    isolate = get("isolate_guests").lower()
+    if isolate not in ("true", "false", "yes", "no", "1", "0", "on", "off"):
+        raise _bad("isolate_guests", f"{isolate!r} is not true or false")
+    plan["isolate_guests"] = isolate in ("true", "yes", "1", "on")
     bridge = get("public_bridge")
     if bridge:
         try:
@@ -122,7 +127,8 @@ def nics_of(plan: NetworkPlan, row: dict) -> tuple[Nic, ...]:
     nics = []
     if row.get("private_ip") and row.get("mac"):
         nics.append(Nic(mac=row["mac"], address=row["private_ip"], prefix=plan.subnet.prefixlen,
-                        gateway=str(plan.gateway), dns=(str(plan.gateway),), network=plan.name))
+                        gateway=str(plan.gateway), dns=(str(plan.gateway),), network=plan.name,
+                        isolated=plan.isolate_guests))
     if row.get("public_ip") and row.get("public_mac") and plan.has_public:
         nics.append(Nic(mac=row["public_mac"], address=row["public_ip"], prefix=plan.public_prefix,
                         gateway=str(plan.public_gateway) if plan.public_gateway else None,

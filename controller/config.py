@@ -76,6 +76,9 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "public_prefix": "",
         "public_gateway": "",
         "public_dns": "",
+        # true: a guest sends nothing to other guests of the private network, only to
+        # its gateway and beyond (every NIC sends only from its own MAC and address either way).
+        "isolate_guests": "false",
     },
     "guest": {
         # none, or owner: the instance's owner gets root (sudo) in the guest.

@@ -101,12 +101,15 @@ def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> l
 
 
 def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) -> GuestSpec:
-    """What the instance's guest is told: its name and NICs, and every user with access
-    (`account_uuids`, default the row's users) with uid, gid, groups and home."""
+    """What the instance's guest is told: its name and NICs, and every active user with access
+    (`account_uuids`, default the row's users) with uid, gid, groups and home.
+
+    An inactive user stays on the instance's list (reactivation gives the access back) but
+    is in no guest: no account in the seed, no share of its home (issue 16, finding 9)."""
     from controller.addresses import hostname_for, network_plan, nics_of
 
     uuids = row["users"] if account_uuids is None else account_uuids
-    accounts = ctx.store.accounts_with_owners(uuids=list(uuids))
+    accounts = [a for a in ctx.store.accounts_with_owners(uuids=list(uuids)) if a["user_active"]]
     mounts = ctx.store.volume_mount_points([a["user_id"] for a in accounts])
     memberships = ctx.store.group_names_of_members([a["username"] for a in accounts])
     sudo_owner = ctx.config.get("guest", "sudo") == "owner"

@@ -405,9 +405,12 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
         if tuple(sorted(info.shares)) != tuple(sorted(guest.shares)):
             run.found("domain-shares", row["id"],
                       f"virtiofs shares {tags(info.shares)}, expected {tags(guest.shares)}", update)
-        if info.nics != tuple(sorted(nic_devices_for(guest), key=lambda n: n.mac)):
-            run.found("domain-nics", row["id"],
-                      f"NICs {[n.mac for n in info.nics]}, expected {[n.mac for n in guest.nics]}", update)
+        expected_nics = tuple(sorted(nic_devices_for(guest), key=lambda n: n.mac))
+        if info.nics != expected_nics:
+            # A NIC without its filter (an instance made before NICs had one) is drift too.
+            nics = lambda found: [(n.mac, n.filter.name if n.filter else None) for n in found]  # noqa: E731
+            run.found("domain-nics", row["id"], f"NICs and filters {nics(info.nics)}, expected {nics(expected_nics)}",
+                      update)
         if info.reservations != expected_reservations(guest):
             run.found("network-reservation", row["id"],
                       f"DHCP reservations {[(r.mac, r.address) for r in info.reservations]}, "

@@ -518,13 +518,14 @@ class Store:
         )
 
     def accounts_with_owners(self, *, uuids: list[str] | None = None, usernames: list[str] | None = None) -> list[dict]:
-        """Accounts joined with their user's owner and roles (for permission checks)."""
+        """Accounts joined with their user's owner, roles (for permission checks) and active flag."""
         column, values = ("a.uuid", uuids) if uuids is not None else ("a.username", usernames)
         if not values:
             return []
         marks = ",".join("?" * len(values))
         rows = self._all(
-            f"""SELECT a.*, u.owner_userid AS user_owner_userid, u.roles AS user_roles FROM system_accounts a
+            f"""SELECT a.*, u.owner_userid AS user_owner_userid, u.roles AS user_roles, u.active AS user_active
+                FROM system_accounts a
                 JOIN users u ON u.id = a.user_id WHERE {column} IN ({marks})""",
             list(values),
         )

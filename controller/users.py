@@ -274,6 +274,10 @@ def update_user(
     except BaseException:
         undo()
         raise
+    if active is not None and bool(active) != bool(user["active"]):
+        from controller.accounts import guests_follow_active  # accounts imports this module
+
+        guests_follow_active(ctx, user["id"])
 
 
 def _follow_active(ctx: Context, user_id: str, active: int):

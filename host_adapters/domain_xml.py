@@ -84,13 +84,34 @@ class Filesystem:
 
 
 @dataclass(frozen=True)
+class FilterRef:
+    """A NIC's network filter: `<filterref filter=NAME>` with `<parameter name value/>`s (nwfilter)."""
+
+    name: str
+    parameters: tuple[tuple[str, str], ...] = ()
+
+    def to_element(self) -> ET.Element:
+        el = ET.Element("filterref", filter=self.name)
+        for key, value in self.parameters:
+            _sub(el, "parameter", name=key, value=value)
+        return el
+
+    @classmethod
+    def from_element(cls, el: ET.Element) -> "FilterRef":
+        params = tuple(sorted((p.get("name", ""), p.get("value", "")) for p in el.findall("parameter")))
+        return cls(name=el.get("filter", ""), parameters=params)
+
+
+@dataclass(frozen=True)
 class Interface:
-    """A virtio NIC with a fixed MAC on a libvirt network or, with `bridge`, on a host bridge."""
+    """A virtio NIC with a fixed MAC on a libvirt network or, with `bridge`, on a host bridge;
+    `filterref` names the network filter libvirt applies to what the guest sends."""
 
     mac: str
     network: str | None = None
     bridge: str | None = None
     model: str = "virtio"
+    filterref: FilterRef | None = None
 
     def to_element(self) -> ET.Element:
         el = ET.Element("interface", type="network" if self.network is not None else "bridge")
@@ -100,6 +121,8 @@ class Interface:
         else:
             _sub(el, "source", bridge=self.bridge or "")
         _sub(el, "model", type=self.model)
+        if self.filterref is not None:
+            el.append(self.filterref.to_element())
         return el
 
     def to_xml(self) -> str:
@@ -110,6 +133,7 @@ class Interface:
         mac = el.find("mac")
         source = el.find("source")
         model = el.find("model")
+        filterref = el.find("filterref")
         network = bridge = None
         if source is not None:
             network = source.get("network")
@@ -120,7 +144,50 @@ class Interface:
             network=network,
             bridge=bridge,
             model=model.get("type", "") if model is not None else "",
+            filterref=FilterRef.from_element(filterref) if filterref is not None else None,
         )
+
+
+@dataclass(frozen=True)
+class FilterRule:
+    """One rule of a network filter on IPv4 headers: `<rule action direction priority><ip .../></rule>`."""
+
+    action: str  # accept, drop, return...
+    direction: str  # out: sent by the guest
+    priority: int
+    ip: tuple[tuple[str, str], ...]  # attributes of <ip>, e.g. (("dstipaddr", "$GATEWAY"),)
+
+    def to_element(self) -> ET.Element:
+        el = ET.Element("rule", action=self.action, direction=self.direction, priority=str(self.priority))
+        _sub(el, "ip", **dict(self.ip))
+        return el
+
+
+@dataclass(frozen=True)
+class NWFilter:
+    """A libvirt network filter (`virNWFilterDefineXML` input): other filters it includes, then rules."""
+
+    name: str
+    uuid: str
+    chain: str = "root"
+    priority: int | None = None
+    filterrefs: tuple[str, ...] = ()
+    rules: tuple[FilterRule, ...] = ()
+
+    def to_element(self) -> ET.Element:
+        attrs = {"name": self.name, "chain": self.chain}
+        if self.priority is not None:
+            attrs["priority"] = str(self.priority)
+        el = ET.Element("filter", attrs)
+        _sub(el, "uuid", self.uuid)
+        for name in self.filterrefs:
+            _sub(el, "filterref", filter=name)
+        for rule in self.rules:
+            el.append(rule.to_element())
+        return el
+
+    def to_xml(self) -> str:
+        return _to_xml(self.to_element())
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,9 @@ class Nic:
     """One guest NIC with a static IPv4 address.
 
     Exactly one of `network` (a libvirt network: the private NIC) and `bridge`
-    (a host bridge: the public NIC) is set.
+    (a host bridge: the public NIC) is set. `isolated`: the guest may send nothing
+    to the other addresses of this NIC's subnet but the gateway (a private NIC
+    with a gateway only; host_adapters/nic_filters.py).
     """
 
     mac: str
@@ -56,6 +58,7 @@ class Nic:
     dns: tuple[str, ...] = ()
     network: str | None = None
     bridge: str | None = None
+    isolated: bool = False
 
     def __post_init__(self):
         check_mac(self.mac)
@@ -68,6 +71,8 @@ class Nic:
             raise InvalidInput(f"invalid NIC address: {e}") from None
         if (self.network is None) == (self.bridge is None):
             raise InvalidInput("a NIC needs exactly one of network and bridge")
+        if self.isolated and (self.network is None or self.gateway is None):
+            raise InvalidInput("only a private NIC with a gateway can be isolated")
         for name in (self.network, self.bridge):
             if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
                 raise InvalidInput(f"invalid network or bridge name {name!r}")

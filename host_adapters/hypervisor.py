@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from common.errors import Conflict, HostError, HostUnreachable, InvalidInput, NotFound
 from host_adapters import seed as seeds
+from host_adapters.domain_xml import FilterRef
 from host_adapters.guest import GuestSpec, Reservation, Share
+from host_adapters.nic_filters import filter_for
 
 STATUSES = ("building", "running", "paused", "shutoff", "crashed", "error")
 
@@ -37,6 +39,7 @@ class NicDevice:
     mac: str
     network: str | None = None
     bridge: str | None = None
+    filter: FilterRef | None = None  # the nwfilter libvirt applies to what the guest sends
 
 
 @dataclass(frozen=True)
@@ -419,7 +422,8 @@ def reservations_for(guest: GuestSpec) -> tuple[Reservation, ...]:
 
 
 def nic_devices_for(guest: GuestSpec) -> tuple[NicDevice, ...]:
-    return tuple(NicDevice(mac=n.mac, network=n.network, bridge=n.bridge) for n in guest.nics)
+    """The NICs a domain has for `guest`, each with its filter (host_adapters/nic_filters.py)."""
+    return tuple(NicDevice(mac=n.mac, network=n.network, bridge=n.bridge, filter=filter_for(n)) for n in guest.nics)
 
 
 # --- fake --------------------------------------------------------------------

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from common.errors import Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, NotFound
 from host_adapters import domain_xml
 from host_adapters import seed as seeds
+from host_adapters.nic_filters import CLEAN_TRAFFIC, PROJECT_FILTERS, filter_for
 from host_adapters.guest import GuestSpec, Reservation, Share
 from host_adapters.hypervisor import (
     GiB,
@@ -249,7 +250,7 @@ def _shares_of(filesystems: Iterable[domain_xml.Filesystem]) -> tuple[Share, ...
 
 def _device_key(xml: str):
     filesystems = sorted((fs.target_dir, fs.source_dir, fs.driver) for fs in domain_xml.filesystems_of(xml))
-    nics = sorted((n.mac, n.network, n.bridge) for n in domain_xml.interfaces_of(xml))
+    nics = sorted((n.mac, n.network, n.bridge, n.filterref) for n in domain_xml.interfaces_of(xml))
     return filesystems, nics
 
 
@@ -520,7 +521,9 @@ class LibvirtHypervisor(Hypervisor):
                 changed = True
             if not net.autostart():
                 net.setAutostart(1)
-            return changed
+            # The filters of isolated NICs, so that `check` finds them at once (spawn defines
+            # them too, on any host that lacks them).
+            return self._ensure_filters(conn) or changed
 
         return self._call(f"create network {self.network}", op)
 
@@ -652,6 +655,7 @@ class LibvirtHypervisor(Hypervisor):
             if not self._is_test_driver(conn):
                 self._check_subnet(net)
                 self._check_virt_type(conn)
+                self._check_filters(conn)
 
         self._call("check libvirt", op)
 
@@ -889,6 +893,7 @@ class LibvirtHypervisor(Hypervisor):
             vol = step("create disk volume", pool.createXML, overlay.to_xml(), 0)
             step("write seed", self._write_seed, conn, pool, instance_id, guest)
             step("reserve addresses", self._update_hosts, conn, add=reservations_for(guest))
+            step("define network filters", self._ensure_filters, conn, guest)
             seed_path = self._volume(pool, seed_name).path()
             definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu, memory_mb=memory_mb,
                                           guest=guest)
@@ -955,8 +960,7 @@ class LibvirtHypervisor(Hypervisor):
             # which is where describe() looks for them.
             return domain_xml.Domain(name=name, uuid=domain_uuid(instance_id, name), memory_mb=memory_mb,
                                      vcpu=vcpu, virt_type="test", filesystems=self._filesystems(guest),
-                                     interfaces=tuple(domain_xml.Interface(mac=n.mac, network=n.network,
-                                                                           bridge=n.bridge) for n in guest.nics))
+                                     interfaces=self._interfaces(guest))
         # The test driver only accepts its own domain type.
         virt_type = "test" if is_test else self.virt_type
         cpu_mode, cpu_model = self._cpu()
@@ -971,13 +975,51 @@ class LibvirtHypervisor(Hypervisor):
                 domain_xml.Disk(path=seed_path, format="raw", target_dev="vdb", readonly=True),
             ),
             filesystems=self._filesystems(guest),
-            interfaces=tuple(domain_xml.Interface(mac=n.mac, network=n.network, bridge=n.bridge) for n in guest.nics),
+            interfaces=self._interfaces(guest),
             shared_memory=True,
             features=("acpi", "apic"),
             cpu_mode=cpu_mode,
             cpu_model=cpu_model,
             serial_console=True,
         )
+
+    @staticmethod
+    def _interfaces(guest: GuestSpec) -> tuple[domain_xml.Interface, ...]:
+        """Each NIC with the network filter libvirt applies to what the guest sends (nic_filters.py)."""
+        return tuple(domain_xml.Interface(mac=n.mac, network=n.network, bridge=n.bridge, filterref=filter_for(n))
+                     for n in guest.nics)
+
+    def _ensure_filters(self, conn, guest: GuestSpec | None = None) -> bool:
+        """Define the project's network filters on this host when missing (True if it did), before a
+        domain refers to them; with `guest`, only when one of its NICs does. Never redefined when
+        present: a definition makes libvirt rebuild the rules of every NIC using the filter."""
+        if self._is_test_driver(conn) or (guest is not None and not any(n.isolated for n in guest.nics)):
+            return False
+        lv = _libvirt()
+        made = False
+        for nwfilter in PROJECT_FILTERS:
+            try:
+                conn.nwfilterLookupByName(nwfilter.name)
+            except lv.libvirtError as e:
+                if _code(e) != lv.VIR_ERR_NO_NWFILTER:
+                    raise
+                conn.nwfilterDefineXML(nwfilter.to_xml())
+                made = True
+        return made
+
+    def _check_filters(self, conn) -> None:
+        """libvirt's nwfilter driver answers here and has clean-traffic, which every NIC uses."""
+        lv = _libvirt()
+        try:
+            conn.nwfilterLookupByName(CLEAN_TRAFFIC)
+        except lv.libvirtError as e:
+            if _connection_lost(e):
+                raise
+            raise HostUnavailable(
+                f"libvirt network filter {CLEAN_TRAFFIC} is not usable at {self.uri} ({_msg(e)}): guests' NICs "
+                "need libvirt's nwfilter driver, its filters (Debian: libvirt-daemon-config-nwfilter), "
+                "ebtables and iptables"
+            ) from e
 
     @staticmethod
     def _filesystems(guest: GuestSpec) -> tuple[domain_xml.Filesystem, ...]:
@@ -1211,9 +1253,9 @@ class LibvirtHypervisor(Hypervisor):
             dom = self._existing_domain(conn, instance_id)
             persistent = dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)
             old_macs = {n.mac for n in domain_xml.interfaces_of(persistent)}
-            nics = [domain_xml.Interface(mac=n.mac, network=n.network, bridge=n.bridge) for n in guest.nics]
+            self._ensure_filters(conn, guest)
             xml = domain_xml.replace_devices(persistent, "filesystem", list(self._filesystems(guest)))
-            xml = domain_xml.replace_devices(xml, "interface", nics)
+            xml = domain_xml.replace_devices(xml, "interface", list(self._interfaces(guest)))
             if xml != domain_xml.normalized(persistent):
                 conn.defineXML(xml)
             self._write_seed(conn, self._pool(conn), instance_id, guest)
@@ -1292,7 +1334,7 @@ class LibvirtHypervisor(Hypervisor):
                 persistent = dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)
                 shares = _shares_of(domain_xml.filesystems_of(persistent))
                 nics = tuple(sorted(
-                    (NicDevice(mac=n.mac, network=n.network, bridge=n.bridge)
+                    (NicDevice(mac=n.mac, network=n.network, bridge=n.bridge, filter=n.filterref)
                      for n in domain_xml.interfaces_of(persistent)),
                     key=lambda n: n.mac,
                 ))

@@ -35,18 +35,44 @@ fail() { echo "cloud-controller seed: $*" >&2; rc=1; }
 field() { printf '%s\n' "$1" | cut -d: -f"$2"; }
 
 # Ids below 1000 belong to the image (Debian's system range): never changed or removed.
+# A group is joinable only once it has the controller's gid here: made now, found with
+# that gid, or made by an earlier seed (recorded) and given it. A group of the image with
+# the same name and another gid (RHEL's ssh_keys or stapdev, say) is left alone, and no
+# user joins it: membership would give the image's rights, not the cluster group's.
+joinable=" "
 ensure_group() {  # NAME GID
   cur=$(getent group "$1" | cut -d: -f3)
   if [ -z "$cur" ]; then
-    groupadd -g "$2" "$1" || fail "cannot add group $1 with gid $2"
+    groupadd -g "$2" "$1" || { fail "cannot add group $1 with gid $2"; return 0; }
   elif [ "$cur" != "$2" ]; then
-    if [ "$cur" -lt 1000 ]; then fail "not changing system group $1"; return 0; fi
-    groupmod -g "$2" "$1" || fail "cannot set gid $2 of group $1"
+    if [ "$cur" -lt 1000 ] || ! recorded group "$1"; then
+      fail "group $1 exists in this image with gid $cur, not the cluster's gid $2: skipped, no user joins it"
+      return 0
+    fi
+    groupmod -g "$2" "$1" || { fail "cannot set gid $2 of group $1"; return 0; }
   fi
+  joinable="$joinable$1 "
 }
 
-ensure_user_group() {  # NAME GID: the user's own group, unless the gid exists already
-  getent group "$2" >/dev/null || ensure_group "$1" "$2"
+recorded() {  # KIND NAME: whether an earlier seed's script made it
+  [ -r "$state_dir/provisioned" ] && grep -qxF -- "$1 $2" "$state_dir/provisioned"
+}
+
+joinable_groups() {  # USER GROUPS: sets $kept to the comma-separated GROUPS that are joinable
+  kept=""
+  old_ifs=$IFS; IFS=,
+  for g in $2; do
+    case "$joinable" in
+      *" $g "*) kept="$kept${kept:+,}$g" ;;
+      *) fail "user $1 not added to group $g: the guest has no group $g with the cluster's gid" ;;
+    esac
+  done
+  IFS=$old_ifs
+}
+
+ensure_user_group() {  # NAME GID: the user's own group, unless another group has the gid already
+  holder=$(getent group "$2" | cut -d: -f1)
+  if [ -z "$holder" ] || [ "$holder" = "$1" ]; then ensure_group "$1" "$2"; fi
 }
 
 ensure_user() {  # NAME UID GID HOME GROUPS
@@ -63,7 +89,8 @@ ensure_user() {  # NAME UID GID HOME GROUPS
     [ "$(field "$entry" 7)" = /bin/bash ] || usermod -s /bin/bash "$1" || fail "cannot set shell of $1"
   fi
   # '*': no password login, yet not locked ('!'), which sshd may refuse even for keys.
-  usermod -p '*' -G "$5" "$1" || fail "cannot set password field and groups of $1"
+  joinable_groups "$1" "$5"
+  usermod -p '*' -G "$kept" "$1" || fail "cannot set password field and groups of $1"
 }
 
 mount_home() {  # TAG HOME
@@ -100,8 +127,9 @@ remove_stale() {  # KIND WANTED: what the last seed's script made (recorded) and
   done 3<"$state_dir/provisioned"
 }
 
-record_state() {  # LINE...
-  { mkdir -p "$state_dir" && printf '%s\n' "$@" >"$state_dir/provisioned.new" &&
+record_state() {  # LINE...: these, then every group made or kept with the cluster's gid
+  { mkdir -p "$state_dir" && { printf '%s\n' "$@"; for g in $joinable; do printf 'group %s\n' "$g"; done; } \
+      >"$state_dir/provisioned.new" &&
     mv -f "$state_dir/provisioned.new" "$state_dir/provisioned"; } || fail "cannot record $state_dir/provisioned"
 }
 """
@@ -162,9 +190,9 @@ def _sudo_lines(spec: GuestSpec) -> list[str]:
 
 
 def _state_lines(spec: GuestSpec) -> list[str]:
-    entries = [f"user {u.username}" for u in spec.users]
-    entries += [f"group {name}" for name in _provisioned_groups(spec)]
-    return [_call("record_state", *entries)]
+    # Groups are recorded as the script finds them (record_state): one skipped for a
+    # clash is the image's, and a later seed must never remove it.
+    return [_call("record_state", *(f"user {u.username}" for u in spec.users))]
 
 
 def bootcmd_script(spec: GuestSpec) -> str:

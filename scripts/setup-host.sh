@@ -13,7 +13,7 @@ PACKAGES=(
   libldap2-dev libsasl2-dev slapd ldap-utils openssl
   btrfs-progs xfsprogs quota passwd util-linux curl
   mmdebstrap fdisk e2fsprogs mount tar extlinux syslinux-common openssh-client dnsmasq-base
-  iptables kmod iproute2 systemd wrk
+  iptables libvirt-daemon-config-nwfilter kmod iproute2 systemd wrk
 )
 
 missing=()

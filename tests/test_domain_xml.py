@@ -2,6 +2,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from common.errors import InvalidInput
 from host_adapters import domain_xml as dx
 
 
@@ -275,3 +276,55 @@ def test_replace_filesystems_keeps_everything_else():
 def test_replace_filesystems_with_none_removes_all():
     out = dx.replace_devices(LIBVIRT_DOMAIN, "filesystem", [])
     assert dx.filesystems_of(out) == []
+
+
+# -- network filters (issue 16, finding 8) -----------------------------------------------------
+def test_an_interface_with_a_filter_and_its_parameters_round_trips():
+    nic = dx.Interface(mac="52:54:00:01:02:03", network="cc-private",
+                       filterref=dx.FilterRef("clean-traffic", (("IP", "10.213.0.2"),)))
+    assert _shape(_tree(nic.to_xml())) == _expected(
+        """<interface type='network'><mac address='52:54:00:01:02:03'/><source network='cc-private'/>
+           <model type='virtio'/>
+           <filterref filter='clean-traffic'><parameter name='IP' value='10.213.0.2'/></filterref></interface>""")
+    assert dx.Interface.from_element(nic.to_element()) == nic
+    assert dx.interfaces_of(dx.Domain(name="d", uuid="u", memory_mb=1, vcpu=1, interfaces=(nic,)).to_xml()) == [nic]
+
+
+def test_every_nic_sends_only_from_its_own_mac_and_address():
+    from host_adapters.guest import Nic
+    from host_adapters.nic_filters import filter_for
+
+    private = Nic(mac="52:54:00:00:00:02", address="10.213.0.7", prefix=16, gateway="10.213.0.1", network="cc")
+    public = Nic(mac="52:54:00:00:00:03", address="198.51.100.10", prefix=24, gateway="198.51.100.1", bridge="br0")
+    assert filter_for(private) == dx.FilterRef("clean-traffic", (("IP", "10.213.0.7"),))
+    assert filter_for(public) == dx.FilterRef("clean-traffic", (("IP", "198.51.100.10"),))
+    isolated = Nic(mac="52:54:00:00:00:02", address="10.213.3.7", prefix=16, gateway="10.213.0.1", network="cc",
+                   isolated=True)
+    assert filter_for(isolated) == dx.FilterRef("cloud-controller-isolated", (
+        ("GATEWAY", "10.213.0.1"), ("IP", "10.213.3.7"), ("SUBNET", "10.213.0.0"), ("SUBNET_PREFIX", "16")))
+
+
+def test_the_isolation_filter_keeps_clean_traffic_and_drops_the_subnet_but_the_gateway():
+    from host_adapters.nic_filters import PROJECT_FILTERS
+
+    inner, outer = PROJECT_FILTERS
+    assert _shape(_tree(outer.to_xml())) == _expected(f"""
+        <filter name='cloud-controller-isolated' chain='root'><uuid>{outer.uuid}</uuid>
+          <filterref filter='clean-traffic'/><filterref filter='cloud-controller-no-guest-to-guest'/></filter>""")
+    assert _shape(_tree(inner.to_xml())) == _expected(f"""
+        <filter name='cloud-controller-no-guest-to-guest' chain='ipv4-cciso' priority='-700'><uuid>{inner.uuid}</uuid>
+          <rule action='return' direction='out' priority='100'><ip dstipaddr='$GATEWAY'/></rule>
+          <rule action='drop' direction='out' priority='200'><ip dstipaddr='$SUBNET' dstipmask='$SUBNET_PREFIX'/></rule>
+          <rule action='drop' direction='out' priority='300'><ip dstipaddr='224.0.0.0' dstipmask='4'/></rule>
+          <rule action='drop' direction='out' priority='400'><ip dstipaddr='255.255.255.255'/></rule>
+        </filter>""")
+
+
+@pytest.mark.parametrize("bad", [{"bridge": "br0", "network": None}, {"gateway": None}])
+def test_only_a_private_nic_with_a_gateway_can_be_isolated(bad):
+    from host_adapters.guest import Nic
+
+    values = dict(mac="52:54:00:00:00:02", address="10.213.0.7", prefix=16, gateway="10.213.0.1", network="cc",
+                  isolated=True) | bad
+    with pytest.raises(InvalidInput, match="isolated"):
+        Nic(**values)

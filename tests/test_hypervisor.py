@@ -339,6 +339,23 @@ class HypervisorContract:
         ids = sorted(self.spawn(hv, base_image) for _ in range(2))
         assert hv.list_instances() == ids
 
+    def test_each_nic_carries_its_network_filter(self, hv, base_image):
+        """Issue 16, finding 8: a NIC sends only from its own MAC and address (clean-traffic),
+        and with isolation only to its gateway on the private subnet."""
+        import dataclasses
+
+        from host_adapters.domain_xml import FilterRef
+
+        instance_id = self.spawn(hv, base_image)
+        guest = self.guest_of(hv, instance_id, [])
+        [nic] = guest.nics
+        assert [n.filter for n in hv.describe(instance_id).nics] == [FilterRef("clean-traffic", (("IP", nic.address),))]
+        isolated = dataclasses.replace(guest, nics=(dataclasses.replace(nic, isolated=True),))
+        hv.set_guest(instance_id, isolated)
+        [found] = hv.describe(instance_id).nics
+        assert found.filter.name == "cloud-controller-isolated"
+        assert dict(found.filter.parameters)["GATEWAY"] == nic.gateway
+
 
 # --- the fake ----------------------------------------------------------------
 
@@ -786,3 +803,18 @@ def test_constructor_signatures():
         "stand_in_base_images", "connect_timeout", "status_max_age", "lean_definitions",
     ]
     assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-', network: str = 'cc-private')"
+
+
+def test_check_fails_where_the_nwfilter_driver_or_clean_traffic_is_missing():
+    """Issue 16, finding 8: every NIC refers to clean-traffic; a host without it could start no guest."""
+    import libvirt
+
+    class Conn:
+        def nwfilterLookupByName(self, name):
+            raise _libvirt_error(libvirt.VIR_ERR_NO_NWFILTER, libvirt.VIR_FROM_NWFILTER,
+                                 f"Network filter not found: no nwfilter with matching name '{name}'")
+
+    hv = LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)
+    with pytest.raises(HostUnavailable, match="clean-traffic is not usable at qemu\\+ssh://node1/system .*"
+                                              "libvirt-daemon-config-nwfilter"):
+        hv._check_filters(Conn())

@@ -12,7 +12,7 @@ import pytest
 from controller.errors import CommandError, HostError
 from host_adapters import subp
 from host_adapters.libvirt_hypervisor import LibvirtHypervisor
-from tests.fixtures.libvirtd import SYSTEM_URI, cleanup_hypervisor, unique_prefix
+from tests.fixtures.libvirtd import SYSTEM_URI, cleanup_hypervisor, in_netns, unique_prefix
 from tests.test_hypervisor import HypervisorContract, guest_for, new_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
@@ -290,4 +290,62 @@ def test_agent_init_creates_starts_and_autostarts_the_network_and_check_reports_
 
         conn = libvirt.open(libvirt_dir_pool.uri)
         remove_network(conn, name)
+        conn.close()
+
+
+def _bindings_of(conn, mac: str) -> list[ET.Element]:
+    """The nwfilter bindings libvirt made for the NIC with this MAC (one per started NIC)."""
+    found = []
+    for binding in conn.listAllNWFilterBindings(0):
+        doc = ET.fromstring(binding.XMLDesc(0))
+        if doc.find("mac").get("address") == mac:
+            found.append(doc)
+    return found
+
+
+def _filter_of(binding: ET.Element) -> tuple[str, dict[str, str]]:
+    ref = binding.find("filterref")
+    return ref.get("filter"), {p.get("name"): p.get("value") for p in ref.findall("parameter")}
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_a_started_domain_has_a_filter_binding_with_its_address_and_mac(kvm, prefix, isolated):
+    """Issue 16, finding 8: libvirt's nwfilter driver filters what each NIC sends (no guest boots:
+    the base disk is blank)."""
+    import dataclasses
+
+    import libvirt
+
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    guest = guest_for(kvm)
+    guest = dataclasses.replace(guest, nics=tuple(dataclasses.replace(n, isolated=isolated) for n in guest.nics))
+    [nic] = guest.nics
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    conn = libvirt.open(SYSTEM_URI)
+    try:
+        [binding] = _bindings_of(conn, nic.mac)
+        assert binding.find("owner/name").text == prefix + instance_id
+        live = ET.fromstring(conn.lookupByName(prefix + instance_id).XMLDesc(0))
+        assert binding.find("portdev").get("name") == live.find("devices/interface/target").get("dev")
+        name, params = _filter_of(binding)
+        if isolated:
+            subnet = kvm.subnet
+            assert (name, params) == ("cloud-controller-isolated", {
+                "IP": nic.address, "MAC": nic.mac, "GATEWAY": nic.gateway, "SUBNET": str(subnet.network_address),
+                "SUBNET_PREFIX": str(subnet.prefixlen)})
+        else:
+            # libvirt adds the NIC's own MAC: no-mac-spoofing allows only it.
+            assert (name, params) == ("clean-traffic", {"IP": nic.address, "MAC": nic.mac})
+        # The rules are on the host: nothing but the NIC's own address leaves it.
+        rules = subp.run(in_netns(SYSTEM_URI, ["ebtables", "-t", "nat", "-L"])).stdout
+        assert f"-p IPv4 --ip-src {nic.address} -j RETURN" in rules and f"-s {nic.mac} -j RETURN" in rules, rules
+        if isolated:
+            subnet = kvm.subnet
+            assert f"-p IPv4 --ip-dst {nic.gateway} -j RETURN" in rules, rules
+            assert f"-p IPv4 --ip-dst {subnet.network_address}/{subnet.prefixlen} -j DROP" in rules, rules
+        kvm.check()  # clean-traffic is there, and check says so
+        kvm.destroy(instance_id)
+        assert _bindings_of(conn, nic.mac) == []
+    finally:
         conn.close()

@@ -300,3 +300,86 @@ def test_reconcile_reports_and_drops_an_orphan_reservation(cctx, adapters):
     hv.networks[hv.network]["52:54:00:aa:bb:cc"] = Reservation("52:54:00:aa:bb:cc", "10.213.9.9", "vm-gone")
     assert _kinds(cctx, fix=True) == [("reservation-orphan", True)]
     assert hv.list_reservations() == []
+
+
+# -- deactivated users (issue 16, finding 9) -------------------------------------------------
+def _set_active(client, people, who, active: int):
+    r = client.simulate_post(f"/v1/user/update/{who.id}", headers=people["admin"].headers, json={"active": active})
+    assert r.status_code == 200, r.text
+
+
+def test_a_deactivated_user_is_in_no_guest_and_has_no_share_until_reactivated(client, cctx, adapters, people,
+                                                                               catalog):
+    owner, managed, acc = people["owner"], people["managed"], people["accounts"]
+    give_volume(client, owner)
+    give_volume(client, managed)
+    [inst] = ok(boot(client, owner, catalog, users=[acc["managed"]["uuid"]]), 201)
+    iid = inst["id"]
+    hv = adapters.hypervisor
+
+    def in_guest():
+        assert hv.seeds[iid] == seeds.render(iid, guest_of(adapters, iid))
+        script = user_data(adapters, iid)["bootcmd"][0]
+        users = {u.username for u in guest_of(adapters, iid).users}
+        assert ("ensure_user managed " in script) == ("managed" in users)
+        return users, sorted(s.tag for s in hv.describe(iid).shares)
+
+    assert in_guest() == ({"owner", "managed"}, ["managed", "owner"])
+    _set_active(client, people, managed, 0)
+    # Out of the seed (its next boot removes the account) and of the domain's shares.
+    assert in_guest() == ({"owner"}, ["owner"])
+    # Still on the instance's list: reactivation gives the access back.
+    [got] = ok(client.simulate_get(f"/v1/server-instance/{iid}", headers=owner.headers))
+    assert acc["managed"]["uuid"] in got["users"]
+    # The running guest keeps the share it booted with until its next boot (`user apply`).
+    assert _kinds(cctx) == [("domain-live-shares", False)]
+    assert {u.username for u in hv.instances[iid].live_guest.users} == {"owner", "managed"}
+    ok(client.simulate_put(f"/v1/server-instance/{iid}", headers=owner.headers, json={"task": {"what": "reboot"}}))
+    assert {u.username for u in hv.instances[iid].live_guest.users} == {"owner"}
+    assert _kinds(cctx) == []
+    _set_active(client, people, managed, 1)
+    assert in_guest() == ({"owner", "managed"}, ["managed", "owner"])
+    # A deactivated owner is out of its own instances too.
+    _set_active(client, people, owner, 0)
+    assert in_guest() == ({"managed"}, ["managed"])
+
+
+def test_a_spec_made_while_inactive_leaves_the_user_out(client, cctx, adapters, people, catalog):
+    from controller.instances import guest_spec
+
+    owner, managed, acc = people["owner"], people["managed"], people["accounts"]
+    give_volume(client, owner)
+    _set_active(client, people, managed, 0)
+    [inst] = ok(boot(client, owner, catalog, users=[acc["managed"]["uuid"]]), 201)
+    row = cctx.store.list_instances(visible_to=None, instance_id=inst["id"])[0]
+    assert [u.username for u in guest_spec(cctx, row).users] == ["owner"]
+    assert [u.username for u in guest_of(adapters, inst["id"]).users] == ["owner"]
+
+
+# -- network filters (issue 16, finding 8) ---------------------------------------------------
+def test_each_nic_sends_only_from_its_address_and_isolation_follows_the_config(client, cctx, adapters, people,
+                                                                               catalog):
+    from host_adapters.domain_xml import FilterRef
+
+    give_volume(client, people["owner"])
+    [inst] = ok(boot(client, people["owner"], catalog), 201)
+    hv = adapters.hypervisor
+    [nic] = hv.describe(inst["id"]).nics
+    assert nic.filter == FilterRef("clean-traffic", (("IP", inst["private-ip"]),))
+
+    cctx.config.parser["network"]["isolate_guests"] = "true"
+    [isolated] = ok(boot(client, people["owner"], catalog), 201)
+    [nic] = hv.describe(isolated["id"]).nics
+    assert nic.filter == FilterRef("cloud-controller-isolated", (
+        ("GATEWAY", "10.213.0.1"), ("IP", isolated["private-ip"]), ("SUBNET", "10.213.0.0"), ("SUBNET_PREFIX", "16")))
+    # The instance made before is drift now (as one made before NICs had filters), and repaired.
+    assert _kinds(cctx, fix=True) == [("domain-nics", True)]
+    assert hv.describe(inst["id"]).nics[0].filter.name == "cloud-controller-isolated"
+    assert _kinds(cctx) == []
+
+
+def test_isolate_guests_must_be_a_boolean(tmp_path):
+    values = config_values_for(tmp_path)
+    values["network"]["isolate_guests"] = "maybe"
+    with pytest.raises(InvalidInput, match=r"\[network\] isolate_guests"):
+        config_from_dict(values)

@@ -192,6 +192,7 @@ class Guest:
         self.bin, self.db = root / "bin", root / "db"
         self.state, self.sudoers = root / "var/lib/cloud-controller", root / "etc/sudoers.d"
         self.log = root / "commands.log"
+        self.extra_env: dict[str, str] = {}
         for d in (self.bin, self.db):
             d.mkdir(parents=True)
         fakes = {name: _LOGGING_FAKE for name in _LOGGED} | {"getent": _GETENT, "mountpoint": _MOUNTPOINT}
@@ -212,7 +213,7 @@ class Guest:
         script = self.root / "bootcmd"
         script.write_text("#!/bin/sh\n" + entry + "\n")
         env = {"PATH": f"{self.bin}:/usr/bin:/bin", "CC_FAKE_LOG": self.log, "CC_FAKE_DB": self.db,
-               "CC_FAKE_FAIL": fail, "CC_SEED_STATE_DIR": self.state, "CC_SEED_SUDOERS_DIR": self.sudoers}
+               "CC_FAKE_FAIL": fail, "CC_SEED_STATE_DIR": self.state, "CC_SEED_SUDOERS_DIR": self.sudoers, **self.extra_env}
         argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), "/bin/sh", str(script)]
         return subp.run(argv, ok_codes=ok_codes, timeout=30)
 
@@ -266,8 +267,9 @@ def test_first_boot_makes_groups_users_mounts_and_sudoers(guest, tmp_path):
     assert sudoers.read_text() == "alice ALL=(ALL) NOPASSWD:ALL\n"
     assert stat.S_IMODE(sudoers.stat().st_mode) == 0o440
     assert os.listdir(guest.sudoers) == ["cloud-controller"]
+    # Groups in the order the script made them: the spec's, then the users' own.
     assert (guest.state / "provisioned").read_text().splitlines() == [
-        "user alice", "user bob", "user carol", "group alice", "group bob", "group proj", "group viz",
+        "user alice", "user bob", "user carol", "group proj", "group viz", "group alice", "group bob",
     ]
 
 
@@ -307,13 +309,13 @@ def test_a_removed_user_is_unmounted_and_deleted_but_its_home_kept(guest, tmp_pa
 
     assert guest.commands("umount") == [[f"{homes}/bob"]]
     assert guest.commands("userdel") == [["bob"]]  # never -r
-    assert guest.commands("groupdel") == [["bob"], ["viz"]]
+    assert guest.commands("groupdel") == [["viz"], ["bob"]]  # in the order the first boot made them
     calls = [c[0] for c in guest.commands()]
     assert calls.index("umount") < calls.index("userdel") < calls.index("groupdel")
     assert not guest.commands("useradd") and not guest.commands("groupadd")
     assert (homes / "bob" / "data").read_text() == "keep me"
     assert (guest.state / "provisioned").read_text().splitlines() == [
-        "user alice", "user carol", "group alice", "group proj",
+        "user alice", "user carol", "group proj", "group alice",
     ]
 
 
@@ -326,6 +328,9 @@ def test_changed_ids_and_home_are_fixed_without_touching_system_accounts(guest, 
     ))
     guest.set_db(passwd=["alice:x:10009:10009::/old/alice:/bin/sh", "games:x:5:60::/usr/games:/usr/sbin/nologin"],
                  group=["alice:x:10009:", "proj:x:5000:", "viz:x:5001:", "games:x:60:"])
+    # alice and her group were made by an earlier seed (only those are ever changed).
+    guest.state.mkdir(parents=True)
+    (guest.state / "provisioned").write_text("user alice\ngroup alice\n")
     guest.boot(spec, ok_codes=(1,))
     assert guest.commands("groupmod") == [["-g", "10000", "alice"]]
     assert guest.commands("usermod") == [
@@ -360,3 +365,77 @@ def test_an_unusual_home_reaches_the_commands_intact(guest, tmp_path):
     assert guest.commands("useradd")[0][7] == home
     assert guest.commands("mount") == [["-t", "virtiofs", "alice", home, "-o", "nosuid,nodev"]]
     assert os.path.isdir(home)
+
+
+# --- the bootcmd script with the real shadow tools, in a scratch system root ---------
+
+_REAL_TOOL = '#!/bin/sh\nexec /usr/sbin/{name} -R "$CC_ROOT" "$@"\n'
+# getent DB KEY, read from the scratch root's etc (getent itself has no root option).
+_ROOT_GETENT = """#!/bin/sh
+awk -F: -v k="$2" '$1 == k || $3 == k { print; found = 1 } END { exit found ? 0 : 2 }' "$CC_ROOT/etc/$1"
+"""
+
+
+class RealGuest(Guest):
+    """A 'guest' whose accounts are made by the real groupadd, groupmod, useradd and usermod
+    (`-R ROOT`) in a scratch system root; mounts stay fakes."""
+
+    def __init__(self, root, sysroot: str):
+        super().__init__(root)
+        self.sysroot = sysroot
+        for name in ("groupadd", "groupmod", "groupdel", "useradd", "usermod", "userdel"):
+            (self.bin / name).write_text(_REAL_TOOL.format(name=name))
+        (self.bin / "getent").write_text(_ROOT_GETENT)
+        self.extra_env["CC_ROOT"] = sysroot
+
+    def group(self) -> dict[str, list[str]]:
+        lines = (self.root.parent / "sysroot" / "etc" / "group").read_text().splitlines()
+        return {f[0]: [f[2], f[3]] for f in (line.split(":") for line in lines)}
+
+
+@pytest.fixture
+def real_guest(tmp_path, sysroot):
+    return RealGuest(tmp_path / "guest", sysroot)
+
+
+@pytest.mark.real_commands
+def test_a_group_named_like_an_image_group_is_not_joined_and_is_reported(real_guest, tmp_path):
+    # The image's own groups: on RHEL, ssh_keys reads the host keys and stapdev gives root;
+    # `lab` is a group of the image above 1000 that no seed made.
+    with open(os.path.join(real_guest.sysroot, "etc", "group"), "a") as f:
+        f.write("ssh_keys:x:101:\nstapdev:x:158:\nlab:x:1500:\n")
+    home = str(tmp_path / "homes" / "alice")
+    groups = (GuestGroup("ssh_keys", 70001), GuestGroup("stapdev", 70002), GuestGroup("g-lab", 70003),
+              GuestGroup("lab", 70004))
+    alice = GuestUser("alice", 10000, 10000, home, mounted=False, groups=tuple(g.name for g in groups))
+    spec = GuestSpec(hostname="node-1", users=(alice,), groups=groups)
+
+    result = real_guest.boot(spec, ok_codes=(1,))
+
+    group = real_guest.group()
+    assert group["ssh_keys"] == ["101", ""] and group["stapdev"] == ["158", ""] and group["lab"] == ["1500", ""]
+    assert group["g-lab"] == ["70003", "alice"] and group["alice"] == ["10000", ""]
+    for name, gid, ours in (("ssh_keys", 101, 70001), ("stapdev", 158, 70002), ("lab", 1500, 70004)):
+        assert (f"cloud-controller seed: group {name} exists in this image with gid {gid}, "
+                f"not the cluster's gid {ours}: skipped, no user joins it") in result.stderr
+        assert f"user alice not added to group {name}" in result.stderr
+    assert (real_guest.state / "provisioned").read_text().splitlines() == ["user alice", "group g-lab", "group alice"]
+
+    # Out of the spec again: the image's groups are not the seed's to remove.
+    later = dataclasses.replace(spec, users=(dataclasses.replace(alice, groups=()),), groups=())
+    real_guest.boot(later)
+    group = real_guest.group()
+    assert {"ssh_keys", "stapdev", "lab", "alice"} <= group.keys() and "g-lab" not in group
+
+
+@pytest.mark.real_commands
+def test_a_group_the_seed_made_keeps_its_members_and_follows_the_cluster_gid(real_guest, tmp_path):
+    home = str(tmp_path / "homes" / "alice")
+    alice = GuestUser("alice", 10000, 10000, home, mounted=False, groups=("g-lab",))
+    spec = GuestSpec(hostname="node-1", users=(alice,), groups=(GuestGroup("g-lab", 70003),))
+    real_guest.boot(spec)
+    assert real_guest.group()["g-lab"] == ["70003", "alice"]
+    real_guest.boot(spec)  # the same seed again: nothing to report
+    # Re-made on the head node with another gid: the seed's own group follows it.
+    real_guest.boot(dataclasses.replace(spec, groups=(GuestGroup("g-lab", 70009),)))
+    assert real_guest.group()["g-lab"] == ["70009", "alice"]
