@@ -56,6 +56,12 @@ class HostUnreachable(HostUnavailable):
     for a back-off (host_adapters/hosts.py)."""
 
 
+class CleanupFailed(HostError):
+    """A failed create could not remove what it had already made on a host (the host stopped
+    answering mid-way), so that may remain there (HTTP 503). The caller keeps its record of
+    the operation, for reconcile to remove the rest once the host answers."""
+
+
 class CommandError(HostError):
     """A host command exited with a code the caller did not allow."""
 

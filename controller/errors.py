@@ -3,6 +3,7 @@ which host_adapters/ imports too without importing controller/)."""
 
 from common.errors import *  # noqa: F401,F403
 from common.errors import (  # noqa: F401
+    CleanupFailed,
     CommandError,
     Conflict,
     ControllerError,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from controller import hosts, limits
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import Conflict, HostError, InvalidInput, NotFound
+from controller.errors import CleanupFailed, Conflict, ControllerError, HostError, InvalidInput, NotFound
 from controller.hosts import hypervisor_for, hypervisor_of
 from controller.addresses import allocate, network_plan
 from controller.images import get_flavor_row
@@ -213,6 +213,11 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         try:
             _ensure_image(ctx, image, row["host"])
             _spawn(ctx, dict(row, users=uuids), image=image, flavor=flavor)
+        except CleanupFailed:
+            # The host stopped answering mid-way and part of the instance may remain there:
+            # the row keeps its intent, for reconcile to remove both once the host answers
+            # (deleted now, it would leave a domain, disk or seed without a record).
+            raise
         except BaseException:
             ctx.store.delete_instance(row["id"])
             raise
@@ -255,10 +260,16 @@ def respawn(ctx: Context, row: dict) -> None:
 
 
 def _undo_spawn(ctx: Context, row: dict) -> None:
+    """Remove a spawned instance whose create failed after all, then its row. A host that
+    cannot be asked to (it stopped answering) keeps the row with its intent "creating", for
+    reconcile to remove both once the host answers (as for a crash mid-create)."""
     try:
         hypervisor_for(ctx, row).destroy(row["id"])
-    finally:
-        ctx.store.delete_instance(row["id"])
+    except ControllerError as e:
+        log.warning("instance %s: create failed and its domain could not be removed (%s); "
+                    "left for reconcile", row["id"], e.message)
+        return
+    ctx.store.delete_instance(row["id"])
 
 
 def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> None:

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from common.errors import Conflict, HostError, HostUnreachable, InvalidInput, NotFound
+from common.errors import CleanupFailed, Conflict, HostError, HostUnreachable, InvalidInput, NotFound
 from host_adapters import seed as seeds
 from host_adapters.domain_xml import FilterRef
 from host_adapters.guest import GuestSpec, Reservation, Share
@@ -664,7 +664,11 @@ class FakeHypervisor(Hypervisor):
                 )
                 self._step("start")
                 self.instances[instance_id].start()
-            except BaseException:
+            except BaseException as err:
+                if self.dead:
+                    # As the real one: a host that stopped answering mid-way cannot be cleaned up.
+                    raise CleanupFailed(f"spawn instance {instance_id}: cleanup failed, what was made may "
+                                        "remain") from err
                 self.instances.pop(instance_id, None)
                 self.disks.pop(instance_id, None)
                 self.seeds.pop(instance_id, None)

@@ -16,7 +16,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
-from common.errors import Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, NotFound
+from common.errors import CleanupFailed, Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, NotFound
 from host_adapters import domain_xml
 from host_adapters import seed as seeds
 from host_adapters.nic_filters import CLEAN_TRAFFIC, PROJECT_FILTERS, filter_for
@@ -800,12 +800,12 @@ class LibvirtHypervisor(Hypervisor):
         check_qcow2_header(self._io.read_head(conn, vol, 80), size_gb, f"the uploaded base image {name}")
 
     def _undo(self, err: BaseException, what: str, undo) -> None:
-        """Run undo(conn) after a failed create; if that fails too, raise an error naming what is left."""
+        """Run undo(conn) after a failed create; if that fails too, raise CleanupFailed naming what is left."""
         try:
             self._call(f"clean up {what}", undo)
         except ControllerError as undo_err:
             message = err.message if isinstance(err, ControllerError) else repr(err)
-            raise HostError(f"{message}; cleanup failed, {what} may remain: {undo_err.message}") from err
+            raise CleanupFailed(f"{message}; cleanup failed, {what} may remain: {undo_err.message}") from err
 
     def delete_base_image(self, image_id: str) -> None:
         check_id(image_id, "image id")

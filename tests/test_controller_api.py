@@ -266,6 +266,73 @@ def test_a_failure_after_spawn_undoes_the_domain(client, cctx, adapters, people,
     assert adapters.hypervisor.list_instances() == []
 
 
+def _host_dies_at(monkeypatch, hv, step: str) -> None:
+    """The fake host stops answering when spawn reaches `step` (libvirtd stopped mid-create)."""
+    steps = hv._step
+
+    def dying(name):
+        if name == step:
+            hv.dead = True
+        steps(name)
+
+    monkeypatch.setattr(hv, "_step", dying)
+
+
+def _reconcile_removes_the_leftover(cctx, hv, row_id) -> None:
+    from controller.reconcile import reconcile
+
+    hv.dead = False  # the host answers again (and its back-off is over)
+    cctx.adapters.hosts.forget("default")
+    drift = [d for d in reconcile(cctx, fix=True) if d["target"] == row_id]
+    assert [(d["kind"], d["fixed"]) for d in drift] == [("instance-create-interrupted", True)]
+    assert cctx.store.all_instances() == []
+    assert hv.list_instances() == [] and hv.disks == {} and hv.seeds == {}
+    assert all(not net for net in hv.networks.values())  # no DHCP reservation either
+    assert reconcile(cctx) == []
+
+
+@pytest.mark.parametrize("step", ["volume", "seed", "define", "start"])
+def test_a_host_lost_mid_spawn_keeps_the_row_for_reconcile(client, cctx, adapters, people, catalog, monkeypatch,
+                                                           step):
+    """Issue 16, faults: libvirtd stopped mid-create. What spawn made cannot be removed from a
+    host that does not answer; the row stays, hidden, with its intent, and reconcile removes
+    both once the host answers. Deleted at once, it left domains and disks without a record."""
+    owner = people["owner"]
+    give_volume(client, owner)
+    hv = adapters.hypervisor
+    _host_dies_at(monkeypatch, hv, step)
+    assert "cleanup failed" in err(boot(client, owner, catalog), 503)
+    [row] = cctx.store.all_instances()
+    assert row["intent"] == "creating"
+    assert ok(client.simulate_get("/v1/server-instance", headers=owner.headers)) == []  # never shown
+    assert (row["id"] in hv.disks) is (step != "volume")  # made before the host went
+    monkeypatch.setattr(hv, "_step", type(hv)._step.__get__(hv))
+    _reconcile_removes_the_leftover(cctx, hv, row["id"])
+
+
+def test_a_host_lost_right_after_spawn_keeps_the_row_for_reconcile(client, cctx, adapters, people, catalog,
+                                                                   monkeypatch):
+    """The domain was made and started, then the host stopped answering before its status
+    was read: the domain cannot be removed, so its row stays for reconcile (it was deleted,
+    leaving a running domain without a record)."""
+    from controller.errors import HostUnreachable
+
+    owner = people["owner"]
+    give_volume(client, owner)
+    hv = adapters.hypervisor
+
+    def gone(instance_id):
+        hv.dead = True
+        raise HostUnreachable("cannot connect to libvirt at fake host (status)")
+
+    monkeypatch.setattr(hv, "status", gone)
+    err(boot(client, owner, catalog), 503)
+    [row] = cctx.store.all_instances()
+    assert row["intent"] == "creating" and hv.instances[row["id"]].status == "running"
+    monkeypatch.setattr(hv, "status", type(hv).status.__get__(hv))
+    _reconcile_removes_the_leftover(cctx, hv, row["id"])
+
+
 def test_instance_visibility(client, people, catalog):
     for who in ("owner", "managed", "stranger"):
         give_volume(client, people[who])

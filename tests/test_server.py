@@ -33,13 +33,13 @@ class Http:
     def __init__(self, base: str):
         self.base = base
 
-    def call(self, method: str, path: str, body: dict | bytes | None = None, *, headers=None):
+    def call(self, method: str, path: str, body: dict | bytes | None = None, *, headers=None, timeout: float = 10):
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         sent = {"Content-Type": "application/json"} if data is not None else {}
         sent.update(headers or {})
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=sent)
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, dict(resp.headers), json.loads(resp.read())
         except urllib.error.HTTPError as e:
             raw = e.read()
@@ -59,9 +59,11 @@ def sandbox(tmp_path):
     return config, admin
 
 
-def start_server(config: Path, log_path: Path) -> tuple[subprocess.Popen, Http]:
-    port = free_port()
-    log = open(log_path, "wb")
+def start_server(config: Path, log_path: Path, *, port: int | None = None) -> tuple[subprocess.Popen, Http]:
+    """`cloud-agent serve` on 127.0.0.1 (a free port, or `port`), once /healthz answers 200;
+    its output is appended to log_path."""
+    port = port or free_port()
+    log = open(log_path, "ab")
     proc = subprocess.Popen(
         [str(AGENT), "--config", str(config), "serve", "--host", "127.0.0.1", "--port", str(port)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
