@@ -11,6 +11,7 @@ import click
 from agent.common import Options, command_options, emit, fail
 from controller import audit as audit_trail
 from controller.errors import InvalidInput
+from controller.rules import as_decimal
 from controller.health import run_checks
 from controller.reconcile import reconcile as run_reconcile
 from controller.store import Store
@@ -119,16 +120,20 @@ def _since(value: str | None, option: str = "--since") -> str | None:
     if value is None:
         return None
     units = {"m": "minutes", "h": "hours", "d": "days"}
-    if value[:-1].isdigit() and value[-1] in units:
-        at = datetime.now(timezone.utc) - timedelta(**{units[value[-1]]: int(value[:-1])})
-        return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    wrong = InvalidInput(f"{option} wants a time like 2026-11-21T10:00:00Z or a span like 12h, not {value!r}")
+    # ASCII digits of a bounded length (str.isdigit() took "\u00b9", which int() refuses), and
+    # a span or zone that leaves the calendar is refused like any other wrong value.
+    span = as_decimal(value[:-1]) if value[-1:] in units else None
     try:
-        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidInput(f"{option} wants a time like 2026-11-21T10:00:00Z or a span like 12h, not {value!r}")
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=timezone.utc)
-    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if span is not None and span >= 0:
+            at = datetime.now(timezone.utc) - timedelta(**{units[value[-1]]: span})
+        else:
+            at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            if at.tzinfo is None:
+                at = at.replace(tzinfo=timezone.utc)
+        return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError):
+        raise wrong from None
 
 
 @click.command("audit")
