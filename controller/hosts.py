@@ -23,7 +23,7 @@ from controller.errors import Conflict, ControllerError, HostError, HostUnavaila
 from controller.libvirt_uri import transport_risks
 from host_adapters.factory import config_host
 from host_adapters.hosts import HostSpec
-from host_adapters.hypervisor import HostCapacity, Hypervisor
+from host_adapters.hypervisor import HostCapacity, Hypervisor, base_file_limit
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def ensure_image_on_host(ctx: Context, image: dict, host_name: str, *, progress=
                 if image["id"] not in source.list_base_images():
                     continue
                 log.info("copying image %s from host %s to host %s", image["id"], row["name"], host_name)
-                kept = source.read_base_image(image["id"], fd)
+                kept = source.read_base_image(image["id"], fd, max_bytes=base_file_limit(image["min_disk"]))
             except ControllerError as e:
                 errors.append(f"{row['name']}: {e.message}")
                 continue
