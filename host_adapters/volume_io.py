@@ -84,7 +84,7 @@ class StreamVolumeIO(VolumeIO):
         return self._receive(conn, vol, min(nbytes, vol.info()[1]))
 
     def read(self, conn, vol, *, limit: int) -> bytes:
-        return self._receive(conn, vol, _within(vol, vol.info()[1], limit, "declares"))
+        return self._receive(conn, vol, _within(vol.name(), vol.info()[1], limit, "declares"))
 
     def download_file(self, conn, vol, dest: int, progress: Progress | None, *, limit: int) -> None:
         # The file's allocation (a qcow2 volume's capacity is its virtual size), for progress
@@ -94,7 +94,7 @@ class StreamVolumeIO(VolumeIO):
 
         def sink(_stream, data, _opaque):
             nonlocal received
-            _within(vol, received + len(data), limit, "streamed")
+            _within(vol.name(), received + len(data), limit, "streamed")
             view = memoryview(data)
             while view:
                 view = view[os.write(dest, view):]
@@ -121,7 +121,7 @@ class StreamVolumeIO(VolumeIO):
         def sink(_stream, data, _opaque):
             nonlocal received
             received += len(data)
-            _within(vol, received, length, "streamed")  # libvirt asked for length bytes, no more
+            _within(vol.name(), received, length, "streamed")  # libvirt asked for length bytes, no more
             parts.append(data)
             return len(data)
 
@@ -131,10 +131,10 @@ class StreamVolumeIO(VolumeIO):
         return b"".join(parts)
 
 
-def _within(vol, size: int, limit: int, what: str) -> int:
+def _within(volume: str, size: int, limit: int, what: str) -> int:
     """size, or HostError naming the volume when it is over limit bytes."""
     if size > limit:
-        raise HostError(f"volume {vol.name()} {what} {size} bytes, more than the {limit} bytes taken from it; "
+        raise HostError(f"volume {volume} {what} {size} bytes, more than the {limit} bytes taken from it; "
                         "stopped")
     return size
 
@@ -194,9 +194,13 @@ class InProcessVolumeIO(VolumeIO):
             self._where[path] = (offset, len(packed), max(len(data), pad_to))
 
     def read(self, conn, vol, *, limit: int) -> bytes:
-        _within(vol, vol.info()[1], limit, "declares")
+        return self._content(vol, limit)
+
+    def _content(self, vol, limit: int | None) -> bytes:
         with self._lock:  # a rewrite may reuse the place: read it whole first
             where = self._where.get(vol.path())
+            if where is not None and limit is not None:
+                _within(vol.path(), where[2], limit, "declares")
             packed = None if where is None else os.pread(self._file.fileno(), where[1], where[0])
         if where is None:
             return b""
@@ -207,7 +211,7 @@ class InProcessVolumeIO(VolumeIO):
             progress(source.size, source.size)
 
     def read_head(self, conn, vol, nbytes: int) -> bytes:
-        return self.read(conn, vol, limit=vol.info()[1])[:nbytes]
+        return self._content(vol, None)[:nbytes]
 
     def download_file(self, conn, vol, dest: int, progress: Progress | None, *, limit: int) -> None:
         raise NotImplementedError("the test driver keeps no base image content")

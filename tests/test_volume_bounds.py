@@ -231,3 +231,17 @@ def test_a_real_base_image_is_copied_only_within_its_bound(real, tmp_path):
             os.close(fd)
         assert spool.stat().st_size <= limit
     assert spool.read_bytes() == source.read_bytes()
+
+
+def test_the_test_drivers_contents_are_bounded_too():
+    from host_adapters.volume_io import InProcessVolumeIO
+
+    class Vol:
+        def path(self):
+            return "/pool/cc-x-seed"
+
+    io = InProcessVolumeIO()
+    io.write(None, Vol(), b"seed", pad_to=2 * SEED_BYTES)
+    with pytest.raises(HostError, match=rf"/pool/cc-x-seed declares {2 * SEED_BYTES} bytes, more than the {SEED_BYTES}"):
+        io.read(None, Vol(), limit=SEED_BYTES)
+    assert io.read(None, Vol(), limit=2 * SEED_BYTES).startswith(b"seed")
