@@ -4,6 +4,7 @@ import click
 
 from agent.common import Options, command_options, emit
 from controller import hosts
+from controller.libvirt_uri import transport_risks
 
 
 def _line(h: dict) -> str:
@@ -24,18 +25,26 @@ def host():
 @click.option("--storage-pool", default=None, help="Its storage pool (default: [libvirt] storage_pool).")
 @click.option("--network", default=None,
               help="Its libvirt network for the private NIC, e.g. a bridged one (default: [network] name).")
+@click.option("--insecure", is_flag=True, default=False,
+              help="Accept a transport that is not encrypted and authenticated (qemu+tcp:// without auth=sasl, "
+                   "no_verify=1, ...), with a warning.")
 @command_options
-def host_add(opts: Options, name, uri, storage_pool, network):
+def host_add(opts: Options, name, uri, storage_pool, network, insecure):
     """Add a hypervisor host: connects to it, checks its pool and network and reads its CPUs and memory.
-    An unreachable URI is refused. Images reach the host on first use there.
+    An unreachable URI is refused, and so is an unencrypted or unverified transport (qemu+tcp://
+    without auth=sasl, ext, no_verify=1, known_hosts_verify=auto|ignore, a weak tls_priority)
+    unless --insecure. Images reach the host on first use there.
 
     \b
     Examples:
       cloud-agent host add node01 --uri qemu+ssh://root@node01/system --network cc-bridge
       cloud-agent host add node02 --uri qemu+tls://node02/system --storage-pool vms
     """
+    if insecure:
+        for risk in transport_risks(uri):
+            click.echo(f"warning: host {name}: {risk}", err=True)
     obj = hosts.add_host(opts.context(adapters=True), name=name, uri=uri, storage_pool=storage_pool,
-                         network=network)
+                         network=network, insecure=insecure)
     emit(opts, obj, _line(obj))
 
 

@@ -48,13 +48,15 @@ def _prepare(config) -> tuple[str, bool]:
     if not Path(key_file).exists():
         generate_key_file(key_file)
         made_key = True
+    if Path(config.database_path).exists():
+        # Before it is opened: its -wal, -shm and -mark files take its mode (a new one is made 0600).
+        os.chmod(config.database_path, 0o600)
     store = Store(config.database_path, create=True)
     try:
         store.migrate()
         _record_config_host(config, store)
     finally:
         store.close()
-    os.chmod(config.database_path, 0o600)
     return config.database_path, made_key
 
 

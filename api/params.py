@@ -8,6 +8,7 @@ import falcon
 
 from api.errors import PayloadTooLarge, UnsupportedMediaType
 from controller.errors import InvalidInput
+from controller.rules import INT64_MAX, INT64_MIN, as_decimal
 
 JSON_TYPES = ("application/json",)
 FORM_TYPE = "application/x-www-form-urlencoded"
@@ -33,9 +34,21 @@ def read_body(req: falcon.Request, *, limit: int) -> bytes:
     return data
 
 
+# json.loads makes every integer literal with int(), which refuses over 4,300 digits with a
+# message about Python's settings; no value either interface takes has more than 19 digits.
+_JSON_INT_DIGITS = 40
+
+
+def _json_int(text: str) -> int:
+    if len(text) > _JSON_INT_DIGITS:
+        raise InvalidInput(f"request body holds an integer of {len(text)} characters; "
+                           f"at most {_JSON_INT_DIGITS} are read")
+    return int(text)
+
+
 def _parse_json(raw: bytes) -> object:
     try:
-        body = json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"), parse_int=_json_int)
         # JSON may escape lone surrogates ("\ud800"), which no UTF-8 column, hash
         # or command can take: refuse them here rather than fail deep in the service.
         if b"\\u" in raw:
@@ -116,8 +129,6 @@ def req_str(params: dict, name: str) -> str:
 
 
 _INT_TEXT = re.compile(r"-?[0-9]+")
-# SQLite's INTEGER is 64-bit; a larger value would fail at the database.
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 def opt_int(params: dict, name: str) -> int | None:
@@ -126,11 +137,16 @@ def opt_int(params: dict, name: str) -> int | None:
         return None
     if isinstance(value, bool):
         raise InvalidInput(f"{name} must be an integer")
-    if isinstance(value, str) and _INT_TEXT.fullmatch(value.strip()):
-        value = int(value.strip())
+    if isinstance(value, str):
+        text = value.strip()
+        number = as_decimal(text)  # ASCII digits, their length bounded before int()
+        if number is None and _INT_TEXT.fullmatch(text):
+            raise InvalidInput(f"{name} is out of range")
+        value = text if number is None else number
     if not isinstance(value, int):
         raise InvalidInput(f"{name} must be an integer")
-    if not _INT_MIN <= value <= _INT_MAX:
+    # SQLite's INTEGER is 64-bit; a larger value would fail at the database.
+    if not INT64_MIN <= value <= INT64_MAX:
         raise InvalidInput(f"{name} is out of range")
     return value
 

@@ -20,9 +20,10 @@ from controller import limits
 from controller.config import HOST_NAME
 from controller.context import Context
 from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, InvalidInput, NotFound
+from controller.libvirt_uri import transport_risks
 from host_adapters.factory import config_host
 from host_adapters.hosts import HostSpec
-from host_adapters.hypervisor import HostCapacity, Hypervisor
+from host_adapters.hypervisor import HostCapacity, Hypervisor, base_file_limit
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ def ensure_image_on_host(ctx: Context, image: dict, host_name: str, *, progress=
                 if image["id"] not in source.list_base_images():
                     continue
                 log.info("copying image %s from host %s to host %s", image["id"], row["name"], host_name)
-                kept = source.read_base_image(image["id"], fd)
+                kept = source.read_base_image(image["id"], fd, max_bytes=base_file_limit(image["min_disk"]))
             except ControllerError as e:
                 errors.append(f"{row['name']}: {e.message}")
                 continue
@@ -265,13 +266,18 @@ def get_host(ctx: Context, name: str, *, probe: bool = True) -> dict:
 
 
 def add_host(ctx: Context, *, name: str, uri: str, storage_pool: str | None = None,
-             network: str | None = None) -> dict:
+             network: str | None = None, insecure: bool = False) -> dict:
     """Record a host after connecting to it: its pool and network must be usable and its
-    capacity is read. An unreachable URI is refused (nothing recorded)."""
+    capacity is read. An unreachable URI is refused (nothing recorded), and so is one whose
+    transport is not encrypted and authenticated unless `insecure` (controller/libvirt_uri.py)."""
     _ensure_config_host(ctx)
     check_host_name(name)
     if not isinstance(uri, str) or not uri.strip() or any(c.isspace() for c in uri):
         raise InvalidInput(f"invalid libvirt URI {uri!r}")
+    risks = transport_risks(uri)
+    if risks and not insecure:
+        raise InvalidInput(f"host {name} not added: {'; '.join(risks)}. Whoever can reach that traffic controls "
+                           "the host's guests; --insecure accepts it on a network only trusted machines reach")
     spec = HostSpec(name=name, uri=uri, storage_pool=storage_pool or ctx.config.get("libvirt", "storage_pool"),
                     network=network or ctx.config.get("network", "name"))
     if ctx.store.get_host(name) is not None:

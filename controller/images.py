@@ -3,7 +3,7 @@
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput
 from controller.permissions import Requester
-from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_uuid, check_length, find_or_404, new_id
+from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_decimal, as_uuid, check_length, find_or_404, new_id
 from controller.store import utc_now
 from controller.users import find_user
 
@@ -56,7 +56,9 @@ def list_flavors(ctx: Context, requester: Requester) -> list[dict]:
 
 
 def _flavor_id(value: str) -> int | None:
-    return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 19 else None
+    # ASCII digits only: str.isdigit() passed "\u00b9" (then int() failed: a 500) and "\u0661" (flavor 1).
+    number = as_decimal(value)
+    return number if number is not None and number >= 0 else None
 
 
 def get_flavor_row(ctx: Context, requester: Requester, flavor_id: str) -> dict | None:

@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 
 from controller.errors import Conflict, InvalidInput
+from controller.rules import as_decimal
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,10 @@ def ratios(config) -> Ratios:
         if values[key] is None or not values[key] > 0 or values[key] == float("inf"):
             raise InvalidInput(f"config [capacity] {key} must be a number above 0, got {raw!r}")
     raw = _setting(config, "capacity", "reserved_host_memory_mb").strip()
-    if not raw.isdigit():
+    reserved = as_decimal(raw)  # not str.isdigit(): "\u00b9" passed it and then failed int()
+    if reserved is None or reserved < 0:
         raise InvalidInput(f"config [capacity] reserved_host_memory_mb must be a whole number of MB, got {raw!r}")
-    return Ratios(cpu=values["cpu_allocation_ratio"], ram=values["ram_allocation_ratio"], reserved_mb=int(raw))
+    return Ratios(cpu=values["cpu_allocation_ratio"], ram=values["ram_allocation_ratio"], reserved_mb=reserved)
 
 
 def check_config(config) -> None:

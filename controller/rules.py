@@ -75,6 +75,23 @@ def as_uuid(value: object) -> str | None:
     return value.lower()
 
 
+# A number a client (or an admin) sends is ASCII digits: str.isdigit() and int() also take
+# other scripts' digits ("\u0661" is 1 to int(), "\u00b9" passes isdigit() and then fails
+# int()), and int() refuses a string of over 4,300 digits with a ValueError. The length is
+# bounded before int() sees the text; 19 digits reach SQLite's 64-bit INTEGER.
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def as_decimal(value: object) -> int | None:
+    """The integer an ASCII decimal string spells (an optional minus, at most 19 digits,
+    within SQLite's 64-bit INTEGER), else None."""
+    if not isinstance(value, str) or len(value) > 20 or not _DECIMAL.fullmatch(value):
+        return None
+    number = int(value)
+    return number if INT64_MIN <= number <= INT64_MAX else None
+
+
 def new_id() -> str:
     return str(uuid.uuid4())
 

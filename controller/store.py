@@ -93,6 +93,12 @@ class Store:
         if self.path != ":memory:":
             if self.create:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                # Private from its first byte, whatever the umask (SQLite would make it 0644):
+                # its -wal, -shm and -mark files take its mode when they are made.
+                try:
+                    os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+                except FileExistsError:
+                    pass
             # mode=rw: a missing database is an error, not a new empty file.
             if not self.create and not os.path.exists(self.path):
                 raise sqlite3.OperationalError(f"database {self.path} does not exist: run `cloud-agent init`")

@@ -54,6 +54,19 @@ class WriteMark:
                 return
             if database and os.geteuid() == 0 and (info.st_uid, info.st_gid) != (database.st_uid, database.st_gid):
                 os.fchown(fd, database.st_uid, database.st_gid)
+            # The database's mode exactly, as SQLite gives its -wal and -shm: open() narrowed it
+            # by the umask, and a mark made before the database was made private (or by an
+            # older version) kept 0644. Only the database's writers may change the mark: one
+            # who could set it back to a value a reader saw would keep a revoked token alive.
+            if stat.S_IMODE(info.st_mode) != mode:
+                try:
+                    os.fchmod(fd, mode)
+                except OSError as e:
+                    if stat.S_IMODE(info.st_mode) & ~mode:
+                        log.warning("write mark %s is mode %o, wider than its database's %o, and cannot be "
+                                    "narrowed (%s): tokens are checked in the database each time",
+                                    path, stat.S_IMODE(info.st_mode), mode, e.strerror)
+                        return
             if info.st_size < SIZE:
                 # Grown, never shrunk: a mapping past the end of a file kills the process (SIGBUS).
                 os.pwrite(fd, os.urandom(SIZE), 0)

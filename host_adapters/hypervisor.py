@@ -142,12 +142,14 @@ class Hypervisor:
         """The image ids that have a base image volume, sorted."""
         raise NotImplementedError
 
-    def read_base_image(self, image_id: str, dest: int, *, progress: Progress | None = None) -> bool:
+    def read_base_image(self, image_id: str, dest: int, *, max_bytes: int,
+                        progress: Progress | None = None) -> bool:
         """Write the content of the image's base volume to the open file descriptor `dest`
         (streamed from the host, so it works over a remote connection), calling
         progress(received_bytes, total_bytes). False, writing nothing, where the host keeps
         no content (libvirt's test driver: its base disks are blank stand-ins). NotFound if
-        the volume is missing."""
+        the volume is missing; HostError once more than max_bytes arrive (see
+        base_file_limit)."""
         raise NotImplementedError
 
     def uses_dhcp_reservations(self) -> bool:
@@ -341,6 +343,14 @@ def check_qcow2_header(header: bytes, size_gb: int, what: str) -> None:
         raise InvalidInput(f"{what} has a virtual size of {virtual_size} bytes, more than {size_gb} GiB")
 
 
+def base_file_limit(size_gb: int) -> int:
+    """The most bytes a base image's file of size_gb GiB may hold: its virtual size, the qcow2
+    tables over it (about 2 % with the smallest clusters, 512 bytes) and room for the header.
+    More is not a disk (internal snapshots, data past its end): refused when it is added, and
+    a copy between hosts stops there, before it fills the head node's disk."""
+    return size_gb * GiB + size_gb * GiB // 32 + 64 * 1024 * 1024
+
+
 def open_image_source(source: str, size_gb: int) -> ImageSource:
     """Open a qcow2 file to become a base image and check it from that descriptor; InvalidInput
     if it cannot be read, is a symlink (O_NOFOLLOW) or not a regular file, or is unfit."""
@@ -355,6 +365,10 @@ def open_image_source(source: str, size_gb: int) -> ImageSource:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InvalidInput(f"image source {source} is not a regular file")
+        if st.st_size > base_file_limit(size_gb):
+            raise InvalidInput(f"image source {source} is {st.st_size} bytes, more than a qcow2 file of "
+                               f"{size_gb} GiB holds ({base_file_limit(size_gb)}); remove its snapshots "
+                               "(qemu-img convert -O qcow2)")
         image = ImageSource(source, fd, st.st_size)
         try:
             header = image.read(0, 80)
@@ -597,7 +611,8 @@ class FakeHypervisor(Hypervisor):
         self._step("list_base_images")
         return sorted(i for i in map(self._names.image_of_base, self.base_images) if i)
 
-    def read_base_image(self, image_id: str, dest: int, *, progress: Progress | None = None) -> bool:
+    def read_base_image(self, image_id: str, dest: int, *, max_bytes: int,
+                        progress: Progress | None = None) -> bool:
         check_id(image_id, "image id")
         self._step("read_base_image")
         name = self._names.base(image_id)
@@ -606,6 +621,9 @@ class FakeHypervisor(Hypervisor):
         content = self.base_content.get(name)
         if content is None:
             return False  # a blank disk, like the test driver's stand-ins
+        if len(content) > max_bytes:
+            raise HostError(f"volume {name} streamed {len(content)} bytes, more than the {max_bytes} bytes "
+                            "taken from it; stopped")
         os.write(dest, content)
         if progress is not None:
             progress(len(content), len(content))

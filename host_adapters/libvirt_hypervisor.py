@@ -638,7 +638,8 @@ class LibvirtHypervisor(Hypervisor):
         self._io.write(conn, vol, data, pad_to=SEED_BYTES)
 
     def _read_seed(self, conn, vol) -> dict[str, str] | None:
-        data = self._io.read(conn, vol)
+        # A seed is SEED_BYTES: a volume of that name declaring more is not read into memory.
+        data = self._io.read(conn, vol, limit=SEED_BYTES)
         try:
             return seeds.read_iso(data)
         except InvalidInput:
@@ -831,7 +832,8 @@ class LibvirtHypervisor(Hypervisor):
 
         return self._call("list base images", op)
 
-    def read_base_image(self, image_id: str, dest: int, *, progress: Progress | None = None) -> bool:
+    def read_base_image(self, image_id: str, dest: int, *, max_bytes: int,
+                        progress: Progress | None = None) -> bool:
         check_id(image_id, "image id")
         name = self._names.base(image_id)
         if not self._io.keeps_content:
@@ -841,7 +843,7 @@ class LibvirtHypervisor(Hypervisor):
             vol = self._volume(self._pool(conn), name)
             if vol is None:
                 raise NotFound(f"base image of image {image_id} is missing from storage pool {self.storage_pool}")
-            self._io.download_file(conn, vol, dest, progress)
+            self._io.download_file(conn, vol, dest, progress, limit=max_bytes)
             return True
 
         return self._call(f"read base image of image {image_id}", op, retry=False)

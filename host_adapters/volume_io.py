@@ -28,8 +28,9 @@ class VolumeIO:
         followed by zeros up to pad_to bytes."""
         raise NotImplementedError
 
-    def read(self, conn, vol) -> bytes:
-        """The volume's content (of its capacity)."""
+    def read(self, conn, vol, *, limit: int) -> bytes:
+        """The volume's content (of its capacity). HostError, before anything is read, when
+        its capacity is over limit bytes: what a volume declares is not trusted to fit in memory."""
         raise NotImplementedError
 
     def upload_file(self, conn, vol, source: ImageSource, progress: Progress | None) -> None:
@@ -41,9 +42,11 @@ class VolumeIO:
         """The first nbytes of the volume (fewer if it is shorter); b"" where content is not kept."""
         raise NotImplementedError
 
-    def download_file(self, conn, vol, dest: int, progress: Progress | None) -> None:
+    def download_file(self, conn, vol, dest: int, progress: Progress | None, *, limit: int) -> None:
         """Write the volume's content (its allocation as libvirt streams it) to the file
-        descriptor dest, calling progress(received, capacity)."""
+        descriptor dest, calling progress(received, capacity). HostError when the volume
+        declares, or the stream brings, more than limit bytes: a host is not trusted to end
+        the stream, and the file fills a disk of the head node."""
         raise NotImplementedError
 
 
@@ -80,17 +83,18 @@ class StreamVolumeIO(VolumeIO):
     def read_head(self, conn, vol, nbytes: int) -> bytes:
         return self._receive(conn, vol, min(nbytes, vol.info()[1]))
 
-    def read(self, conn, vol) -> bytes:
-        return self._receive(conn, vol, vol.info()[1])
+    def read(self, conn, vol, *, limit: int) -> bytes:
+        return self._receive(conn, vol, _within(vol.name(), vol.info()[1], limit, "declares"))
 
-    def download_file(self, conn, vol, dest: int, progress: Progress | None) -> None:
-        import os
-
-        total = vol.info()[2]  # the file's allocation: a qcow2 volume's capacity is its virtual size
+    def download_file(self, conn, vol, dest: int, progress: Progress | None, *, limit: int) -> None:
+        # The file's allocation (a qcow2 volume's capacity is its virtual size), for progress
+        # only: a filesystem may count blocks it preallocated, so what counts is what arrives.
+        total = vol.info()[2]
         received = 0
 
         def sink(_stream, data, _opaque):
             nonlocal received
+            _within(vol.name(), received + len(data), limit, "streamed")
             view = memoryview(data)
             while view:
                 view = view[os.write(dest, view):]
@@ -112,10 +116,27 @@ class StreamVolumeIO(VolumeIO):
     @staticmethod
     def _receive(conn, vol, length: int) -> bytes:
         parts: list[bytes] = []
+        received = 0
+
+        def sink(_stream, data, _opaque):
+            nonlocal received
+            received += len(data)
+            _within(vol.name(), received, length, "streamed")  # libvirt asked for length bytes, no more
+            parts.append(data)
+            return len(data)
+
         with _stream(conn) as stream:
             vol.download(stream, 0, length, 0)
-            stream.recvAll(lambda _stream, data, _opaque: parts.append(data) or len(data), None)
-        return b"".join(parts)[:length]
+            stream.recvAll(sink, None)
+        return b"".join(parts)
+
+
+def _within(volume: str, size: int, limit: int, what: str) -> int:
+    """size, or HostError naming the volume when it is over limit bytes."""
+    if size > limit:
+        raise HostError(f"volume {volume} {what} {size} bytes, more than the {limit} bytes taken from it; "
+                        "stopped")
+    return size
 
 
 @contextmanager
@@ -172,9 +193,14 @@ class InProcessVolumeIO(VolumeIO):
                 raise HostError(f"cannot keep the content of volume {path}: {e.strerror}") from None
             self._where[path] = (offset, len(packed), max(len(data), pad_to))
 
-    def read(self, conn, vol) -> bytes:
+    def read(self, conn, vol, *, limit: int) -> bytes:
+        return self._content(vol, limit)
+
+    def _content(self, vol, limit: int | None) -> bytes:
         with self._lock:  # a rewrite may reuse the place: read it whole first
             where = self._where.get(vol.path())
+            if where is not None and limit is not None:
+                _within(vol.path(), where[2], limit, "declares")
             packed = None if where is None else os.pread(self._file.fileno(), where[1], where[0])
         if where is None:
             return b""
@@ -185,7 +211,7 @@ class InProcessVolumeIO(VolumeIO):
             progress(source.size, source.size)
 
     def read_head(self, conn, vol, nbytes: int) -> bytes:
-        return self.read(conn, vol)[:nbytes]
+        return self._content(vol, None)[:nbytes]
 
-    def download_file(self, conn, vol, dest: int, progress: Progress | None) -> None:
+    def download_file(self, conn, vol, dest: int, progress: Progress | None, *, limit: int) -> None:
         raise NotImplementedError("the test driver keeps no base image content")

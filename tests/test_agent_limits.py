@@ -89,6 +89,17 @@ def test_private_flavor_add_and_grant(sandbox, api, bob):
     assert len(sandbox.rows("SELECT * FROM flavor_access")) == 1
 
 
+def test_flavor_grant_takes_ascii_digits_only(sandbox, bob):
+    # Issue 16, finding 14: str.isdigit() passed "\u00b9" (a traceback from int()) and read
+    # "\u0661" as flavor 1.
+    out = sandbox.ok("flavor", "add", "--name", "gpu", "--memory", "1024", "--disk", "10", "--vcpu", "2",
+                     "--private")
+    assert out["id"] == "1"
+    for value in ("\u00b9", "\u0661", "\uff11", "1" * 5000):
+        assert "not found" in sandbox.error("flavor", "grant", value, BOB_EMAIL)
+    assert sandbox.rows("SELECT * FROM flavor_access") == []
+
+
 @pytest.mark.parametrize("args, message", [
     (["flavor", "add", "--name", "f" * 256, "--memory", "512", "--disk", "2", "--vcpu", "1"],
      "flavor name is too long: at most 255 characters"),

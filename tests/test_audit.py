@@ -261,6 +261,17 @@ def test_audit_filters_by_time(sandbox):
     assert proc.returncode == 1 and proc.stderr.startswith("error: --since wants a time"), proc.stderr
 
 
+@pytest.mark.parametrize("value", ["\u00b9d", "\u0661h", "\uff11m", "1" * 5000 + "d", "99999999999d", "-1d",
+                                   "0001-01-01T00:00:00+14:00"])
+def test_audit_refuses_spans_that_are_not_ascii_or_leave_the_calendar(sandbox, value):
+    # Issue 16, finding 14: str.isdigit() took "\u00b9" (int() then failed) and a span past
+    # the year 1 overflowed: a traceback, not an error line.
+    for args in (["audit", "--since", value], ["audit", "--prune", "--before", value]):
+        proc = sandbox.run(*args)
+        option = args[-2]
+        assert proc.returncode == 1 and proc.stderr.startswith(f"error: {option} wants a time"), proc.stderr
+
+
 def test_audit_human_output(sandbox):
     proc = sandbox.run("audit")
     assert proc.returncode == 0

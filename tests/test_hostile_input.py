@@ -195,3 +195,41 @@ def test_large_json_numbers_and_nesting_do_not_crash(world, recorder):
     body = json.dumps({"volume-size": 10**400, "volume-type": {"visibility": "cluster"}}).encode()
     refused(send(world, "POST", "/v1/storage-volume", raw=body))
     assert recorder == []
+
+
+# -- flavor ids: ASCII digits only (issue 16, finding 14) ----------------------------------------
+# str.isdigit() passed "\u00b9" (then int() failed: a 500) and other scripts' digits, which
+# int() reads: "\u0661" was flavor 1.
+def _look_alike_digits(flavor_id: str) -> list[str]:
+    return [flavor_id.translate({ord("0") + d: base + d for d in range(10)})
+            for base in (0x0660, 0xFF10, 0x0966, 0x1D7CE)]  # Arabic-Indic, fullwidth, Devanagari, math bold
+
+
+def _flavor_ids(world) -> list[str]:
+    return ["\u00b9", "\u00b2", "\u00b3" * 3, "1" * 5000, "9" * 19, "-1", " 1", "1 ",
+            *_look_alike_digits(world["flavor"]["id"])]
+
+
+def test_a_flavor_id_that_is_not_ascii_digits_is_404(world, recorder):
+    from urllib.parse import quote
+
+    assert world["flavor"]["id"].isascii() and world["flavor"]["id"].isdigit()
+    for value in _flavor_ids(world):
+        r = world["client"].simulate_get(f"/v1/server-flavor/{quote(value, safe='')}", headers=world["alice"].headers)
+        assert r.status_code == 404, (value[:20], r.status_code, r.text)
+        assert r.json["success"] is False and r.json["data"] == [] and "not found" in r.json["msg"]
+    r = world["client"].simulate_get(f"/v1/server-flavor/{world['flavor']['id']}", headers=world["alice"].headers)
+    assert r.status_code == 200 and r.json["data"] == [world["flavor"]]
+    assert recorder == []
+
+
+def test_an_instance_with_a_flavor_id_that_is_not_ascii_digits_is_400(world, recorder):
+    store = world["ctx"].store
+    before = [r["id"] for r in store.all_instances()]
+    for value in _flavor_ids(world):
+        r = send(world, "POST", "/v1/server-instance", {"server-image": world["image"]["id"], "server-flavor": value})
+        assert r.status_code == 400, (value[:20], r.status_code, r.text)
+        refused(r)
+        assert "server-flavor" in r.json["msg"] and "does not exist" in r.json["msg"]
+    assert [r["id"] for r in store.all_instances()] == before
+    assert recorder == []

@@ -467,7 +467,7 @@ def test_agent_host_commands_print_the_contracts_shapes(tmp_path):
     assert rc == 0 and set(doc) == HOST_FIELDS and doc["enabled"] is False
     rc, doc = agent(config, "host", "enable", "node-9")
     assert rc == 0 and doc["enabled"] is True
-    rc, doc = agent(config, "host", "add", "node-x", "--uri", "qemu+tcp://127.0.0.1:1/system")
+    rc, doc = agent(config, "host", "add", "node-x", "--uri", "qemu+tcp://127.0.0.1:1/system", "--insecure")
     assert rc == 1 and "host node-x not added: cannot connect to libvirt" in doc["error"]
     rc, doc = agent(config, "host", "remove", "default")
     assert rc == 1 and "disable it instead" in doc["error"]

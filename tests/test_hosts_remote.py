@@ -54,8 +54,9 @@ def cluster(tmp_path, libvirt_dir_pool, libvirt_private_network, remote_libvirtd
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))
+    # The test daemon listens on plain tcp on the loopback, in a namespace of its own.
     added = hosts.add_host(ctx, name="remote", uri=remote_libvirtd.uri, storage_pool=remote_libvirtd.pool,
-                           network=remote_libvirtd.network)
+                           network=remote_libvirtd.network, insecure=True)
     assert added["reachable"] is True and added["vcpus"] > 0 and added["memory_mb"] > 0
     yield ctx
     for name in ("default", "remote"):

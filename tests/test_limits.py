@@ -403,6 +403,10 @@ def test_sandbox_config_lets_one_user_create_20_instances(client, cctx, alice, c
     ("capacity", "ram_allocation_ratio", "lots"),
     ("capacity", "ram_allocation_ratio", "nan"),
     ("capacity", "reserved_host_memory_mb", "-1"),
+    # ASCII digits only (issue 16, finding 14): str.isdigit() passed these, then int() failed.
+    ("capacity", "reserved_host_memory_mb", "\u00b9"),
+    ("capacity", "reserved_host_memory_mb", "1" * 5000),
+    ("capacity", "reserved_host_memory_mb", "\u0661\u0660\u0662\u0664"),
 ])
 def test_bad_limits_or_capacity_config_names_the_key(tmp_path, section, key, value):
     values = sandbox_values(str(tmp_path))

@@ -125,7 +125,7 @@ def test_in_process_volume_contents_keep_their_padding():
             return "/pool/seed"
 
     io.write(None, Vol(), b"seed", pad_to=4096)
-    data = io.read(None, Vol())
+    data = io.read(None, Vol(), limit=4096)
     assert len(data) == 4096 and data.startswith(b"seed") and not data[4:].strip(b"\0")
     assert io.read_head(None, Vol(), 2) == b"se"
 
@@ -150,8 +150,8 @@ def test_in_process_volume_contents_are_kept_outside_the_heap_and_rewritten_in_p
     size = os.fstat(io._file.fileno()).st_size
     io.write(None, a, b"shorter")  # fits where the first content was: the file does not grow
     assert os.fstat(io._file.fileno()).st_size == size
-    assert io.read(None, a) == b"shorter" and io.read(None, b) == b"b" * 100
-    assert io.read(None, Vol("/pool/never")) == b""
+    assert io.read(None, a, limit=100) == b"shorter" and io.read(None, b, limit=100) == b"b" * 100
+    assert io.read(None, Vol("/pool/never"), limit=100) == b""
 
 
 # -- the streamed list envelope ---------------------------------------------------------------

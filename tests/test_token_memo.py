@@ -128,15 +128,9 @@ def test_a_mark_belongs_to_whoever_owns_the_database(tmp_path):
         os.chown(database, 4321, 4322)
     assert WriteMark(str(database)).usable
     mark = os.stat(f"{database}-mark")
-    assert mark.st_mode & 0o777 == 0o660 & ~current_umask()
+    assert mark.st_mode & 0o777 == 0o660  # the database's mode exactly, as SQLite's -wal and -shm
     if os.geteuid() == 0:
         assert (mark.st_uid, mark.st_gid) == (4321, 4322)
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def test_a_mark_that_cannot_be_used_makes_every_lookup_read_the_database(ctx, alice, tmp_path):
@@ -152,3 +146,54 @@ def test_a_mark_that_cannot_be_used_makes_every_lookup_read_the_database(ctx, al
     assert (tmp_path / "elsewhere").read_bytes() == b""
     ctx.store.update_user(alice.id, {"active": 0})  # a write without a usable mark still works
     assert owner(ctx.store, alice) is None
+
+
+# -- the mark's mode is the database's (issue 16, finding 15) --------------------------------------
+def _init(config: Path, state: Path, *args: str, umask: int = 0o022) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CLOUD_CONTROLLER_CONFIG"}
+    subprocess.run([str(AGENT), "--config", str(config), "init", *args], check=True, capture_output=True,
+                   timeout=120, env=env, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.umask(umask))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o000], ids=["umask-022", "umask-002", "umask-000"])
+def test_init_makes_the_mark_as_private_as_the_database(tmp_path, umask):
+    config, state = tmp_path / "c.ini", tmp_path / "state"
+    _init(config, state, "--sandbox", str(state), umask=umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in state.iterdir() if p.name.startswith("controller.db")}
+    assert modes == {"controller.db": 0o600, "controller.db-mark": 0o600}
+
+
+def test_init_narrows_a_mark_left_readable_by_an_older_version(tmp_path):
+    config, state = tmp_path / "c.ini", tmp_path / "state"
+    _init(config, state, "--sandbox", str(state))
+    database, mark = state / "controller.db", state / "controller.db-mark"
+    database.chmod(0o644)
+    mark.chmod(0o644)
+    _init(config, state)
+    assert (database.stat().st_mode & 0o777, mark.stat().st_mode & 0o777) == (0o600, 0o600)
+
+
+def test_a_mark_wider_than_its_database_is_narrowed_when_opened(tmp_path):
+    database = tmp_path / "controller.db"
+    database.write_bytes(b"")
+    database.chmod(0o600)
+    mark = tmp_path / "controller.db-mark"
+    mark.write_bytes(os.urandom(8))
+    mark.chmod(0o666)
+    assert WriteMark(str(database)).usable
+    assert mark.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_mark_that_cannot_be_narrowed_is_not_used(tmp_path, monkeypatch):
+    database = tmp_path / "controller.db"
+    database.write_bytes(b"")
+    database.chmod(0o600)
+    mark = tmp_path / "controller.db-mark"
+    mark.write_bytes(os.urandom(8))
+    mark.chmod(0o646)  # anyone may write it: a reader's remembered tokens could be kept alive
+
+    def refuse(fd, mode):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    assert not WriteMark(str(database)).usable

@@ -1,6 +1,7 @@
 """Bad input to the user interface: always the envelope with the right 4xx, never a 500."""
 
 import json
+from urllib.parse import urlencode
 
 import pytest
 
@@ -423,3 +424,48 @@ def test_any_value_of_any_parameter_is_answered_in_the_envelope(ctx, user_client
             assert resp.json["version"] == "1"
             ctx.store.conn.execute("DELETE FROM users WHERE email = 'sweep@example.org'")
     assert ctx.store.get_user(admin.id) is not None
+
+
+# -- numbers: ASCII digits, their length bounded before int() (issue 16, finding 14) ---------
+# Python's int() refuses over 4,300 digits with a ValueError (a 500 before the permission
+# check), takes other scripts' digits ("\u0661" is 1, fullwidth "\uff11" too), and
+# str.isdigit() passes superscripts that int() then refuses.
+LONG_DIGITS = "1" * 5000
+NOT_ASCII_DIGITS = ["\u00b9", "\u00b2\u00b3", "\u0661", "\uff11", "\u0967", "\U0001d7cf", "1\u0660"]
+
+
+@pytest.mark.parametrize("value, word", [(LONG_DIGITS, "out of range"), ("-" + LONG_DIGITS, "out of range"),
+                                         ("9" * 20, "out of range")]
+                         + [(v, "must be an integer") for v in NOT_ASCII_DIGITS])
+@pytest.mark.parametrize("sent_as", ["json", "form", "query"])
+@pytest.mark.parametrize("who", ["superuser", "the user itself"])
+def test_long_or_non_ascii_integers_are_400(ctx, user_client, admin, target, value, word, sent_as, who):
+    caller = admin if who == "superuser" else target
+    path = f"/v1/user/update/{target.id}"
+    before = snapshot(ctx)
+    if sent_as == "json":
+        resp = post(user_client, caller, path, json_body={"active": value})
+    elif sent_as == "form":
+        resp = post(user_client, caller, path, headers=FORM, body=urlencode({"active": value}).encode())
+    else:
+        resp = user_client.simulate_post(path, headers=caller.headers, query_string=urlencode({"active": value}))
+    user_envelope(resp, 400)
+    assert word in resp.json["message"] and "active" in resp.json["message"], resp.json
+    assert snapshot(ctx) == before
+
+
+def test_an_integer_literal_of_5000_digits_is_400_in_plain_words(ctx, user_client, admin, target):
+    before = snapshot(ctx)
+    resp = post(user_client, target, f"/v1/user/update/{target.id}", headers=JSON,
+                body=b'{"active": ' + LONG_DIGITS.encode() + b"}")
+    user_envelope(resp, 400)
+    assert "integer of 5000 characters" in resp.json["message"]
+    assert "sys." not in resp.json["message"]  # no word of Python's own settings
+    assert snapshot(ctx) == before
+
+
+def test_ascii_digits_still_set_active(ctx, user_client, admin, target):
+    for sent, stored in ((" 0 ", 0), ("1", 1), ("00", 0)):
+        user_envelope(post(user_client, admin, f"/v1/user/update/{target.id}", headers=FORM,
+                           body=urlencode({"active": sent}).encode()), 200)
+        assert ctx.store.get_user(target.id)["active"] == stored
