@@ -50,8 +50,9 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "domain_prefix": "cc-",
         # kvm, or qemu (software emulation) where KVM cannot boot a guest.
         "virt_type": "kvm",
-        # host-passthrough, host-model, or a named CPU model (e.g. qemu64).
-        "cpu_mode": "host-passthrough",
+        # host-passthrough, host-model, or a named CPU model (e.g. qemu64). Empty: follows
+        # virt_type (host-passthrough with kvm, QEMU's default CPU with qemu).
+        "cpu_mode": "",
         # The name under which uri is a hypervisor host (`cloud-agent host list`).
         "host_name": "default",
         # Lists answer statuses from a snapshot of every domain's state at most this old.

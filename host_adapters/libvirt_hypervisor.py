@@ -48,6 +48,11 @@ SEED_BYTES = 4 * 1024 * 1024
 
 VIRT_TYPES = ("kvm", "qemu")
 
+# The CPU a domain gets when [libvirt] cpu_mode is left empty, by virt_type (as in Nova,
+# where the default follows virt_type): the host's own CPU under KVM; under software
+# emulation there is no host CPU to pass through, so QEMU's default model (no <cpu>).
+DEFAULT_CPU_MODES: dict[str, str | None] = {"kvm": "host-passthrough", "qemu": None}
+
 
 # --- libvirt -----------------------------------------------------------------
 
@@ -283,7 +288,8 @@ class LibvirtHypervisor(Hypervisor):
 
     `network` and `subnet` name the private network (made by ensure_network);
     `virt_type` and `cpu_mode` shape every domain ("kvm"/"host-passthrough" on a
-    head node; "qemu" where KVM cannot boot a guest). `volume_io` writes and
+    head node; "qemu" where KVM cannot boot a guest); an empty cpu_mode is
+    DEFAULT_CPU_MODES[virt_type]. `volume_io` writes and
     reads volume content (libvirt streams; the test driver has none).
     `stand_in_base_images` makes spawn create a blank base disk that is
     missing (the sandbox: its test driver forgets volumes between processes).
@@ -301,7 +307,7 @@ class LibvirtHypervisor(Hypervisor):
         network: str = "cc-private",
         subnet: str = "10.213.0.0/16",
         virt_type: str = "kvm",
-        cpu_mode: str | None = "host-passthrough",
+        cpu_mode: str | None = None,
         volume_io: VolumeIO | None = None,
         stand_in_base_images: bool = False,
         connect_timeout: float | None = None,
@@ -315,7 +321,10 @@ class LibvirtHypervisor(Hypervisor):
         self.network = network
         self.subnet, self._netmask = _netmask(subnet)
         self.virt_type = virt_type
-        self.cpu_mode = cpu_mode or None
+        # Empty: the default of the virt_type. An explicit mode is used as given, also
+        # where QEMU cannot start it: check() and probe_guest() refuse it then, and the
+        # domain definition is what they checked (never silently another CPU).
+        self.cpu_mode = cpu_mode or DEFAULT_CPU_MODES[virt_type]
         self._names = Names(domain_prefix)
         self._io = volume_io or StreamVolumeIO()
         self._stand_in = stand_in_base_images
@@ -684,7 +693,8 @@ class LibvirtHypervisor(Hypervisor):
                 if self.virt_type == "kvm":
                     hints.append("[libvirt] virt_type = qemu (software emulation)")
                 raise HostUnavailable(
-                    f"QEMU cannot start a guest with virt_type {self.virt_type} and cpu_mode {self.cpu_mode}: "
+                    f"QEMU cannot start a guest with virt_type {self.virt_type} and cpu_mode "
+                    f"{self.cpu_mode or 'empty (QEMU default CPU)'}: "
                     f"{_msg(e)}; set " + " or ".join(hints or ["another [libvirt] cpu_mode"])
                 ) from e
             try:
@@ -729,7 +739,9 @@ class LibvirtHypervisor(Hypervisor):
             if mode is None or mode.get("supported") != "yes":
                 raise HostUnavailable(
                     f"cpu_mode {self.cpu_mode} is not supported with virt_type {self.virt_type} on {self.uri}; "
-                    "set [libvirt] cpu_mode to host-model or a named model (e.g. qemu64)"
+                    + ("leave [libvirt] cpu_mode empty (QEMU's default CPU) or set a named model (e.g. qemu64)"
+                       if self.virt_type == "qemu" else
+                       "set [libvirt] cpu_mode to host-model or a named model (e.g. qemu64)")
                 )
 
     def create_base_image(
@@ -938,10 +950,8 @@ class LibvirtHypervisor(Hypervisor):
                     self._delete_volume(vol)
 
     def _cpu(self) -> tuple[str | None, str | None]:
-        if self.cpu_mode in (None, "", "host-passthrough", "host-model"):
-            # QEMU's own default model where software emulation has no host CPU to pass.
-            if self.virt_type == "qemu" and self.cpu_mode == "host-passthrough":
-                return None, None
+        """(mode, model) of the <cpu> element; (None, None): none, QEMU's default model."""
+        if self.cpu_mode in (None, "host-passthrough", "host-model"):
             return self.cpu_mode, None
         return "custom", self.cpu_mode
 
