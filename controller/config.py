@@ -128,6 +128,9 @@ DEFAULTS["hosts"] = {
     "connect_timeout_seconds": "10",
     # A host's CPUs and memory (libvirt getInfo) are read again at a create when older.
     "capacity_max_age_seconds": "600",
+    # A create placed on a host that does not answer is placed again on the next host
+    # with room (Nova's reschedule), at most this many placements in all.
+    "max_create_attempts": "3",
 }
 
 # Audit growth and retention (issue 8, finding 4).
@@ -192,7 +195,7 @@ class Config:
         for key in ("retention_days", "anonymous_interval_seconds"):
             if self.get_int("audit", key) < 0:
                 raise InvalidInput(f"config [audit] {key} must be 0 or more")
-        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds"):
+        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds", "max_create_attempts"):
             if self.get_int("hosts", key) < 1:
                 raise InvalidInput(f"config [hosts] {key} must be 1 or more")
         if not HOST_NAME.fullmatch(self.get("libvirt", "host_name")):

@@ -120,7 +120,7 @@ def _stale(ctx: Context, row: dict) -> bool:
 
 
 # -- placement --------------------------------------------------------------------------------
-def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
+def placement(ctx: Context, flavor: dict, *, failed: dict[str, str] | None = None) -> Callable[[list[dict]], str]:
     """The `place` callback of store.insert_instance for one instance of `flavor`.
 
     Host capacities older than [hosts] capacity_max_age_seconds are read first, here,
@@ -128,15 +128,20 @@ def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
     The callback, inside it, picks among the enabled, reachable hosts with room (by
     [capacity], against each host's CPUs and memory and what its live instances
     allocate) the one with the most free memory (ties: by name).
+
+    `failed` (host name -> why) are hosts an earlier attempt of this create was placed on
+    and that did not answer (a reschedule): they are left out, and when no other host
+    has room the create is 503, not 409: the cluster is not full, a host is down.
     """
     _ensure_config_host(ctx)
     pool = ctx.adapters.hosts
+    rescheduled = dict(failed or {})
     rows = ctx.store.list_hosts()
-    candidates = [r for r in rows if r["enabled"] and pool.reachable(r["name"])]
+    candidates = [r for r in rows if r["enabled"] and pool.reachable(r["name"]) and r["name"] not in rescheduled]
     stale = {r["name"]: r for r in candidates if _stale(ctx, r)}
     fresh = each_host(stale, lambda name: _read_capacity(ctx, stale[name]))
     usable: dict[str, HostCapacity] = {}
-    failed: dict[str, str] = {}
+    failed = dict(rescheduled)
     for r in candidates:
         got = fresh.get(r["name"])
         if isinstance(got, ControllerError):
@@ -145,7 +150,8 @@ def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
             usable[r["name"]] = got
         else:
             usable[r["name"]] = HostCapacity(vcpus=r["vcpus"], memory_mb=r["memory_mb"])
-    unreachable = [r["name"] for r in rows if r["enabled"] and not pool.reachable(r["name"])]
+    unreachable = [r["name"] for r in rows
+                   if r["enabled"] and not pool.reachable(r["name"]) and r["name"] not in rescheduled]
     disabled = [r["name"] for r in rows if not r["enabled"]]
     what = f"{flavor['name']}: {flavor['vcpu']} vCPU{'s' if flavor['vcpu'] != 1 else ''}, {flavor['memory']} MB"
 
@@ -166,6 +172,10 @@ def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
                 best = ((-free, h["name"]), h["name"])
         if best is not None:
             return best[1]
+        if rescheduled:
+            why = "; ".join(f"{n}: {m}" for n, m in sorted(rescheduled.items()))
+            raise HostUnavailable(f"no live hypervisor host has room for this flavor ({what}): the host(s) it was "
+                                  f"placed on did not answer ({why})")
         if not usable and (failed or unreachable):
             # Nothing says the cluster is full: the hosts that could take it do not answer.
             why = "; ".join(f"{n}: {m}" for n, m in sorted(failed.items())) or "marked unreachable"

@@ -492,6 +492,8 @@ class FakeHypervisor(Hypervisor):
         self.base_content: dict[str, bytes] = {}
         # How often each step ran: tests count the calls a request makes to the host.
         self.calls: Counter[str] = Counter()
+        # A slow host: a step named here waits for its event (at most 30 s) before it runs.
+        self.slow_on: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
     @property
@@ -501,6 +503,9 @@ class FakeHypervisor(Hypervisor):
 
     def _step(self, name: str) -> None:
         self.calls[name] += 1
+        gate = self.slow_on.get(name)
+        if gate is not None:
+            gate.wait(timeout=30)
         if self.dead:
             raise HostUnreachable(f"cannot connect to libvirt at fake host ({name})")
         err = self.fail_on.get(name)

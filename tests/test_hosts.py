@@ -252,6 +252,113 @@ def test_every_host_dead_is_503_not_409(client, cctx, adapters, cluster, alice, 
     assert cctx.store.all_instances() == []
 
 
+# -- issue 16, finding 5: a host that died after `host add` ----------------------------------------
+def nothing_on(fake, base_images=()) -> None:
+    assert (fake.instances, fake.disks, fake.seeds) == ({}, {}, {})
+    assert set(fake.base_images) == set(base_images)
+    assert all(not reservations for reservations in fake.networks.values())
+
+
+@pytest.mark.parametrize("dead_host", ["node-a", "default"])
+def test_a_create_on_a_host_that_died_is_placed_again_on_the_next_host(client, cctx, adapters, cluster, alice,
+                                                                       catalog, flavor, dead_host):
+    """node-a dies in its image copy (another host), default in its spawn (the config's host)."""
+    clock = [1000.0]
+    adapters.hosts._health.clock = lambda: clock[0]
+    if dead_host == "default":
+        adapters.hypervisor.capacity = HostCapacity(vcpus=16, memory_mb=16384)  # the most free memory
+    hosts.list_hosts(cctx)  # every host answers and its capacity is recorded, as at `host add`
+    for name in ("node-a", "node-b"):  # the image is on every host (the config's own may die)
+        hosts.ensure_image_on_host(cctx, cctx.store.get_image(catalog["public"]["id"]), name)
+    adapters.fake_hosts.kill(dead_host)
+    dead = cluster[dead_host]
+    inst = ok(boot(client, alice, catalog, flavor))[0]
+    assert host_of(cctx, inst["id"]) == ("node-b" if dead_host == "node-a" else "node-a")
+    assert inst["status"] == "running" and inst["id"] in cluster[host_of(cctx, inst["id"])].instances
+    had = set(dead.base_images)  # the image it got before it died
+    nothing_on(dead, had)
+    assert [r["host"] for r in cctx.store.all_instances()] == [host_of(cctx, inst["id"])]
+    assert {h["name"]: h["instances"] for h in hosts.list_hosts(cctx)}[dead_host] == 0
+    # In its back-off the dead host is not tried again; after it, once, and the create still lands.
+    calls = dead.calls.total()
+    ok(boot(client, alice, catalog, flavor))
+    assert dead.calls.total() == calls
+    clock[0] += 31  # [hosts] retry_seconds
+    ok(boot(client, alice, catalog, flavor))
+    assert dead.calls.total() > calls
+    nothing_on(dead, had)
+    assert len(cctx.store.all_instances()) == 3 and dead_host not in {r["host"] for r in cctx.store.all_instances()}
+
+
+def test_a_dead_host_with_the_only_room_is_503_and_leaves_nothing(client, cctx, adapters, cluster, alice, catalog):
+    big = images.add_flavor(cctx, name="big", memory=7168, disk=10, vcpu=1)  # fits node-a only
+    adapters.fake_hosts.kill("node-a")
+    msg = refused(boot(client, alice, catalog, big), 503)
+    assert msg.startswith("no live hypervisor host has room for this flavor (big: 1 vCPU, 7168 MB)"), msg
+    assert "node-a: cannot connect" in msg
+    nothing_on(cluster["node-a"])
+    assert cctx.store.all_instances() == []
+
+
+def test_the_number_of_placements_is_bounded(client, cctx, adapters, cluster, alice, catalog, flavor):
+    cctx.config.parser["hosts"] = {"max_create_attempts": "2"}
+    adapters.fake_hosts.kill("node-a")
+    adapters.fake_hosts.kill("node-b")
+    msg = refused(boot(client, alice, catalog, flavor), 503)
+    assert "2 hypervisor host(s) it was placed on did not answer" in msg and "node-a" in msg and "node-b" in msg
+    assert cluster["default"].calls["spawn"] == 0  # a third placement was not tried
+    assert cctx.store.all_instances() == []
+    for name in ("node-a", "node-b"):
+        nothing_on(cluster[name])
+    cctx.config.parser["hosts"] = {"max_create_attempts": "3"}
+    adapters.fake_hosts.revive("node-a")  # still in its back-off: not tried
+    assert host_of(cctx, ok(boot(client, alice, catalog, flavor))[0]["id"]) == "default"
+
+
+def test_a_slow_host_delays_only_the_lists_holding_its_rows(client, cctx, adapters, cluster, alice, catalog,
+                                                            flavor):
+    on_a = ok(boot(client, alice, catalog, flavor))[0]
+    hosts.set_enabled(cctx, "node-a", False)
+    bob = make_caller(cctx, "bob@example.org")
+    enable(cctx, bob, username="bob")
+    give_volume(client, bob)
+    on_b = ok(boot(client, bob, catalog, flavor))[0]
+    assert (host_of(cctx, on_a["id"]), host_of(cctx, on_b["id"])) == ("node-a", "node-b")
+    slow = cluster["node-a"]
+    gate = threading.Event()
+    slow.slow_on["statuses"] = gate  # node-a answers, but only when the gate opens
+    entered = slow.calls["statuses"]
+    stuck = {}
+    reader = threading.Thread(target=lambda: stuck.update(r=client.simulate_get(BASE, headers=alice.headers)))
+    reader.start()
+    try:
+        for _ in range(500):
+            if slow.calls["statuses"] > entered:
+                break
+            threading.Event().wait(0.01)
+        assert slow.calls["statuses"] > entered  # alice's list is waiting on node-a
+        answers = {}
+
+        def list_as(name, caller):
+            answers[name] = client.simulate_get(BASE, headers=caller.headers)
+
+        others = [threading.Thread(target=list_as, args=("bob", bob)),  # rows on node-b only
+                  threading.Thread(target=list_as, args=("alice", alice))]  # node-a is being read
+        for t in others:
+            t.start()
+        for t in others:
+            t.join(timeout=10)
+        assert not any(t.is_alive() for t in others), "a list waited on another list's read of a slow host"
+        assert [i["id"] for i in ok(answers["bob"], 200)] == [on_b["id"]]
+        # node-a's rows answer the status last stored, unwritten, while node-a is read.
+        assert [(i["id"], i["status"]) for i in ok(answers["alice"], 200)] == [(on_a["id"], "running")]
+        assert reader.is_alive()
+    finally:
+        gate.set()
+        reader.join(timeout=10)
+    assert [i["id"] for i in ok(stuck["r"], 200)] == [on_a["id"]]
+
+
 # -- images on every host --------------------------------------------------------------------------
 def qcow2_file(path: Path, size: int = 300_000) -> str:
     from tests.test_hypervisor import qcow2_header
