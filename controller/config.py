@@ -131,6 +131,9 @@ DEFAULTS["hosts"] = {
     # A create placed on a host that does not answer is placed again on the next host
     # with room (Nova's reschedule), at most this many placements in all.
     "max_create_attempts": "3",
+    # A create waits this long for another create's copy of the same image to the same
+    # host (one upload per host and image), then answers 503.
+    "image_copy_wait_seconds": "300",
 }
 
 # Audit growth and retention (issue 8, finding 4).
@@ -195,7 +198,8 @@ class Config:
         for key in ("retention_days", "anonymous_interval_seconds"):
             if self.get_int("audit", key) < 0:
                 raise InvalidInput(f"config [audit] {key} must be 0 or more")
-        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds", "max_create_attempts"):
+        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds", "max_create_attempts",
+                    "image_copy_wait_seconds"):
             if self.get_int("hosts", key) < 1:
                 raise InvalidInput(f"config [hosts] {key} must be 1 or more")
         if not HOST_NAME.fullmatch(self.get("libvirt", "host_name")):

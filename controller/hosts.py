@@ -20,6 +20,7 @@ from controller import limits
 from controller.config import HOST_NAME
 from controller.context import Context
 from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, InvalidInput, NotFound
+from controller.locks import one_at_a_time
 from host_adapters.factory import config_host
 from host_adapters.hosts import HostSpec
 from host_adapters.hypervisor import HostCapacity, Hypervisor
@@ -201,8 +202,23 @@ def ensure_image_on_host(ctx: Context, image: dict, host_name: str, *, progress=
     A host that lacks it gets it over its libvirt connection: the content is read
     over a stream from a host that has it (the config's own host first), spooled
     to a private temporary file beside the database, and uploaded like `image add
-    --source` (checked, all or nothing: a failure leaves no volume there).
+    --source` (under a temporary name, checked, then published: a failure leaves no
+    volume there, a crash only a temporary one reconcile reports).
+
+    Creates of one image on one host look and copy one at a time: the others wait
+    (at most [hosts] image_copy_wait_seconds, then 503) for the one copy and use it,
+    never a copy in progress and never a second upload. The lock is this process's:
+    the server makes every copy (a create), except `reconcile --fix`, which holds the
+    host-change lock exclusive, so no create runs beside it.
     """
+    wait = ctx.config.get_int("hosts", "image_copy_wait_seconds")
+    busy = HostUnavailable(f"image {image['id']} is still being copied to host {host_name} after {wait} s; "
+                           "try again later")
+    with one_at_a_time("image-copy", f"{host_name}/{image['id']}", wait_seconds=wait, busy=busy):
+        _copy_image_to_host(ctx, image, host_name, progress=progress)
+
+
+def _copy_image_to_host(ctx: Context, image: dict, host_name: str, *, progress=None) -> None:
     target = hypervisor_of(ctx, host_name)
     if image["id"] in target.list_base_images():
         return

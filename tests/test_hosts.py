@@ -410,6 +410,81 @@ def test_an_upload_failing_mid_stream_leaves_no_volume_and_no_instance(client, c
     assert not [p for p in os.listdir(os.path.dirname(cctx.store.path)) if p.startswith(".image-")]
 
 
+# -- issue 16, finding 13: a base image is used only once complete --------------------------------
+def wait_until(predicate, what: str) -> None:
+    for _ in range(1000):
+        if predicate():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_concurrent_creates_of_a_new_image_on_a_host_wait_for_one_complete_upload(client, cctx, adapters, cluster,
+                                                                                  alice, flavor, tmp_path):
+    image = images.add_image(cctx, name="Real", os_name="debian", os_major="12", os_minor="7", min_disk=2,
+                             min_ram=512, source=qcow2_file(tmp_path / "real.qcow2"))
+    volume = cctx.store.get_image(image["id"])["base_volume"]
+    target, source = cluster["node-a"], cluster["default"]
+    gate = threading.Event()
+    target.slow_on["upload"] = gate  # the copy to node-a stops half way until the gate opens
+    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    answers = []
+    creates = [threading.Thread(target=lambda: answers.append(client.simulate_post(BASE, headers=alice.headers,
+                                                                                   json=body)))
+               for _ in range(2)]
+    try:
+        for t in creates:
+            t.start()
+        wait_until(lambda: target.calls["upload"] >= 1, "the upload to node-a began")
+        threading.Event().wait(0.2)  # the other create has had time to look
+        # Mid-upload the image is on node-a only under a temporary name: no create uses it.
+        assert volume not in target.base_images
+        assert [n for n in target.base_images if n.startswith("cc-part-")] != []
+        assert target.list_base_images() == [] and target.instances == {}
+        assert all(t.is_alive() for t in creates)  # the second waits for the first's copy
+    finally:
+        gate.set()
+        for t in creates:
+            t.join(timeout=30)
+    assert sorted(r.status_code for r in answers) == [201, 201], [r.json for r in answers]
+    assert {host_of(cctx, r.json["data"][0]["id"]) for r in answers} == {"node-a"}
+    assert source.calls["read_base_image"] == 1  # one copy, not one per create
+    assert target.base_content[volume] == source.base_content[volume]
+    assert set(target.base_images) == {volume}  # no temporary volume is left
+
+
+def test_reconcile_finds_and_removes_partial_base_volumes_on_every_host(client, cctx, adapters, cluster, alice,
+                                                                       flavor, tmp_path):
+    from host_adapters.hypervisor import Names
+
+    image = images.add_image(cctx, name="Real", os_name="debian", os_major="12", os_minor="7", min_disk=2,
+                             min_ram=512, source=qcow2_file(tmp_path / "real.qcow2"))
+    volume = cctx.store.get_image(image["id"])["base_volume"]
+    names = Names("cc-")
+    # What a crash mid-upload leaves: a truncated temporary volume, on another host and on the config's.
+    left = {"node-a": names.partial_base(image["id"], "0badc0de"),
+            "default": names.partial_base(image["id"], "0ddba11a")}
+    for host, name in left.items():
+        cluster[host].base_images[name] = 2
+        cluster[host].base_content[name] = cluster["default"].base_content[volume][:1000]
+    # Never taken for the image: the next create on node-a copies it whole.
+    inst = ok(client.simulate_post(BASE, headers=alice.headers, json={"server-image": image["id"],
+                                                                     "server-flavor": flavor["id"]}))[0]
+    assert host_of(cctx, inst["id"]) == "node-a"
+    assert cluster["node-a"].instances[inst["id"]].base_image == volume
+    assert cluster["node-a"].base_content[volume] == cluster["default"].base_content[volume]
+    partial = [d for d in reconcile(cctx) if d["kind"] == "base-image-partial"]
+    assert sorted((d["host"], d["target"], d["fixable"], d["fixed"]) for d in partial) == [
+        ("default", left["default"], True, False), ("node-a", left["node-a"], True, False)]
+    fixed = [d for d in reconcile(cctx, fix=True) if d["kind"] == "base-image-partial"]
+    assert len(fixed) == 2 and all(d["fixed"] for d in fixed)
+    assert set(cluster["node-a"].base_images) == {volume} and set(cluster["default"].base_images) >= {volume}
+    assert not [n for n in cluster["default"].base_images if n.startswith("cc-part-")]
+    assert [d for d in reconcile(cctx) if d["kind"] == "base-image-partial"] == []
+    with pytest.raises(Exception, match="not a temporary base image volume"):
+        cluster["node-a"].delete_partial_base_image(volume)  # a published base is never removed this way
+
+
 # -- addresses on a bridged network -------------------------------------------------------------------
 def test_a_bridged_host_gets_static_addresses_and_no_dhcp_reservations(client, cctx, adapters, alice, catalog,
                                                                         flavor):
