@@ -782,8 +782,8 @@ class LibvirtHypervisor(Hypervisor):
             made.append(temp)
             vol = pool.createXML(domain_xml.Volume(name=temp, capacity_bytes=image.size, format="raw").to_xml(), 0)
             self._io.upload_file(conn, vol, image, progress)
-            self._check_upload(conn, vol, image)
             self._check_stored_base(conn, pool, temp, size_gb)
+            self._check_upload(conn, vol, image)
             # Published by a copy within the pool, made by the host (libvirt has no volume
             # rename, and the pool may be on another machine): the name appears when the copy
             # begins, but every create of this deployment looks for it only under the
