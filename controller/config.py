@@ -58,8 +58,9 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "domain_prefix": "cc-",
         # kvm, or qemu (software emulation) where KVM cannot boot a guest.
         "virt_type": "kvm",
-        # host-passthrough, host-model, or a named CPU model (e.g. qemu64).
-        "cpu_mode": "host-passthrough",
+        # host-passthrough, host-model, or a named CPU model (e.g. qemu64). Empty: follows
+        # virt_type (host-passthrough with kvm, QEMU's default CPU with qemu).
+        "cpu_mode": "",
         # The name under which uri is a hypervisor host (`cloud-agent host list`).
         "host_name": "default",
         # Lists answer statuses from a snapshot of every domain's state at most this old.
@@ -138,6 +139,12 @@ DEFAULTS["hosts"] = {
     "connect_timeout_seconds": "10",
     # A host's CPUs and memory (libvirt getInfo) are read again at a create when older.
     "capacity_max_age_seconds": "600",
+    # A create placed on a host that does not answer is placed again on the next host
+    # with room (Nova's reschedule), at most this many placements in all.
+    "max_create_attempts": "3",
+    # A create waits this long for another create's copy of the same image to the same
+    # host (one upload per host and image), then answers 503.
+    "image_copy_wait_seconds": "300",
 }
 
 # GET /healthz answers from the last result of the checks, refreshed by one thread
@@ -212,7 +219,8 @@ class Config:
         for key in ("retention_days", "anonymous_interval_seconds"):
             if self.get_int("audit", key) < 0:
                 raise InvalidInput(f"config [audit] {key} must be 0 or more")
-        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds"):
+        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds", "max_create_attempts",
+                    "image_copy_wait_seconds"):
             if self.get_int("hosts", key) < 1:
                 raise InvalidInput(f"config [hosts] {key} must be 1 or more")
         if not HOST_NAME.fullmatch(self.get("libvirt", "host_name")):

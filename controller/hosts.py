@@ -21,6 +21,7 @@ from controller.config import HOST_NAME
 from controller.context import Context
 from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, InvalidInput, NotFound
 from controller.libvirt_uri import transport_risks
+from controller.locks import one_at_a_time
 from host_adapters.factory import config_host
 from host_adapters.hosts import HostSpec
 from host_adapters.hypervisor import HostCapacity, Hypervisor, base_file_limit
@@ -121,7 +122,7 @@ def _stale(ctx: Context, row: dict) -> bool:
 
 
 # -- placement --------------------------------------------------------------------------------
-def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
+def placement(ctx: Context, flavor: dict, *, failed: dict[str, str] | None = None) -> Callable[[list[dict]], str]:
     """The `place` callback of store.insert_instance for one instance of `flavor`.
 
     Host capacities older than [hosts] capacity_max_age_seconds are read first, here,
@@ -129,15 +130,20 @@ def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
     The callback, inside it, picks among the enabled, reachable hosts with room (by
     [capacity], against each host's CPUs and memory and what its live instances
     allocate) the one with the most free memory (ties: by name).
+
+    `failed` (host name -> why) are hosts an earlier attempt of this create was placed on
+    and that did not answer (a reschedule): they are left out, and when no other host
+    has room the create is 503, not 409: the cluster is not full, a host is down.
     """
     _ensure_config_host(ctx)
     pool = ctx.adapters.hosts
+    rescheduled = dict(failed or {})
     rows = ctx.store.list_hosts()
-    candidates = [r for r in rows if r["enabled"] and pool.reachable(r["name"])]
+    candidates = [r for r in rows if r["enabled"] and pool.reachable(r["name"]) and r["name"] not in rescheduled]
     stale = {r["name"]: r for r in candidates if _stale(ctx, r)}
     fresh = each_host(stale, lambda name: _read_capacity(ctx, stale[name]))
     usable: dict[str, HostCapacity] = {}
-    failed: dict[str, str] = {}
+    failed = dict(rescheduled)
     for r in candidates:
         got = fresh.get(r["name"])
         if isinstance(got, ControllerError):
@@ -146,7 +152,8 @@ def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
             usable[r["name"]] = got
         else:
             usable[r["name"]] = HostCapacity(vcpus=r["vcpus"], memory_mb=r["memory_mb"])
-    unreachable = [r["name"] for r in rows if r["enabled"] and not pool.reachable(r["name"])]
+    unreachable = [r["name"] for r in rows
+                   if r["enabled"] and not pool.reachable(r["name"]) and r["name"] not in rescheduled]
     disabled = [r["name"] for r in rows if not r["enabled"]]
     what = f"{flavor['name']}: {flavor['vcpu']} vCPU{'s' if flavor['vcpu'] != 1 else ''}, {flavor['memory']} MB"
 
@@ -167,6 +174,10 @@ def placement(ctx: Context, flavor: dict) -> Callable[[list[dict]], str]:
                 best = ((-free, h["name"]), h["name"])
         if best is not None:
             return best[1]
+        if rescheduled:
+            why = "; ".join(f"{n}: {m}" for n, m in sorted(rescheduled.items()))
+            raise HostUnavailable(f"no live hypervisor host has room for this flavor ({what}): the host(s) it was "
+                                  f"placed on did not answer ({why})")
         if not usable and (failed or unreachable):
             # Nothing says the cluster is full: the hosts that could take it do not answer.
             why = "; ".join(f"{n}: {m}" for n, m in sorted(failed.items())) or "marked unreachable"
@@ -192,8 +203,23 @@ def ensure_image_on_host(ctx: Context, image: dict, host_name: str, *, progress=
     A host that lacks it gets it over its libvirt connection: the content is read
     over a stream from a host that has it (the config's own host first), spooled
     to a private temporary file beside the database, and uploaded like `image add
-    --source` (checked, all or nothing: a failure leaves no volume there).
+    --source` (under a temporary name, checked, then published: a failure leaves no
+    volume there, a crash only a temporary one reconcile reports).
+
+    Creates of one image on one host look and copy one at a time: the others wait
+    (at most [hosts] image_copy_wait_seconds, then 503) for the one copy and use it,
+    never a copy in progress and never a second upload. The lock is this process's:
+    the server makes every copy (a create), except `reconcile --fix`, which holds the
+    host-change lock exclusive, so no create runs beside it.
     """
+    wait = ctx.config.get_int("hosts", "image_copy_wait_seconds")
+    busy = HostUnavailable(f"image {image['id']} is still being copied to host {host_name} after {wait} s; "
+                           "try again later")
+    with one_at_a_time("image-copy", f"{host_name}/{image['id']}", wait_seconds=wait, busy=busy):
+        _copy_image_to_host(ctx, image, host_name, progress=progress)
+
+
+def _copy_image_to_host(ctx: Context, image: dict, host_name: str, *, progress=None) -> None:
     target = hypervisor_of(ctx, host_name)
     if image["id"] in target.list_base_images():
         return

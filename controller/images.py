@@ -2,6 +2,7 @@
 
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput
+from controller.locks import host_changes
 from controller.permissions import Requester
 from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_decimal, as_uuid, check_length, find_or_404, new_id
 from controller.store import utc_now
@@ -103,7 +104,11 @@ def add_image(
     _positive("min-disk", min_disk)
     _positive("min-ram", min_ram)
     image_id = new_id()
-    base = ctx.adapters.hypervisor.create_base_image(image_id, size_gb=min_disk, source=source, progress=progress)
+    # Under the host-change lock (shared): `reconcile --fix` never removes the temporary
+    # volume of this upload as one a crash left.
+    with host_changes(ctx):
+        base = ctx.adapters.hypervisor.create_base_image(image_id, size_gb=min_disk, source=source,
+                                                         progress=progress)
     row = {
         "id": image_id,
         "name": name,

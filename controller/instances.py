@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from controller import hosts, limits
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import CleanupFailed, Conflict, ControllerError, HostError, InvalidInput, NotFound
+from controller.errors import (CleanupFailed, Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable,
+                               InvalidInput, NotFound)
 from controller.hosts import hypervisor_for, hypervisor_of
 from controller.addresses import allocate, network_plan
 from controller.images import get_flavor_row
@@ -196,38 +197,54 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         "creation_date": utc_now(),
     }
     plan = network_plan(ctx.config)
-    # Host capacities are read here if stale, before the transaction: a libvirt call must
-    # not hold the database's write lock.
-    place = hosts.placement(ctx, flavor)
 
     def admit(*, overrides, owned, allocated):
         limits.admit_owner(ctx.config, flavor=flavor, overrides=overrides, owned=owned)
 
-    with host_changes(ctx):
-        # The row comes first, with the intent "creating": a crash mid-way leaves a record
-        # reconcile undoes (the client saw no 201); any failure here removes whatever was
-        # made. The owner's limits are checked, a host with room picked and the addresses
-        # allocated in the same transaction.
-        row = ctx.store.insert_instance(row, uuids, admit=admit, place=place,
-                                        allocate=lambda used: allocate(plan, row["id"], used))
-        try:
-            _ensure_image(ctx, image, row["host"])
-            _spawn(ctx, dict(row, users=uuids), image=image, flavor=flavor)
-        except CleanupFailed:
-            # The host stopped answering mid-way and part of the instance may remain there:
-            # the row keeps its intent, for reconcile to remove both once the host answers
-            # (deleted now, it would leave a domain, disk or seed without a record).
-            raise
-        except BaseException:
-            ctx.store.delete_instance(row["id"])
-            raise
-        try:
-            ctx.store.set_instance_status(row["id"], hypervisor_for(ctx, row).status(row["id"]))
-            ctx.store.set_instance_intent(row["id"], None, expect="creating")
-        except BaseException:
-            _undo_spawn(ctx, row)
-            raise
-    return get_instance(ctx, requester, row["id"])
+    # A host that answered when it was placed on may have died since: the create is placed
+    # again on the next host with room (Nova's reschedule), at most [hosts]
+    # max_create_attempts times. Only a host that did not answer before anything was made
+    # there is left this way (HostUnreachable out of the image copy or the spawn: a spawn
+    # that began and lost its host raises a HostError naming what may remain instead).
+    failed: dict[str, str] = {}
+    for _attempt in range(ctx.config.get_int("hosts", "max_create_attempts")):
+        # Host capacities are read here if stale, before the transaction: a libvirt call must
+        # not hold the database's write lock.
+        place = hosts.placement(ctx, flavor, failed=failed)
+        with host_changes(ctx):
+            # The row comes first, with the intent "creating": a crash mid-way leaves a record
+            # reconcile undoes (the client saw no 201); any failure here removes whatever was
+            # made. The owner's limits are checked, a host with room picked and the addresses
+            # allocated in the same transaction.
+            placed = ctx.store.insert_instance(row, uuids, admit=admit, place=place,
+                                               allocate=lambda used: allocate(plan, row["id"], used))
+            try:
+                _ensure_image(ctx, image, placed["host"])
+                _spawn(ctx, dict(placed, users=uuids), image=image, flavor=flavor)
+            except CleanupFailed:
+                # The host stopped answering mid-way and part of the instance may remain there:
+                # the row keeps its intent, for reconcile to remove both once the host answers
+                # (deleted now, it would leave a domain, disk or seed without a record).
+                raise
+            except HostUnreachable as e:
+                ctx.store.delete_instance(placed["id"])
+                failed[placed["host"]] = e.message
+                log.warning("create of instance %s: host %s does not answer (%s); placing it again",
+                            placed["id"], placed["host"], e.message)
+                continue
+            except BaseException:
+                ctx.store.delete_instance(placed["id"])
+                raise
+            try:
+                ctx.store.set_instance_status(placed["id"], hypervisor_for(ctx, placed).status(placed["id"]))
+                ctx.store.set_instance_intent(placed["id"], None, expect="creating")
+            except BaseException:
+                _undo_spawn(ctx, placed)
+                raise
+        return get_instance(ctx, requester, placed["id"])
+    why = "; ".join(f"{n}: {m}" for n, m in sorted(failed.items()))
+    raise HostUnavailable(f"server-instance not created: {len(failed)} hypervisor host(s) it was placed on "
+                          f"did not answer ({why})")
 
 
 def _ensure_image(ctx: Context, image: dict, host_name: str) -> None:

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from controller.errors import Conflict
+from controller.errors import Conflict, ControllerError
 
 RECONCILE_WAIT_MESSAGE = "another reconcile --fix or host change is running"
 
@@ -59,10 +59,17 @@ _resource_locks_guard = threading.Lock()
 
 
 @contextmanager
-def one_at_a_time(kind: str, resource_id: str) -> Iterator[None]:
-    """Serialize read-modify-write operations on one resource within this process."""
+def one_at_a_time(kind: str, resource_id: str, *, wait_seconds: float | None = None,
+                  busy: ControllerError | None = None) -> Iterator[None]:
+    """Serialize read-modify-write operations on one resource within this process.
+
+    With wait_seconds, a lock still held after that long raises `busy` instead of waiting on."""
     key = (kind, resource_id)
     with _resource_locks_guard:
         lock = _resource_locks.setdefault(key, threading.Lock())
-    with lock:
+    if not lock.acquire(timeout=-1 if wait_seconds is None else wait_seconds):
+        raise busy or Conflict(f"{kind} {resource_id} is busy")
+    try:
         yield
+    finally:
+        lock.release()

@@ -314,8 +314,7 @@ def _hypervisor_hosts(run: _Run) -> None:
                           "its instances were not compared")
                 continue
             _network(run, hypervisor, host, own=host["name"] == own)
-            if host["name"] == own:
-                _base_images(run, hypervisor)
+            _base_images(run, hypervisor, own=host["name"] == own)
             # Domains rebuilt together (a sandbox's start makes every one): the adapter
             # may group what costs more one at a time (DHCP reservations).
             with hypervisor.batch():
@@ -326,9 +325,20 @@ def _hypervisor_hosts(run: _Run) -> None:
             run.host = ""
 
 
-def _base_images(run: _Run, hypervisor) -> None:
-    """The config's own host holds every image (`image add` makes them there); other hosts
+def _base_images(run: _Run, hypervisor, *, own: bool) -> None:
+    """On every host: temporary volumes of uploads that did not finish (a crash mid-upload;
+    never used as a base image) are reported and, with --fix, removed (fix holds the
+    host-change lock exclusive, so no create or `image add` is uploading meanwhile).
+    The config's own host holds every image (`image add` makes them there); other hosts
     get theirs on first use."""
+    read, partial = run.probe("base images", "temporary base image volumes", hypervisor.list_partial_base_images)
+    for volume in partial if read else ():
+        run.found("base-image-partial", volume,
+                  "a temporary volume of a base image upload that did not finish (or is in progress); "
+                  "never used as a base image",
+                  lambda v=volume: hypervisor.delete_partial_base_image(v))
+    if not own:
+        return
     present = set(hypervisor.list_base_images())
     for image in run.ctx.store.list_images():
         if image["id"] in present:

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from controller.context import Context
 
 WHOLE_CHECK_SECONDS = 60.0
+# How long a list waits for a host whose statuses another list is reading (a slow host):
+# past it, that host's rows answer the status last stored, which that read is about to
+# bring up to date.
+BUSY_WAIT_SECONDS = 1.0
 
 
 class StatusMarks:
@@ -24,36 +28,71 @@ class StatusMarks:
 
     def __init__(self):
         self.marks: dict[str, tuple[object, float]] = {}
-        # One sync at a time: a slower one must not write an older view over a newer one.
-        self.lock = threading.Lock()
+        # One sync of a host at a time (a slower one must not write an older view over a
+        # newer one); a lock per host, so a slow host delays only the lists holding its rows.
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def lock_of(self, host_name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(host_name, threading.Lock())
 
 
 def sync_statuses(ctx: "Context", host_names: list[str]) -> set[str]:
     """Write the current status of the live instances of these hosts where it changed;
     return the hosts that did not answer (their rows show "error", unwritten: the stored
-    state is the last one known, kept for when they answer)."""
+    state is the last one known, kept for when they answer).
+
+    The hosts no other thread is reading are read at once, together. A host another
+    thread is reading is waited for at most BUSY_WAIT_SECONDS in all, then read again
+    (cheap: its mark is fresh); past that its rows keep the status last stored."""
+    state = ctx.status_marks
+    names = list(dict.fromkeys(host_names))
+    free = [n for n in names if state.lock_of(n).acquire(blocking=False)]
+    try:
+        unreachable = _sync(ctx, free)
+    finally:
+        for name in free:
+            state.lock_of(name).release()
+    deadline = time.monotonic() + BUSY_WAIT_SECONDS
+    for name in names:
+        if name in free:
+            continue
+        lock = state.lock_of(name)
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            continue  # still being read: the rows answer the stored status
+        try:
+            unreachable |= _sync(ctx, [name])
+        finally:
+            lock.release()
+    return unreachable
+
+
+def _sync(ctx: "Context", host_names: list[str]) -> set[str]:
+    """sync_statuses of hosts whose locks the caller holds."""
     from controller import hosts  # not at the top: controller.context imports this module
 
     state = ctx.status_marks
     unreachable: set[str] = set()
-    with state.lock:
-        now = time.monotonic()
+    if not host_names:
+        return unreachable
+    now = time.monotonic()
 
-        def changes(name: str):
-            mark, whole_at = state.marks.get(name, (None, now))
-            return hosts.hypervisor_of(ctx, name).status_changes(
-                mark if now - whole_at <= WHOLE_CHECK_SECONDS else None)
+    def changes(name: str):
+        mark, whole_at = state.marks.get(name, (None, now))
+        return hosts.hypervisor_of(ctx, name).status_changes(
+            mark if now - whole_at <= WHOLE_CHECK_SECONDS else None)
 
-        for name, answer in hosts.each_host(host_names, changes).items():
-            if isinstance(answer, Exception):  # the ControllerError each_host caught
-                unreachable.add(name)
-                continue
-            mark, statuses, whole = answer
-            if whole:
-                ctx.store.sync_host_statuses(name, statuses)
-            elif statuses:
-                ctx.store.set_live_instance_statuses(
-                    {i: status or "error" for i, status in statuses.items()}, host=name)
-            # Only changes come back for a mark this process holds: the host has one.
-            state.marks[name] = (mark, now if whole else state.marks[name][1])
+    for name, answer in hosts.each_host(host_names, changes).items():
+        if isinstance(answer, Exception):  # the ControllerError each_host caught
+            unreachable.add(name)
+            continue
+        mark, statuses, whole = answer
+        if whole:
+            ctx.store.sync_host_statuses(name, statuses)
+        elif statuses:
+            ctx.store.set_live_instance_statuses(
+                {i: status or "error" for i, status in statuses.items()}, host=name)
+        # Only changes come back for a mark this process holds: the host has one.
+        state.marks[name] = (mark, now if whole else state.marks[name][1])
     return unreachable

@@ -9,6 +9,7 @@ implementation is in host_adapters/libvirt_hypervisor.py.
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import stat
@@ -127,7 +128,11 @@ class Hypervisor:
         volume is checked again (qcow2, no backing file) where its content is
         kept. `progress(sent_bytes, total_bytes)` is called while uploading.
         Conflict if the volume exists. All or nothing: on failure no volume
-        remains.
+        remains. Content is uploaded under a temporary name
+        (Names.partial_base), checked there (its size and SHA-256 read back),
+        and only then published under the final name: a volume of that name
+        is complete and checked, and an interrupted upload leaves only a
+        temporary volume (list_partial_base_images).
         """
         raise NotImplementedError
 
@@ -136,6 +141,17 @@ class Hypervisor:
 
         Conflict while an instance disk is built on it.
         """
+        raise NotImplementedError
+
+    def list_partial_base_images(self) -> list[str]:
+        """The names of the temporary volumes uploads write before a base image is published
+        (Names.partial_base), sorted: left by an upload that was interrupted (a crash of the
+        uploading process), or of an upload in progress. Never used as a base image."""
+        raise NotImplementedError
+
+    def delete_partial_base_image(self, volume: str) -> None:
+        """Delete one volume list_partial_base_images names (InvalidInput for another name).
+        Succeeds when it is already gone."""
         raise NotImplementedError
 
     def list_base_images(self) -> list[str]:
@@ -270,6 +286,7 @@ class Hypervisor:
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _VOLUME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+_TOKEN = re.compile(r"^[0-9a-f]{8}-$")
 
 _QCOW2_MAGIC = b"QFI\xfb"
 _QCOW2_EXTERNAL_DATA_FILE = 1 << 2
@@ -312,6 +329,17 @@ class ImageSource:
 
     def read(self, offset: int, n: int) -> bytes:
         return os.pread(self.fd, n, offset)
+
+    def sha256(self) -> str:
+        """The SHA-256 of its `size` bytes, read from the descriptor."""
+        digest, offset = hashlib.sha256(), 0
+        while offset < self.size:
+            chunk = self.read(offset, min(1 << 20, self.size - offset))
+            if not chunk:
+                break
+            digest.update(chunk)
+            offset += len(chunk)
+        return digest.hexdigest()
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
@@ -401,6 +429,11 @@ class Names:
     def base(self, image_id: str) -> str:
         return f"{self.prefix}base-{image_id}.qcow2"
 
+    def partial_base(self, image_id: str, token: str) -> str:
+        """Where an upload writes before the base image is published; `token` (8 hex digits)
+        keeps two uploads of one image (two processes) apart."""
+        return f"{self.prefix}part-{token}-{image_id}.qcow2"
+
     def _strip(self, name: str, head: str, tail: str) -> str | None:
         if name.startswith(head) and name.endswith(tail) and len(name) > len(head) + len(tail):
             found = name[len(head) : len(name) - len(tail)]
@@ -418,6 +451,12 @@ class Names:
 
     def image_of_base(self, name: str) -> str | None:
         return self._strip(name, f"{self.prefix}base-", ".qcow2")
+
+    def image_of_partial(self, name: str) -> str | None:
+        found = self._strip(name, f"{self.prefix}part-", ".qcow2")
+        if found is None or not _TOKEN.fullmatch(found[:9]):
+            return None
+        return found[9:] if _ID.fullmatch(found[9:]) else None
 
 
 def domain_uuid(instance_id: str, domain_name: str) -> str:
@@ -510,6 +549,8 @@ class FakeHypervisor(Hypervisor):
         self.base_content: dict[str, bytes] = {}
         # How often each step ran: tests count the calls a request makes to the host.
         self.calls: Counter[str] = Counter()
+        # A slow host: a step named here waits for its event (at most 30 s) before it runs.
+        self.slow_on: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
     @property
@@ -519,6 +560,9 @@ class FakeHypervisor(Hypervisor):
 
     def _step(self, name: str) -> None:
         self.calls[name] += 1
+        gate = self.slow_on.get(name)
+        if gate is not None:
+            gate.wait(timeout=30)
         if self.dead:
             raise HostUnreachable(f"cannot connect to libvirt at fake host ({name})")
         err = self.fail_on.get(name)
@@ -576,22 +620,41 @@ class FakeHypervisor(Hypervisor):
         check_positive(size_gb=size_gb)
         image = open_image_source(source, size_gb) if source is not None else None
         name = self._names.base(image_id)
+        # Like the libvirt adapter: content goes to a temporary volume, visible as such while
+        # it is uploaded (not under the lock: other calls go on, as on a host), and is
+        # published under `name` once complete and checked.
+        temp = self._names.partial_base(image_id, uuid.uuid4().hex[:8])
         try:
             with self._lock:
                 self._step("create_base_image")
                 if name in self.base_images:
                     raise Conflict(f"base image of image {image_id} already exists")
-                content = b""
-                if image is not None:
-                    # Sent in chunks like a stream: fail_on["upload"] fails it half way.
-                    chunk = 64 * 1024
-                    while len(content) < image.size:
-                        self._step("upload")
-                        content += image.read(len(content), min(chunk, image.size - len(content)))
-                        if progress is not None:
-                            progress(len(content), image.size)
-                    self.base_content[name] = content
-                self.base_images[name] = size_gb
+                if image is None:
+                    self.base_images[name] = size_gb
+                    return name
+                self.base_images[temp] = size_gb
+                self.base_content[temp] = b""
+            try:
+                # Sent in chunks like a stream: fail_on["upload"] fails it half way.
+                chunk = 64 * 1024
+                while len(self.base_content[temp]) < image.size:
+                    self._step("upload")
+                    done = len(self.base_content[temp])
+                    self.base_content[temp] += image.read(done, min(chunk, image.size - done))
+                    if progress is not None:
+                        progress(len(self.base_content[temp]), image.size)
+                with self._lock:
+                    self._step("publish")
+                    if hashlib.sha256(self.base_content[temp]).hexdigest() != image.sha256():
+                        raise HostError(f"the uploaded base image of image {image_id} differs from its source")
+                    if name in self.base_images:
+                        raise Conflict(f"base image of image {image_id} already exists")
+                    self.base_content[name] = self.base_content.pop(temp)
+                    self.base_images[name] = self.base_images.pop(temp)
+            finally:
+                with self._lock:
+                    self.base_images.pop(temp, None)
+                    self.base_content.pop(temp, None)
         finally:
             if image is not None:
                 image.close()
@@ -609,7 +672,19 @@ class FakeHypervisor(Hypervisor):
 
     def list_base_images(self) -> list[str]:
         self._step("list_base_images")
-        return sorted(i for i in map(self._names.image_of_base, self.base_images) if i)
+        return sorted(i for i in map(self._names.image_of_base, list(self.base_images)) if i)
+
+    def list_partial_base_images(self) -> list[str]:
+        self._step("list_partial_base_images")
+        return sorted(n for n in list(self.base_images) if self._names.image_of_partial(n))
+
+    def delete_partial_base_image(self, volume: str) -> None:
+        if not isinstance(volume, str) or not self._names.image_of_partial(volume):
+            raise InvalidInput(f"{volume!r} is not a temporary base image volume")
+        with self._lock:
+            self._step("delete_partial_base_image")
+            self.base_images.pop(volume, None)
+            self.base_content.pop(volume, None)
 
     def read_base_image(self, image_id: str, dest: int, *, max_bytes: int,
                         progress: Progress | None = None) -> bool:

@@ -49,6 +49,11 @@ SEED_BYTES = 4 * 1024 * 1024
 
 VIRT_TYPES = ("kvm", "qemu")
 
+# The CPU a domain gets when [libvirt] cpu_mode is left empty, by virt_type (as in Nova,
+# where the default follows virt_type): the host's own CPU under KVM; under software
+# emulation there is no host CPU to pass through, so QEMU's default model (no <cpu>).
+DEFAULT_CPU_MODES: dict[str, str | None] = {"kvm": "host-passthrough", "qemu": None}
+
 
 # --- libvirt -----------------------------------------------------------------
 
@@ -284,7 +289,8 @@ class LibvirtHypervisor(Hypervisor):
 
     `network` and `subnet` name the private network (made by ensure_network);
     `virt_type` and `cpu_mode` shape every domain ("kvm"/"host-passthrough" on a
-    head node; "qemu" where KVM cannot boot a guest). `volume_io` writes and
+    head node; "qemu" where KVM cannot boot a guest); an empty cpu_mode is
+    DEFAULT_CPU_MODES[virt_type]. `volume_io` writes and
     reads volume content (libvirt streams; the test driver has none).
     `stand_in_base_images` makes spawn create a blank base disk that is
     missing (the sandbox: its test driver forgets volumes between processes).
@@ -302,7 +308,7 @@ class LibvirtHypervisor(Hypervisor):
         network: str = "cc-private",
         subnet: str = "10.213.0.0/16",
         virt_type: str = "kvm",
-        cpu_mode: str | None = "host-passthrough",
+        cpu_mode: str | None = None,
         volume_io: VolumeIO | None = None,
         stand_in_base_images: bool = False,
         connect_timeout: float | None = None,
@@ -316,7 +322,10 @@ class LibvirtHypervisor(Hypervisor):
         self.network = network
         self.subnet, self._netmask = _netmask(subnet)
         self.virt_type = virt_type
-        self.cpu_mode = cpu_mode or None
+        # Empty: the default of the virt_type. An explicit mode is used as given, also
+        # where QEMU cannot start it: check() and probe_guest() refuse it then, and the
+        # domain definition is what they checked (never silently another CPU).
+        self.cpu_mode = cpu_mode or DEFAULT_CPU_MODES[virt_type]
         self._names = Names(domain_prefix)
         self._io = volume_io or StreamVolumeIO()
         self._stand_in = stand_in_base_images
@@ -689,7 +698,8 @@ class LibvirtHypervisor(Hypervisor):
                 if self.virt_type == "kvm":
                     hints.append("[libvirt] virt_type = qemu (software emulation)")
                 raise HostUnavailable(
-                    f"QEMU cannot start a guest with virt_type {self.virt_type} and cpu_mode {self.cpu_mode}: "
+                    f"QEMU cannot start a guest with virt_type {self.virt_type} and cpu_mode "
+                    f"{self.cpu_mode or 'empty (QEMU default CPU)'}: "
                     f"{_msg(e)}; set " + " or ".join(hints or ["another [libvirt] cpu_mode"])
                 ) from e
             try:
@@ -734,7 +744,9 @@ class LibvirtHypervisor(Hypervisor):
             if mode is None or mode.get("supported") != "yes":
                 raise HostUnavailable(
                     f"cpu_mode {self.cpu_mode} is not supported with virt_type {self.virt_type} on {self.uri}; "
-                    "set [libvirt] cpu_mode to host-model or a named model (e.g. qemu64)"
+                    + ("leave [libvirt] cpu_mode empty (QEMU's default CPU) or set a named model (e.g. qemu64)"
+                       if self.virt_type == "qemu" else
+                       "set [libvirt] cpu_mode to host-model or a named model (e.g. qemu64)")
                 )
 
     def create_base_image(
@@ -750,38 +762,73 @@ class LibvirtHypervisor(Hypervisor):
         # Opened once: the check and the upload read this descriptor, never the path again.
         image = open_image_source(source, size_gb) if source is not None else None
         name = self._names.base(image_id)
-        began = []  # past the existence check: from here a failure removes the volume by name
+        temp = self._names.partial_base(image_id, uuid.uuid4().hex[:8])
+        made: list[str] = []  # the volumes this call created: a failure removes them by name
 
         def op(conn):
+            lv = _libvirt()
             pool = self._pool(conn)
             if self._volume(pool, name) is not None:
                 raise Conflict(f"base image of image {image_id} already exists")
-            began.append(True)
             if image is None or not self._io.keeps_content:
                 # Without content streams (the test driver) the checked source stands
-                # in as a blank disk of the image's size.
+                # in as a blank disk of the image's size: made whole by one call.
+                made.append(name)
                 volume = domain_xml.Volume(name=name, capacity_bytes=size_gb * GiB)
                 pool.createXML(volume.to_xml(), 0)
                 if image is not None and progress is not None:
                     progress(image.size, image.size)
                 return
-            # Upload writes over the file without truncating it: start from
-            # an empty file of the exact size; libvirt probes it as qcow2 after.
-            volume = domain_xml.Volume(name=name, capacity_bytes=image.size, format="raw")
-            vol = pool.createXML(volume.to_xml(), 0)
+            # The content goes to a temporary volume first: a base image's name is only ever
+            # seen complete and checked, by a concurrent create on this host or after a crash
+            # mid-upload (which leaves the temporary volume; reconcile reports it).
+            # Upload writes over the file without truncating it: start from an empty file
+            # of the exact size; libvirt probes it as qcow2 after.
+            made.append(temp)
+            vol = pool.createXML(domain_xml.Volume(name=temp, capacity_bytes=image.size, format="raw").to_xml(), 0)
             self._io.upload_file(conn, vol, image, progress)
+            self._check_stored_base(conn, pool, temp, size_gb)
+            self._check_upload(conn, vol, image)
+            # Published by a copy within the pool, made by the host (libvirt has no volume
+            # rename, and the pool may be on another machine): the name appears when the copy
+            # begins, but every create of this deployment looks for it only under the
+            # image's copy lock (controller/hosts.py), held until this returns.
+            made.append(name)
+            try:
+                pool.createXMLFrom(domain_xml.Volume(name=name, capacity_bytes=image.size).to_xml(), vol, 0)
+            except lv.libvirtError as e:
+                if _code(e) == getattr(lv, "VIR_ERR_STORAGE_VOL_EXIST", -1) or (
+                        not _connection_lost(e) and self._volume(pool, name) is not None
+                        and "already" in _msg(e)):
+                    made.remove(name)  # another process published it meanwhile: not ours to remove
+                    raise Conflict(f"base image of image {image_id} already exists") from e
+                raise
             self._check_stored_base(conn, pool, name, size_gb)
+            self._delete_volume(self._volume(pool, temp) or vol)
+            made.remove(temp)
 
         try:
             self._call(f"create base image of image {image_id}", op, retry=False)
         except BaseException as err:  # a progress callback may raise anything
-            if began:
-                self._undo(err, f"volume {name}", lambda conn: self._remove(conn, volumes=[name]))
+            if made:
+                self._undo(err, f"volume {', '.join(made)}", lambda conn: self._remove(conn, volumes=list(made)))
             raise
         finally:
             if image is not None:
                 image.close()
         return name
+
+    def _check_upload(self, conn, vol, image) -> None:
+        """The uploaded volume holds the source's bytes: its size on the host and the SHA-256
+        of its content read back over the connection. HostError otherwise (the caller removes
+        it): a stream that ended short, or content changed on the way."""
+        lv = _libvirt()
+        physical = vol.infoFlags(lv.VIR_STORAGE_VOL_GET_PHYSICAL)[2]
+        if physical != image.size:
+            raise HostError(f"the uploaded base image {vol.name()} is {physical} bytes, its source {image.size}; "
+                            "removed")
+        if self._io.digest(conn, vol) != image.sha256():
+            raise HostError(f"the uploaded base image {vol.name()} differs from its source (SHA-256); removed")
 
     def _check_stored_base(self, conn, pool, name: str, size_gb: int) -> None:
         """What was stored is what was checked: libvirt sees a qcow2 volume without a backing
@@ -831,6 +878,18 @@ class LibvirtHypervisor(Hypervisor):
             return sorted({i for i in map(self._names.image_of_base, names) if i})
 
         return self._call("list base images", op)
+
+    def list_partial_base_images(self) -> list[str]:
+        def op(conn):
+            names = (v.name() for v in self._pool(conn).listAllVolumes(0))
+            return sorted(n for n in names if self._names.image_of_partial(n))
+
+        return self._call("list temporary base image volumes", op)
+
+    def delete_partial_base_image(self, volume: str) -> None:
+        if not isinstance(volume, str) or not self._names.image_of_partial(volume):
+            raise InvalidInput(f"{volume!r} is not a temporary base image volume")
+        self._call(f"delete temporary volume {volume}", lambda conn: self._remove(conn, volumes=[volume]))
 
     def read_base_image(self, image_id: str, dest: int, *, max_bytes: int,
                         progress: Progress | None = None) -> bool:
@@ -945,10 +1004,8 @@ class LibvirtHypervisor(Hypervisor):
                     self._delete_volume(vol)
 
     def _cpu(self) -> tuple[str | None, str | None]:
-        if self.cpu_mode in (None, "", "host-passthrough", "host-model"):
-            # QEMU's own default model where software emulation has no host CPU to pass.
-            if self.virt_type == "qemu" and self.cpu_mode == "host-passthrough":
-                return None, None
+        """(mode, model) of the <cpu> element; (None, None): none, QEMU's default model."""
+        if self.cpu_mode in (None, "host-passthrough", "host-model"):
             return self.cpu_mode, None
         return "custom", self.cpu_mode
 

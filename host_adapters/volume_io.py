@@ -7,6 +7,7 @@ life of the process, which is as long as the test driver keeps its volumes
 anyway (behind a daemon: as long as the server is its client).
 """
 
+import hashlib
 import os
 import tempfile
 import threading
@@ -47,6 +48,11 @@ class VolumeIO:
         descriptor dest, calling progress(received, capacity). HostError when the volume
         declares, or the stream brings, more than limit bytes: a host is not trusted to end
         the stream, and the file fills a disk of the head node."""
+        raise NotImplementedError
+
+    def digest(self, conn, vol) -> str:
+        """The SHA-256 of the volume's whole content as libvirt streams it (read back to
+        check an upload); only where content is kept."""
         raise NotImplementedError
 
 
@@ -106,6 +112,18 @@ class StreamVolumeIO(VolumeIO):
         with _stream(conn) as stream:
             vol.download(stream, 0, 0, 0)
             stream.recvAll(sink, None)
+
+    def digest(self, conn, vol) -> str:
+        sha = hashlib.sha256()
+
+        def sink(_stream, data, _opaque):
+            sha.update(data)
+            return len(data)
+
+        with _stream(conn) as stream:
+            vol.download(stream, 0, 0, 0)
+            stream.recvAll(sink, None)
+        return sha.hexdigest()
 
     @staticmethod
     def _send(conn, vol, size: int, chunk) -> None:

@@ -22,7 +22,6 @@ Its network lives in the test libvirtd's own network namespace
 (tests/fixtures/libvirtd.py); ssh runs there through nsenter.
 """
 
-import filecmp
 import json
 import os
 import subprocess
@@ -41,7 +40,7 @@ from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.factory import build_adapters
 from tests.fixtures.api import config_values_for, make_caller
-from tests.fixtures.libvirtd import GuestVirt, in_netns
+from tests.fixtures.libvirtd import GuestVirt, assert_same_image, in_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -229,7 +228,7 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     assert ctx.store.list_instances(visible_to=None, instance_id=inst["id"])[0]["host"] == "remote"
     base_volume = ctx.store.get_image(image["id"])["base_volume"]
     uploaded = Path(remote.pool_path) / base_volume
-    assert filecmp.cmp(uploaded, Path(libvirt_dir_pool.path, base_volume), shallow=False)  # over the connection
+    assert_same_image(uploaded, Path(libvirt_dir_pool.path, base_volume))  # over the connection
     listed = {h["name"]: h for h in agent(config_path, "host", "list")["hosts"]}
     assert listed["remote"]["instances"] == 1 and listed["remote"]["allocated_memory_mb"] == 1024
     assert set(inst["users"]) == {accounts["alice"]["uuid"], accounts["bob"]["uuid"]}

@@ -252,6 +252,113 @@ def test_every_host_dead_is_503_not_409(client, cctx, adapters, cluster, alice, 
     assert cctx.store.all_instances() == []
 
 
+# -- issue 16, finding 5: a host that died after `host add` ----------------------------------------
+def nothing_on(fake, base_images=()) -> None:
+    assert (fake.instances, fake.disks, fake.seeds) == ({}, {}, {})
+    assert set(fake.base_images) == set(base_images)
+    assert all(not reservations for reservations in fake.networks.values())
+
+
+@pytest.mark.parametrize("dead_host", ["node-a", "default"])
+def test_a_create_on_a_host_that_died_is_placed_again_on_the_next_host(client, cctx, adapters, cluster, alice,
+                                                                       catalog, flavor, dead_host):
+    """node-a dies in its image copy (another host), default in its spawn (the config's host)."""
+    clock = [1000.0]
+    adapters.hosts._health.clock = lambda: clock[0]
+    if dead_host == "default":
+        adapters.hypervisor.capacity = HostCapacity(vcpus=16, memory_mb=16384)  # the most free memory
+    hosts.list_hosts(cctx)  # every host answers and its capacity is recorded, as at `host add`
+    for name in ("node-a", "node-b"):  # the image is on every host (the config's own may die)
+        hosts.ensure_image_on_host(cctx, cctx.store.get_image(catalog["public"]["id"]), name)
+    adapters.fake_hosts.kill(dead_host)
+    dead = cluster[dead_host]
+    inst = ok(boot(client, alice, catalog, flavor))[0]
+    assert host_of(cctx, inst["id"]) == ("node-b" if dead_host == "node-a" else "node-a")
+    assert inst["status"] == "running" and inst["id"] in cluster[host_of(cctx, inst["id"])].instances
+    had = set(dead.base_images)  # the image it got before it died
+    nothing_on(dead, had)
+    assert [r["host"] for r in cctx.store.all_instances()] == [host_of(cctx, inst["id"])]
+    assert {h["name"]: h["instances"] for h in hosts.list_hosts(cctx)}[dead_host] == 0
+    # In its back-off the dead host is not tried again; after it, once, and the create still lands.
+    calls = dead.calls.total()
+    ok(boot(client, alice, catalog, flavor))
+    assert dead.calls.total() == calls
+    clock[0] += 31  # [hosts] retry_seconds
+    ok(boot(client, alice, catalog, flavor))
+    assert dead.calls.total() > calls
+    nothing_on(dead, had)
+    assert len(cctx.store.all_instances()) == 3 and dead_host not in {r["host"] for r in cctx.store.all_instances()}
+
+
+def test_a_dead_host_with_the_only_room_is_503_and_leaves_nothing(client, cctx, adapters, cluster, alice, catalog):
+    big = images.add_flavor(cctx, name="big", memory=7168, disk=10, vcpu=1)  # fits node-a only
+    adapters.fake_hosts.kill("node-a")
+    msg = refused(boot(client, alice, catalog, big), 503)
+    assert msg.startswith("no live hypervisor host has room for this flavor (big: 1 vCPU, 7168 MB)"), msg
+    assert "node-a: cannot connect" in msg
+    nothing_on(cluster["node-a"])
+    assert cctx.store.all_instances() == []
+
+
+def test_the_number_of_placements_is_bounded(client, cctx, adapters, cluster, alice, catalog, flavor):
+    cctx.config.parser["hosts"] = {"max_create_attempts": "2"}
+    adapters.fake_hosts.kill("node-a")
+    adapters.fake_hosts.kill("node-b")
+    msg = refused(boot(client, alice, catalog, flavor), 503)
+    assert "2 hypervisor host(s) it was placed on did not answer" in msg and "node-a" in msg and "node-b" in msg
+    assert cluster["default"].calls["spawn"] == 0  # a third placement was not tried
+    assert cctx.store.all_instances() == []
+    for name in ("node-a", "node-b"):
+        nothing_on(cluster[name])
+    cctx.config.parser["hosts"] = {"max_create_attempts": "3"}
+    adapters.fake_hosts.revive("node-a")  # still in its back-off: not tried
+    assert host_of(cctx, ok(boot(client, alice, catalog, flavor))[0]["id"]) == "default"
+
+
+def test_a_slow_host_delays_only_the_lists_holding_its_rows(client, cctx, adapters, cluster, alice, catalog,
+                                                            flavor):
+    on_a = ok(boot(client, alice, catalog, flavor))[0]
+    hosts.set_enabled(cctx, "node-a", False)
+    bob = make_caller(cctx, "bob@example.org")
+    enable(cctx, bob, username="bob")
+    give_volume(client, bob)
+    on_b = ok(boot(client, bob, catalog, flavor))[0]
+    assert (host_of(cctx, on_a["id"]), host_of(cctx, on_b["id"])) == ("node-a", "node-b")
+    slow = cluster["node-a"]
+    gate = threading.Event()
+    slow.slow_on["statuses"] = gate  # node-a answers, but only when the gate opens
+    entered = slow.calls["statuses"]
+    stuck = {}
+    reader = threading.Thread(target=lambda: stuck.update(r=client.simulate_get(BASE, headers=alice.headers)))
+    reader.start()
+    try:
+        for _ in range(500):
+            if slow.calls["statuses"] > entered:
+                break
+            threading.Event().wait(0.01)
+        assert slow.calls["statuses"] > entered  # alice's list is waiting on node-a
+        answers = {}
+
+        def list_as(name, caller):
+            answers[name] = client.simulate_get(BASE, headers=caller.headers)
+
+        others = [threading.Thread(target=list_as, args=("bob", bob)),  # rows on node-b only
+                  threading.Thread(target=list_as, args=("alice", alice))]  # node-a is being read
+        for t in others:
+            t.start()
+        for t in others:
+            t.join(timeout=10)
+        assert not any(t.is_alive() for t in others), "a list waited on another list's read of a slow host"
+        assert [i["id"] for i in ok(answers["bob"], 200)] == [on_b["id"]]
+        # node-a's rows answer the status last stored, unwritten, while node-a is read.
+        assert [(i["id"], i["status"]) for i in ok(answers["alice"], 200)] == [(on_a["id"], "running")]
+        assert reader.is_alive()
+    finally:
+        gate.set()
+        reader.join(timeout=10)
+    assert [i["id"] for i in ok(stuck["r"], 200)] == [on_a["id"]]
+
+
 # -- images on every host --------------------------------------------------------------------------
 def qcow2_file(path: Path, size: int = 300_000) -> str:
     from tests.test_hypervisor import qcow2_header
@@ -301,6 +408,81 @@ def test_an_upload_failing_mid_stream_leaves_no_volume_and_no_instance(client, c
     assert target.base_images == {} and target.base_content == {} and target.instances == {}
     assert cctx.store.all_instances() == []
     assert not [p for p in os.listdir(os.path.dirname(cctx.store.path)) if p.startswith(".image-")]
+
+
+# -- issue 16, finding 13: a base image is used only once complete --------------------------------
+def wait_until(predicate, what: str) -> None:
+    for _ in range(1000):
+        if predicate():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_concurrent_creates_of_a_new_image_on_a_host_wait_for_one_complete_upload(client, cctx, adapters, cluster,
+                                                                                  alice, flavor, tmp_path):
+    image = images.add_image(cctx, name="Real", os_name="debian", os_major="12", os_minor="7", min_disk=2,
+                             min_ram=512, source=qcow2_file(tmp_path / "real.qcow2"))
+    volume = cctx.store.get_image(image["id"])["base_volume"]
+    target, source = cluster["node-a"], cluster["default"]
+    gate = threading.Event()
+    target.slow_on["upload"] = gate  # the copy to node-a stops half way until the gate opens
+    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    answers = []
+    creates = [threading.Thread(target=lambda: answers.append(client.simulate_post(BASE, headers=alice.headers,
+                                                                                   json=body)))
+               for _ in range(2)]
+    try:
+        for t in creates:
+            t.start()
+        wait_until(lambda: target.calls["upload"] >= 1, "the upload to node-a began")
+        threading.Event().wait(0.2)  # the other create has had time to look
+        # Mid-upload the image is on node-a only under a temporary name: no create uses it.
+        assert volume not in target.base_images
+        assert [n for n in target.base_images if n.startswith("cc-part-")] != []
+        assert target.list_base_images() == [] and target.instances == {}
+        assert all(t.is_alive() for t in creates)  # the second waits for the first's copy
+    finally:
+        gate.set()
+        for t in creates:
+            t.join(timeout=30)
+    assert sorted(r.status_code for r in answers) == [201, 201], [r.json for r in answers]
+    assert {host_of(cctx, r.json["data"][0]["id"]) for r in answers} == {"node-a"}
+    assert source.calls["read_base_image"] == 1  # one copy, not one per create
+    assert target.base_content[volume] == source.base_content[volume]
+    assert set(target.base_images) == {volume}  # no temporary volume is left
+
+
+def test_reconcile_finds_and_removes_partial_base_volumes_on_every_host(client, cctx, adapters, cluster, alice,
+                                                                       flavor, tmp_path):
+    from host_adapters.hypervisor import Names
+
+    image = images.add_image(cctx, name="Real", os_name="debian", os_major="12", os_minor="7", min_disk=2,
+                             min_ram=512, source=qcow2_file(tmp_path / "real.qcow2"))
+    volume = cctx.store.get_image(image["id"])["base_volume"]
+    names = Names("cc-")
+    # What a crash mid-upload leaves: a truncated temporary volume, on another host and on the config's.
+    left = {"node-a": names.partial_base(image["id"], "0badc0de"),
+            "default": names.partial_base(image["id"], "0ddba11a")}
+    for host, name in left.items():
+        cluster[host].base_images[name] = 2
+        cluster[host].base_content[name] = cluster["default"].base_content[volume][:1000]
+    # Never taken for the image: the next create on node-a copies it whole.
+    inst = ok(client.simulate_post(BASE, headers=alice.headers, json={"server-image": image["id"],
+                                                                     "server-flavor": flavor["id"]}))[0]
+    assert host_of(cctx, inst["id"]) == "node-a"
+    assert cluster["node-a"].instances[inst["id"]].base_image == volume
+    assert cluster["node-a"].base_content[volume] == cluster["default"].base_content[volume]
+    partial = [d for d in reconcile(cctx) if d["kind"] == "base-image-partial"]
+    assert sorted((d["host"], d["target"], d["fixable"], d["fixed"]) for d in partial) == [
+        ("default", left["default"], True, False), ("node-a", left["node-a"], True, False)]
+    fixed = [d for d in reconcile(cctx, fix=True) if d["kind"] == "base-image-partial"]
+    assert len(fixed) == 2 and all(d["fixed"] for d in fixed)
+    assert set(cluster["node-a"].base_images) == {volume} and set(cluster["default"].base_images) >= {volume}
+    assert not [n for n in cluster["default"].base_images if n.startswith("cc-part-")]
+    assert [d for d in reconcile(cctx) if d["kind"] == "base-image-partial"] == []
+    with pytest.raises(Exception, match="not a temporary base image volume"):
+        cluster["node-a"].delete_partial_base_image(volume)  # a published base is never removed this way
 
 
 # -- addresses on a bridged network -------------------------------------------------------------------

@@ -27,6 +27,7 @@ from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.factory import build_adapters
 from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
+from tests.fixtures.libvirtd import assert_same_image
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -115,8 +116,8 @@ def test_an_image_reaches_the_remote_host_over_the_connection(cluster, remote_li
     hosts.ensure_image_on_host(ctx, row, "remote", progress=lambda d, t: progress.append((d, t)))
     assert remote_volumes(ctx, remote_libvirtd) == [row["base_volume"]]
     assert progress[-1][0] == progress[-1][1] == source.stat().st_size
-    # What is there is the image, byte for byte.
-    assert (Path(remote_libvirtd.pool_path) / row["base_volume"]).read_bytes() == source.read_bytes()
+    # What is there is the image (published by a copy within the pool: compared as an image).
+    assert_same_image(source, Path(remote_libvirtd.pool_path) / row["base_volume"])
 
 
 def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
@@ -175,3 +176,106 @@ def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
         assert client.simulate_delete(f"{BASE}/{inst['id']}", headers=alice.headers).status_code == 200
     assert subprocess.run(["virsh", "-c", remote_libvirtd.uri, "dominfo", domain],
                           capture_output=True).returncode != 0
+
+
+# -- issue 16, finding 13: a base image is used only once complete, on every host ----------------
+def test_a_base_image_is_seen_on_the_remote_host_only_complete_and_creates_wait_for_one_copy(
+        cluster, remote_libvirtd, tmp_path):
+    import threading
+
+    ctx = cluster
+    source = qcow2_source(tmp_path)
+    image = images.add_image(ctx, name="Data", os_name="debian", os_major="12", os_minor="0", min_disk=1,
+                             min_ram=128, source=str(source))
+    row = ctx.store.get_image(image["id"])
+    half, go_on = threading.Event(), threading.Event()
+    second_progress = []
+
+    def stop_half_way(done, total):
+        if done > total // 2 and not go_on.is_set():
+            half.set()
+            go_on.wait(30)
+
+    first = threading.Thread(target=hosts.ensure_image_on_host, args=(ctx, row, "remote"),
+                             kwargs={"progress": stop_half_way})
+    second = threading.Thread(target=hosts.ensure_image_on_host, args=(ctx, row, "remote"),
+                              kwargs={"progress": lambda d, t: second_progress.append(d)})
+    first.start()
+    try:
+        assert half.wait(30)
+        second.start()
+        time.sleep(0.5)
+        # Half way through the stream: only a temporary volume, never the base image's name.
+        on_remote = remote_volumes(ctx, remote_libvirtd)
+        assert row["base_volume"] not in on_remote
+        assert [v for v in on_remote if "-part-" in v] and len(on_remote) == 1, on_remote
+        assert image["id"] not in hosts.hypervisor_of(ctx, "remote").list_base_images()
+        assert second.is_alive()  # waiting for the first copy, not uploading its own
+    finally:
+        go_on.set()
+        first.join(60)
+        second.join(60)
+    assert second_progress == []  # the second used the first's copy
+    assert remote_volumes(ctx, remote_libvirtd) == [row["base_volume"]]  # the temporary volume is gone
+    assert_same_image(source, Path(remote_libvirtd.pool_path) / row["base_volume"])
+
+
+def test_reconcile_finds_and_removes_what_a_crash_mid_upload_left_on_the_remote_host(
+        cluster, remote_libvirtd, tmp_path):
+    import libvirt
+
+    ctx = cluster
+    source = qcow2_source(tmp_path, mib=2)
+    image = images.add_image(ctx, name="Data", os_name="debian", os_major="12", os_minor="0", min_disk=1,
+                             min_ram=128, source=str(source))
+    prefix = ctx.config.get("libvirt", "domain_prefix")
+    left = f"{prefix}part-0badc0de-{image['id']}.qcow2"
+    conn = libvirt.open(remote_libvirtd.uri)
+    try:  # what a crash half way through an upload leaves: the temporary volume, truncated
+        pool = conn.storagePoolLookupByName(remote_libvirtd.pool)
+        pool.createXML(f"<volume><name>{left}</name><capacity unit='bytes'>{source.stat().st_size}</capacity>"
+                       "<target><format type='raw'/></target></volume>", 0)
+    finally:
+        conn.close()
+    assert image["id"] not in hosts.hypervisor_of(ctx, "remote").list_base_images()  # never taken for the image
+    drift = [d for d in reconcile(ctx) if d["kind"] == "base-image-partial"]
+    assert [(d["host"], d["target"], d["fixable"]) for d in drift] == [("remote", left, True)]
+    fixed = [d for d in reconcile(ctx, fix=True) if d["kind"] == "base-image-partial"]
+    assert [(d["target"], d["fixed"]) for d in fixed] == [(left, True)]
+    assert remote_volumes(ctx, remote_libvirtd) == []
+
+
+# -- issue 16, finding 5: a create placed on a host whose libvirtd stopped -----------------------
+def test_a_create_placed_on_a_stopped_remote_host_lands_on_the_live_one(cluster, remote_libvirtd):
+    ctx = cluster
+    client = testing.TestClient(create_app(ctx))
+    alice = make_caller(ctx, "alice@example.org")
+    enable(ctx, alice, username="alice")
+    give_volume(client, alice)
+    image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
+                             min_ram=128)
+    flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
+    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    hosts.set_enabled(ctx, "remote", False)
+    first = client.simulate_post(BASE, headers=alice.headers, json=body)
+    assert first.status_code == 201, first.json
+    hosts.set_enabled(ctx, "remote", True)  # it answers: its capacity is fresh, it has the most free memory
+    made = []
+    remote_libvirtd.stop()
+    try:
+        r = client.simulate_post(BASE, headers=alice.headers, json=body)
+        assert r.status_code == 201, r.json
+        made = [first.json["data"][0]["id"], r.json["data"][0]["id"]]
+        assert r.json["data"][0]["status"] == "running"
+        rows = {i: ctx.store.list_instances(visible_to=None, instance_id=i)[0]["host"] for i in made}
+        assert rows == {made[0]: "default", made[1]: "default"}
+        assert {r["host"] for r in ctx.store.all_instances()} == {"default"}
+    finally:
+        remote_libvirtd.start()
+    # Nothing of it on the host that did not answer: no domain, no volume.
+    domain = ctx.config.get("libvirt", "domain_prefix") + made[1]
+    assert subprocess.run(["virsh", "-c", remote_libvirtd.uri, "dominfo", domain],
+                          capture_output=True).returncode != 0
+    assert remote_volumes(ctx, remote_libvirtd) == []
+    for instance_id in made:
+        assert client.simulate_delete(f"{BASE}/{instance_id}", headers=alice.headers).status_code == 200

@@ -1,6 +1,5 @@
 """The libvirt adapter on a real libvirtd with QEMU/KVM (see tests/fixtures/libvirtd.py)."""
 
-import filecmp
 import glob
 import json
 import os
@@ -12,7 +11,7 @@ import pytest
 from controller.errors import CommandError, HostError
 from host_adapters import subp
 from host_adapters.libvirt_hypervisor import LibvirtHypervisor
-from tests.fixtures.libvirtd import SYSTEM_URI, cleanup_hypervisor, in_netns, unique_prefix
+from tests.fixtures.libvirtd import SYSTEM_URI, assert_same_image, cleanup_hypervisor, in_netns, unique_prefix
 from tests.test_hypervisor import HypervisorContract, guest_for, new_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
@@ -206,8 +205,12 @@ def test_base_image_from_a_qcow2_file(kvm, libvirt_dir_pool, tmp_path):
     base = kvm.create_base_image(image_id, size_gb=1, source=str(source), progress=lambda *a: seen.append(a))
     assert seen[-1] == (source.stat().st_size, source.stat().st_size)
     base_path = os.path.join(libvirt_dir_pool.path, base)
-    assert filecmp.cmp(source, base_path, shallow=False)
+    # Published by a copy within the pool (libvirt has no rename): qemu-img rewrites the
+    # qcow2 container, so the content is compared, strictly (size and allocation too).
+    assert_same_image(source, base_path)
     assert qemu_img_info(base_path)["virtual-size"] == GiB
+    assert qemu_img_info(base_path)["format"] == "qcow2" and "backing-filename" not in qemu_img_info(base_path)
+    assert [p for p in pool_files(libvirt_dir_pool) if "-part-" in p] == []  # the temporary volume is gone
 
     instance_id = new_id()
     kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=96, disk_gb=2, guest=guest_for(kvm))
@@ -349,3 +352,62 @@ def test_a_started_domain_has_a_filter_binding_with_its_address_and_mac(kvm, pre
         assert _bindings_of(conn, nic.mac) == []
     finally:
         conn.close()
+
+
+# -- issue 16, finding 6: the default cpu_mode follows virt_type -------------------------------
+def _qemu_hypervisor(libvirt_dir_pool, libvirt_private_network, prefix, **kwargs):
+    return LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=prefix,
+                             network=libvirt_private_network.name, subnet=libvirt_private_network.subnet,
+                             virt_type="qemu", **kwargs)
+
+
+def test_virt_type_qemu_with_the_default_cpu_mode_is_healthy_and_gets_qemus_cpu(
+        tmp_path, libvirt_dir_pool, libvirt_private_network, prefix):
+    from controller.config import config_from_dict
+    from controller.context import build_context
+    from controller.health import run_checks
+    from controller.security import generate_key_file
+    from controller.store import Store
+    from host_adapters.factory import build_hypervisor, fake_adapters
+    from tests.fixtures.api import config_values_for
+
+    values = config_values_for(tmp_path)
+    values["controller"]["profile"] = "production"
+    values["libvirt"] = {"uri": libvirt_dir_pool.uri, "storage_pool": libvirt_dir_pool.name,
+                         "domain_prefix": prefix, "virt_type": "qemu"}  # no cpu_mode: the default
+    values["network"].update(name=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
+    config = config_from_dict(values)
+    hv = build_hypervisor(config)
+    generate_key_file(config.get("auth", "secret_key_file"))
+    store = Store(config.database_path, create=True)
+    store.migrate()
+    adapters = fake_adapters()
+    adapters.hypervisor = hv
+    ctx = build_context(config, store=store, adapters=adapters)
+    try:
+        [libvirt_check] = [c for c in run_checks(ctx) if c["name"] == "libvirt"]
+        assert libvirt_check == {"name": "libvirt", "ok": True, "detail": ""}
+        # The domain it defines is the one the check passed: no <cpu>, QEMU's default model.
+        base = hv.create_base_image(new_id(), size_gb=1)
+        instance_id = new_id()
+        hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest_for(hv, []))
+        assert domstate(prefix + instance_id) == "running"
+        dom = ET.fromstring(virsh("dumpxml", "--inactive", prefix + instance_id).stdout)
+        assert dom.get("type") == "qemu"
+        cpu = dom.find("cpu")
+        assert cpu is None or cpu.get("mode") not in ("host-passthrough", "host-model"), ET.tostring(cpu)
+    finally:
+        store.close()
+        cleanup_hypervisor(hv)
+
+
+def test_an_explicit_host_passthrough_with_virt_type_qemu_is_refused_by_check(
+        libvirt_dir_pool, libvirt_private_network, prefix):
+    hv = _qemu_hypervisor(libvirt_dir_pool, libvirt_private_network, prefix, cpu_mode="host-passthrough")
+    assert hv.cpu_mode == "host-passthrough" and hv._cpu() == ("host-passthrough", None)  # never swapped
+    with pytest.raises(HostError, match="cpu_mode host-passthrough is not supported with virt_type qemu"):
+        hv.check()
+    # A named model QEMU emulates is taken as given.
+    named = _qemu_hypervisor(libvirt_dir_pool, libvirt_private_network, prefix, cpu_mode="qemu64")
+    named.check()
+    assert named._cpu() == ("custom", "qemu64")

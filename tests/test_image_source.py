@@ -2,7 +2,6 @@
 (issue 8, finding 8): a qcow2 swapped in at the path after the check, or written over in
 place during the upload, never becomes a base image every guest boots from."""
 
-import filecmp
 import os
 
 import pytest
@@ -12,6 +11,7 @@ from host_adapters import subp
 from host_adapters.hypervisor import ImageSource, open_image_source
 from host_adapters.volume_io import StreamVolumeIO
 from tests.test_hypervisor import qcow2_header
+from tests.fixtures.libvirtd import assert_same_image
 from tests.test_hypervisor_kvm import kvm, pool_files, prefix  # noqa: F401 (fixtures)
 
 GiB = 1 << 30
@@ -105,7 +105,7 @@ def test_a_file_swapped_in_after_the_check_is_not_what_is_uploaded(kvm, libvirt_
     image_id = new_image_id()
     base = kvm.create_base_image(image_id, size_gb=1, source=str(source))
     stored = os.path.join(libvirt_dir_pool.path, base)
-    assert filecmp.cmp(keep, stored, shallow=False)
+    assert_same_image(keep, stored)
     assert "backing" not in subp.run(["qemu-img", "info", "--force-share", stored]).stdout
 
 
