@@ -31,6 +31,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "threads": "4",
         "max_body_bytes": str(1024 * 1024),
         "interfaces": "controller,user",
+        # Addresses or networks of reverse proxies whose X-Forwarded-For names the client.
+        "trusted_proxies": "",
     },
     "auth": {
         "secret_key_file": "/etc/cloud-controller/secret.key",
@@ -43,6 +45,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "argon2_memory_kib": "65536",
         # Password logins hashing at once; one more is answered 429 at once.
         "max_password_checks": "2",
+        # Password logins one client address may have in progress at once (0: no cap).
+        "max_password_checks_per_source": "1",
     },
     "libvirt": {
         "uri": "qemu:///system",
@@ -165,6 +169,16 @@ class Config:
     def controller_id(self) -> int:
         return self.get_int("controller", "id")
 
+    def trusted_proxies(self) -> tuple:
+        """[server] trusted_proxies as ip_network objects (a bare address is a /32 or /128)."""
+        import ipaddress
+
+        raw = self.get("server", "trusted_proxies")
+        try:
+            return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in raw.split(",") if p.strip())
+        except ValueError as e:
+            raise InvalidInput(f"config [server] trusted_proxies: {e}") from None
+
     @property
     def is_sandbox(self) -> bool:
         return self.get("controller", "profile") == "sandbox"
@@ -204,6 +218,9 @@ class Config:
                 from None
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
+        if self.get_int("auth", "max_password_checks_per_source") < 0:
+            raise InvalidInput("config [auth] max_password_checks_per_source must be 0 (no cap) or more")
+        self.trusted_proxies()  # raises InvalidInput naming the bad address
         self._validate_groups()
 
     def _validate_groups(self) -> None:
