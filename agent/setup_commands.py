@@ -113,6 +113,7 @@ def serve(opts: Options, host, port):
     """
     from waitress import create_server
 
+    from api.admission import server_threads
     from api.app import build_context_for, create_app, interfaces_of
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -149,7 +150,7 @@ def serve(opts: Options, host, port):
         app,
         host=host or config.get("server", "host"),
         port=port if port is not None else config.get_int("server", "port"),
-        threads=config.get_int("server", "threads"),
+        threads=server_threads(config),  # reads keep [server] threads whatever host work holds
         # Bodies a little over the limit reach the app, which refuses them with 413 in
         # the interface's envelope; waitress refuses far larger ones itself (plain 413)
         # before buffering them.

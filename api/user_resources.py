@@ -81,6 +81,8 @@ class UserCreate(_Resource):
 
 
 class UserUpdate(_Resource):
+    host_work = ("POST",)  # deactivation locks the system account (usermod, LDAP): api/admission.py
+
     def on_post(self, req, resp, userid):
         p = self.params(req)
         users.update_user(

@@ -28,7 +28,14 @@ DEFAULTS: dict[str, dict[str, str]] = {
     "server": {
         "host": "127.0.0.1",
         "port": "8080",
+        # Requests served at once apart from host work (reads, logins, /healthz).
         "threads": "4",
+        # Host work (creates, deletes, power tasks, volume, group and account changes)
+        # running at once, waiting for a turn at most, and how long one waits; serve runs
+        # threads + host_workers + host_queue threads (api/admission.py).
+        "host_workers": "4",
+        "host_queue": "32",
+        "host_queue_seconds": "300",
         "max_body_bytes": str(1024 * 1024),
         "interfaces": "controller,user",
         # Addresses or networks of reverse proxies whose X-Forwarded-For names the client.
@@ -216,6 +223,11 @@ class Config:
         except ValueError:
             raise InvalidInput("config [libvirt] status_max_age_seconds must be a number of seconds, 0 or more") \
                 from None
+        for key in ("threads", "host_workers", "host_queue_seconds"):
+            if self.get_int("server", key) < 1:
+                raise InvalidInput(f"config [server] {key} must be 1 or more")
+        if self.get_int("server", "host_queue") < 0:
+            raise InvalidInput("config [server] host_queue must be 0 or more")
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
         if self.get_int("auth", "max_password_checks_per_source") < 0:

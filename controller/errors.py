@@ -12,6 +12,7 @@ from common.errors import (  # noqa: F401
     HostUnreachable,
     InvalidInput,
     NotFound,
+    ServerBusy,
     TooManyRequests,
     Unauthenticated,
 )
