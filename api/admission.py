@@ -12,10 +12,16 @@ middleware shares them out:
   wait for one, each at most `host_queue_seconds`; past that the request is
   answered 503 with `Retry-After` at once. Host work therefore never holds
   more than `host_workers + host_queue` threads.
-- **Everything else** (reads, logins, `/healthz`) runs `threads` at once, the
-  others waiting their turn, as with a pool of `threads` threads before:
-  those threads are always free of host work, and more requests than that
-  running together only hand Python's GIL around (docs/performance.md).
+- **Password logins** are bounded by the hash slots already
+  (controller/hash_slots.py: at most `max_password_checks` hash and as many
+  more wait on a timer); they wait on argon2 or the clock, not on Python's
+  GIL, so they take no turn here and `serve` gives them threads of their
+  own (two per slot): a flood of logins holds none of the threads reads use.
+- **Everything else** (reads, API-key logins, `/healthz`) runs `threads` at
+  once, the others waiting their turn, as with a pool of `threads` threads
+  before: those threads are always free of host work and logins, and more
+  requests than that running together only hand Python's GIL around
+  (docs/performance.md).
 
 The gate is taken after authentication for host work (an anonymous request
 never queues for a worker) and before it for the rest.
@@ -57,20 +63,26 @@ def gates_from(config) -> tuple[Gate, Gate]:
     workers, queue = config.get_int("server", "host_workers"), config.get_int("server", "host_queue")
     host = Gate(running=workers, waiting=queue, wait_seconds=config.get_int("server", "host_queue_seconds"),
                 what="host operations")
-    # Reads wait behind at most the threads that may hold a gate, never refused at the door.
-    threads = config.get_int("server", "threads")
-    other = Gate(running=threads, waiting=threads + workers + queue, wait_seconds=_READ_WAIT_SECONDS,
-                 what="requests")
+    # Other requests are never refused at the door: there are never more of them than threads.
+    other = Gate(running=config.get_int("server", "threads"), waiting=server_threads(config),
+                 wait_seconds=_READ_WAIT_SECONDS, what="requests")
     return host, other
 
 
 def server_threads(config) -> int:
-    """waitress's threads: `threads` for other requests plus every thread host work may hold."""
-    return sum(config.get_int("server", k) for k in ("threads", "host_workers", "host_queue"))
+    """waitress's threads: `threads` for other requests plus every thread host work and password
+    logins may hold."""
+    held = sum(config.get_int("server", k) for k in ("threads", "host_workers", "host_queue"))
+    return held + 2 * config.get_int("auth", "max_password_checks")
 
 
 def is_host_work(req, resource) -> bool:
     return resource is not None and req.method in getattr(resource, "host_work", ())
+
+
+def _gated_elsewhere(req, resource) -> bool:
+    """Host work (the host gate) and requests a resource bounds itself (`bounded_itself`)."""
+    return is_host_work(req, resource) or req.method in getattr(resource, "bounded_itself", ())
 
 
 class Admission:
@@ -83,7 +95,7 @@ class Admission:
         self._held = "host_gate" if host_work else "other_gate"
 
     def process_resource(self, req, resp, resource, params):
-        if is_host_work(req, resource) == self.host_work:
+        if is_host_work(req, resource) if self.host_work else not _gated_elsewhere(req, resource):
             self.gate.enter()
             setattr(req.context, self._held, True)
 

@@ -22,6 +22,8 @@ class _Resource:
 
 class Token(_Resource):
     public = True
+    # Password logins are bounded by the hash slots and hold threads of their own (api/admission.py).
+    bounded_itself = ("POST",)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

@@ -14,13 +14,13 @@ import pytest
 from api.admission import server_threads
 from controller.config import config_from_dict
 from controller.errors import InvalidInput
-from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
+from tests.fixtures.api import PASSWORD, config_values_for, enable, give_volume, make_caller
 
 
 @pytest.fixture
 def config_values(tmp_path):
     values = config_values_for(tmp_path)
-    values["server"].update({"host_workers": 1, "host_queue": 1, "host_queue_seconds": 2})
+    values["server"].update({"threads": 1, "host_workers": 1, "host_queue": 1, "host_queue_seconds": 2})
     return values
 
 
@@ -118,8 +118,32 @@ def test_failed_host_work_gives_its_turn_back(cctx, client, catalog):
 
 def test_serve_runs_a_thread_for_each_read_worker_and_queued_host_operation(config_values):
     config = config_from_dict(config_values)
-    assert server_threads(config) == config.get_int("server", "threads") + 1 + 1
+    # threads, one host worker, one queued, and two per password-hash slot.
+    assert server_threads(config) == config.get_int("server", "threads") + 1 + 1 + 2 * 2
     for key, bad in (("host_workers", 0), ("host_queue", -1), ("host_queue_seconds", 0), ("threads", 0)):
         values = dict(config_values, server=dict(config_values["server"], **{key: bad}))
         with pytest.raises(InvalidInput, match=key):
             config_from_dict(values)
+
+
+def test_password_logins_take_no_turn_from_reads(cctx, client, catalog, monkeypatch):
+    """[server] threads = 1 here: a login waiting on its hash must not hold the reads' one turn."""
+    from tests.test_login_flood_and_audit_growth import SlowHasher
+
+    alice, = users(cctx, client, 1)
+    slow = SlowHasher(cctx.passwords._hasher)
+    monkeypatch.setattr(cctx.passwords, "_hasher", slow)
+    results = []
+    login = threading.Thread(target=lambda: results.append(client.simulate_post(
+        "/v1/auth/token", json={"email": alice.email, "password": PASSWORD})))
+    login.start()
+    try:
+        assert slow.inside.acquire(timeout=10), "the login never reached the hash"
+        started = time.monotonic()
+        r = client.simulate_get("/v1/server-flavor", headers=alice.headers)
+        assert r.status_code == 200 and time.monotonic() - started < 1.0
+        assert {f["name"] for f in r.json["data"]} == {"small", "tiny"}
+    finally:
+        slow.go.set()
+        login.join(30)
+    assert results[0].status_code == 200
