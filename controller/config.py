@@ -28,11 +28,12 @@ DEFAULTS: dict[str, dict[str, str]] = {
     "server": {
         "host": "127.0.0.1",
         "port": "8080",
-        # Requests served at once apart from host work (reads, logins, /healthz).
+        # Requests served at once apart from host work and password logins (reads, /healthz).
         "threads": "4",
         # Host work (creates, deletes, power tasks, volume, group and account changes)
         # running at once, waiting for a turn at most, and how long one waits; serve runs
-        # threads + host_workers + host_queue threads (api/admission.py).
+        # threads + host_workers + host_queue + 2 * [auth] max_password_checks threads
+        # (api/admission.py).
         "host_workers": "4",
         "host_queue": "32",
         "host_queue_seconds": "300",

@@ -67,6 +67,7 @@ class Passwords:
             with self._slots.timed():
                 return self.verify(password_hash, password)
 
+
 def generate_key_file(path: str) -> None:
     """Write a new Fernet key readable by root only; never overwrite an existing key."""
     p = Path(path)
