@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
 USERS = 32
 READ_BOUND_SECONDS = 1.0
-CREATE_TIMEOUT_SECONDS = 180
+CREATE_TIMEOUT_SECONDS = 400
 
 
 def call(base, method, path, headers, body=None, timeout=CREATE_TIMEOUT_SECONDS):
@@ -132,8 +132,11 @@ def test_a_burst_of_creates_leaves_reads_answering_within_a_second(tmp_path, bur
 
         during = [r for r in reads if r[0] <= max(c[0] for c in creates)]
         slowest = max(r[1] for r in reads)
-        figures = (f"{len(creates)} creates, the last answered after {max(c[0] for c in creates):.1f} s; "
-                   f"{len(during)} reads during the burst, slowest {slowest:.2f} s")
+        answered = sorted(c[0] for c in creates)
+        worst = ", ".join(f"{d:.2f} s at {t:.0f} s" for t, d, _ in sorted(reads, key=lambda r: -r[1])[:3])
+        figures = (f"{len(creates)} creates, the first answered after {answered[0]:.1f} s, the median after "
+                   f"{answered[len(answered) // 2]:.1f} s, the last after {answered[-1]:.1f} s; "
+                   f"{len(during)} reads during the burst, slowest {slowest:.2f} s ({worst})")
         print("\nburst:", figures)
         assert sorted(c[1] for c in creates) == [201] * USERS, [c for c in creates if c[1] != 201][:3]
         assert all(r[2] == 200 for r in reads), [r for r in reads if r[2] != 200][:3]
