@@ -115,6 +115,7 @@ def serve(opts: Options, host, port):
     """
     from waitress import create_server
 
+    from api.admission import server_threads
     from api.app import build_context_for, create_app, interfaces_of
     from api.server import RequestDeadline, fit_open_files, waitress_settings
 
@@ -153,7 +154,7 @@ def serve(opts: Options, host, port):
         app,
         host=host or config.get("server", "host"),
         port=port if port is not None else config.get_int("server", "port"),
-        threads=config.get_int("server", "threads"),
+        threads=server_threads(config),  # reads keep [server] threads whatever host work holds
         **waitress_settings(config, connection_limit=connection_limit),
     )
     RequestDeadline.attach(server, config.get_int("server", "request_timeout_seconds"))

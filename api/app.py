@@ -8,6 +8,7 @@ waitress or any WSGI server.
 import falcon
 
 from api import errors, health, user_resources
+from api.admission import Admission, gates_from
 from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions
 from controller.config import Config, load_config
 from controller.context import Context, build_context
@@ -16,13 +17,17 @@ INTERFACES = ("controller", "user")
 
 
 def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> falcon.App:
+    host_gate, other_gate = gates_from(ctx.config)
     app = falcon.App(
         middleware=[
             BodyLimit(ctx.config.get_int("server", "max_body_bytes")),
             NoStore(),
             RefuseOptions(),
             AuditTrail(ctx),
+            # Slow host work never takes the threads reads need (api/admission.py).
+            Admission(other_gate, host_work=False),
             Authenticate(ctx),
+            Admission(host_gate, host_work=True),
         ],
     )
     app.req_options.strip_url_path_trailing_slash = True

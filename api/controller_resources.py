@@ -10,6 +10,10 @@ from controller.errors import InvalidInput
 
 
 class _Resource:
+    # Methods that change the host (libvirt, homes, groups): they run under the host gate
+    # (api/admission.py), so a burst of them never takes the threads reads need.
+    host_work: tuple[str, ...] = ()
+
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.limit = ctx.config.get_int("server", "max_body_bytes")
@@ -26,6 +30,8 @@ def _query(req, name: str) -> str | None:
 
 
 class InstanceCollection(_Resource):
+    host_work = ("POST",)
+
     def on_get(self, req, resp):
         stream_controller(resp, instances.iter_instance_json(
             self.ctx, req.context.requester, cloudauth_id=_query(req, "cloudauth-id")))
@@ -36,6 +42,8 @@ class InstanceCollection(_Resource):
 
 
 class InstanceItem(_Resource):
+    host_work = ("PUT", "DELETE")
+
     def on_get(self, req, resp, id):
         ok_controller_json(resp, instances.instance_json(self.ctx, req.context.requester, id))
 
@@ -69,6 +77,8 @@ class FlavorItem(_Resource):
 
 
 class VolumeCollection(_Resource):
+    host_work = ("POST",)
+
     def on_get(self, req, resp):
         ok_controller(resp, volumes.list_volumes(
             self.ctx, req.context.requester, cloudauth_id=_query(req, "cloudauth-id")))
@@ -79,6 +89,8 @@ class VolumeCollection(_Resource):
 
 
 class VolumeItem(_Resource):
+    host_work = ("DELETE",)
+
     def on_get(self, req, resp, id):
         ok_controller(resp, [volumes.get_volume(self.ctx, req.context.requester, id)])
 
@@ -88,6 +100,8 @@ class VolumeItem(_Resource):
 
 
 class GroupCollection(_Resource):
+    host_work = ("POST",)
+
     def on_get(self, req, resp):
         ok_controller(resp, groups.list_groups(
             self.ctx, req.context.requester,
@@ -99,6 +113,8 @@ class GroupCollection(_Resource):
 
 
 class GroupItem(_Resource):
+    host_work = ("PUT", "DELETE")
+
     def on_get(self, req, resp, id):
         ok_controller(resp, [groups.get_group(self.ctx, req.context.requester, id)])
 

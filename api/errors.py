@@ -51,7 +51,7 @@ def handle_controller_error(req, resp, exc: errors.ControllerError, params) -> N
     status = status_of(exc)
     if status >= 500:
         log.warning("%s %s: %s", req.method, req.path, exc.message)
-    if isinstance(exc, errors.TooManyRequests):
+    if isinstance(exc, (errors.TooManyRequests, errors.ServerBusy)):
         resp.set_header("Retry-After", str(exc.retry_after))
     if isinstance(exc, errors.Unauthenticated):
         resp.set_header("WWW-Authenticate", 'Token realm="cloud-controller"')

@@ -4,6 +4,7 @@ Resources are thin: read parameters, call one service function, answer in the
 user-interface envelope.
 """
 
+from api.client_address import client_address
 from api.envelopes import ok_user
 from api.params import flag, opt_int, opt_str, req_str, user_params
 from controller import auth, users
@@ -21,6 +22,12 @@ class _Resource:
 
 class Token(_Resource):
     public = True
+    # Password logins are bounded by the hash slots and hold threads of their own (api/admission.py).
+    bounded_itself = ("POST",)
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.trusted_proxies = ctx.config.trusted_proxies()
 
     def on_post(self, req, resp):
         p = self.params(req)
@@ -30,6 +37,7 @@ class Token(_Resource):
             api_secret=opt_str(p, "api_secret"),
             email=opt_str(p, "email"),
             password=opt_str(p, "password"),
+            source=client_address(req, self.trusted_proxies),
         )
         ok_user(resp, data)
 
@@ -75,6 +83,8 @@ class UserCreate(_Resource):
 
 
 class UserUpdate(_Resource):
+    host_work = ("POST",)  # deactivation locks the system account (usermod, LDAP): api/admission.py
+
     def on_post(self, req, resp, userid):
         p = self.params(req)
         users.update_user(

@@ -62,6 +62,15 @@ class CleanupFailed(HostError):
     the operation, for reconcile to remove the rest once the host answers."""
 
 
+class ServerBusy(HostError):
+    """The server has no room for this request now: it is refused at once, not queued (HTTP 503,
+    with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: int = 5):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class CommandError(HostError):
     """A host command exited with a code the caller did not allow."""
 

@@ -23,7 +23,10 @@ def issue_token(
     api_secret: str | None = None,
     email: str | None = None,
     password: str | None = None,
+    source: str = "",
 ) -> dict:
+    """A token for an API key and secret or an email and password. `source` is the client's
+    address (api/client_address.py): password logins are shared out per source."""
     by_key = api_key is not None or api_secret is not None
     by_password = email is not None or password is not None
     if by_key == by_password:
@@ -52,8 +55,9 @@ def issue_token(
         source = "api_key"
     else:
         user = ctx.store.get_user_by_email(email)
-        # 429 at once when the bounded hash pool is busy (not counted as a failure of this email).
-        ok = ctx.passwords.verify_login(user["password_hash"] if user else None, password)
+        # 429 at once when this source or the bounded hash pool is busy (not counted as a
+        # failure of this email).
+        ok = ctx.passwords.verify_login(user["password_hash"] if user else None, password, source=source)
         source = "password"
 
     # A null API secret (reset_api_secret with set_to_null) shuts the user out of the

@@ -28,7 +28,15 @@ DEFAULTS: dict[str, dict[str, str]] = {
     "server": {
         "host": "127.0.0.1",
         "port": "8080",
+        # Requests served at once apart from host work and password logins (reads, /healthz).
         "threads": "4",
+        # Host work (creates, deletes, power tasks, volume, group and account changes)
+        # running at once, waiting for a turn at most, and how long one waits; serve runs
+        # threads + host_workers + host_queue + 2 * [auth] max_password_checks threads
+        # (api/admission.py).
+        "host_workers": "4",
+        "host_queue": "32",
+        "host_queue_seconds": "300",
         "max_body_bytes": str(1024 * 1024),
         "interfaces": "controller,user",
         # Connections (issue 16): open at once; idle ones closed after channel_timeout_seconds;
@@ -39,6 +47,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "cleanup_interval_seconds": "2",
         "backlog": "1024",
         "max_header_bytes": str(32 * 1024),
+        # Addresses or networks of reverse proxies whose X-Forwarded-For names the client.
+        "trusted_proxies": "",
     },
     "auth": {
         "secret_key_file": "/etc/cloud-controller/secret.key",
@@ -51,6 +61,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "argon2_memory_kib": "65536",
         # Password logins hashing at once; one more is answered 429 at once.
         "max_password_checks": "2",
+        # Password logins one client address may have in progress at once (0: no cap).
+        "max_password_checks_per_source": "1",
     },
     "libvirt": {
         "uri": "qemu:///system",
@@ -192,6 +204,16 @@ class Config:
     def controller_id(self) -> int:
         return self.get_int("controller", "id")
 
+    def trusted_proxies(self) -> tuple:
+        """[server] trusted_proxies as ip_network objects (a bare address is a /32 or /128)."""
+        import ipaddress
+
+        raw = self.get("server", "trusted_proxies")
+        try:
+            return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in raw.split(",") if p.strip())
+        except ValueError as e:
+            raise InvalidInput(f"config [server] trusted_proxies: {e}") from None
+
     @property
     def is_sandbox(self) -> bool:
         return self.get("controller", "profile") == "sandbox"
@@ -231,15 +253,20 @@ class Config:
         except ValueError:
             raise InvalidInput("config [libvirt] status_max_age_seconds must be a number of seconds, 0 or more") \
                 from None
-        for key in ("connection_limit", "channel_timeout_seconds", "request_timeout_seconds",
-                    "cleanup_interval_seconds", "backlog", "max_header_bytes"):
-            if self.get_int("server", key) < 1:
-                raise InvalidInput(f"config [server] {key} must be 1 or more")
-        for key in ("refresh_seconds", "check_timeout_seconds"):
-            if self.get_int("health", key) < 1:
-                raise InvalidInput(f"config [health] {key} must be 1 or more")
+        for section, key in [("server", k) for k in ("connection_limit", "channel_timeout_seconds",
+                                                     "request_timeout_seconds", "cleanup_interval_seconds",
+                                                     "backlog", "max_header_bytes", "threads", "host_workers",
+                                                     "host_queue_seconds")] + \
+                [("health", "refresh_seconds"), ("health", "check_timeout_seconds")]:
+            if self.get_int(section, key) < 1:
+                raise InvalidInput(f"config [{section}] {key} must be 1 or more")
+        if self.get_int("server", "host_queue") < 0:
+            raise InvalidInput("config [server] host_queue must be 0 or more")
         if self.get_int("auth", "max_password_checks") < 1:
             raise InvalidInput("config [auth] max_password_checks must be 1 or more")
+        if self.get_int("auth", "max_password_checks_per_source") < 0:
+            raise InvalidInput("config [auth] max_password_checks_per_source must be 0 (no cap) or more")
+        self.trusted_proxies()  # raises InvalidInput naming the bad address
         self._validate_groups()
 
     def _validate_guest_root_quota(self, backend: str) -> None:

@@ -50,6 +50,7 @@ def build_context(config: Config, *, adapters=None, store: Store | None = None) 
             time_cost=config.get_int("auth", "argon2_time_cost"),
             memory_kib=config.get_int("auth", "argon2_memory_kib"),
             max_concurrent_checks=config.get_int("auth", "max_password_checks"),
+            max_checks_per_source=config.get_int("auth", "max_password_checks_per_source"),
         ),
         throttle=FailureThrottle(
             max_failures=config.get_int("auth", "max_failures"),

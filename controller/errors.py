@@ -13,6 +13,7 @@ from common.errors import (  # noqa: F401
     HostUnreachable,
     InvalidInput,
     NotFound,
+    ServerBusy,
     TooManyRequests,
     Unauthenticated,
 )

@@ -11,20 +11,23 @@ import hmac
 import os
 import secrets
 import threading
+import time
 from pathlib import Path
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from cryptography.fernet import Fernet, InvalidToken
 
-from controller.errors import HostUnavailable, TooManyRequests
+from controller.errors import HostUnavailable
+from controller.hash_slots import SIMULATE, HashSlots
 
 # Compared against when no user matches, so a wrong email costs as much time as a wrong password.
 _DUMMY_PASSWORD = "dummy-password-for-timing"
 
 
 class Passwords:
-    def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536, max_concurrent_checks: int = 2):
+    def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536, max_concurrent_checks: int = 2,
+                 max_checks_per_source: int = 1):
         self._hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=1)
         # Made on first use, not at start: one argon2 hash costs memory_kib (64 MiB by
         # default), which would set the server's peak memory before any request.
@@ -32,8 +35,8 @@ class Passwords:
         self._dummy_lock = threading.Lock()
         # argon2 costs tens of milliseconds and megabytes per check: at most this many
         # logins hash at once, so a flood of password logins cannot take every server
-        # thread and all memory.
-        self._checks = threading.BoundedSemaphore(max_concurrent_checks)
+        # thread and all memory; and no one client, nor unknown emails, takes them all.
+        self._slots = HashSlots(total=max_concurrent_checks, per_source=max_checks_per_source)
 
     @property
     def _dummy_hash(self) -> str:
@@ -51,16 +54,18 @@ class Passwords:
         except (VerifyMismatchError, VerificationError, InvalidHashError):
             return False
 
-    def verify_login(self, password_hash: str | None, password: str) -> bool:
-        """verify() for an unauthenticated caller: TooManyRequests at once when every slot is
-        hashing. Waiting for a slot would park a server thread per queued login, and a
-        flood of logins would park them all."""
-        if not self._checks.acquire(blocking=False):
-            raise TooManyRequests("too many logins at once; try again shortly", retry_after=1)
-        try:
-            return self.verify(password_hash, password)
-        finally:
-            self._checks.release()
+    def verify_login(self, password_hash: str | None, password: str, *, source: str) -> bool:
+        """verify() for an unauthenticated caller from the client address `source`:
+        TooManyRequests at once when that source or every slot is busy (controller/hash_slots.py).
+        Waiting for a slot would park a server thread per queued login, and a flood of logins
+        would park them all."""
+        with self._slots.admit(source, known=password_hash is not None) as how:
+            if how == SIMULATE:
+                # Unknown emails past their share: as long as a check takes, without hashing.
+                time.sleep(self._slots.simulated_wait())
+                return False
+            with self._slots.timed():
+                return self.verify(password_hash, password)
 
 
 def generate_key_file(path: str) -> None:

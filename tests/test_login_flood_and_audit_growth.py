@@ -40,8 +40,9 @@ class SlowHasher:
         return self.real.verify(password_hash, password)
 
 
-def password_login(client, email=None, password=PASSWORD):
-    return client.simulate_post("/v1/auth/token", json={"email": email, "password": password})
+def password_login(client, email=None, password=PASSWORD, address="127.0.0.1"):
+    return client.simulate_post("/v1/auth/token", json={"email": email, "password": password},
+                                remote_addr=address)
 
 
 # -- the hash pool --------------------------------------------------------------------------
@@ -50,8 +51,9 @@ def test_a_saturated_hash_pool_answers_429_at_once(ctx, user_client, monkeypatch
     slow = SlowHasher(ctx.passwords._hasher)
     monkeypatch.setattr(ctx.passwords, "_hasher", slow)
     results = []
-    hashing = [threading.Thread(target=lambda: results.append(password_login(user_client, "alice@example.org")))
-               for _ in range(2)]
+    # From two addresses: one address holds one slot at most (tests/test_login_sources.py).
+    hashing = [threading.Thread(target=lambda a=address: results.append(
+        password_login(user_client, "alice@example.org", address=a))) for address in ("192.0.2.1", "192.0.2.2")]
     for t in hashing:
         t.start()
     try:
@@ -59,7 +61,7 @@ def test_a_saturated_hash_pool_answers_429_at_once(ctx, user_client, monkeypatch
             assert slow.inside.acquire(timeout=10), "a login never reached the hash"
         # Both slots hash (and wait): a third login is answered without waiting for either.
         started = time.monotonic()
-        r = password_login(user_client, "alice@example.org")
+        r = password_login(user_client, "alice@example.org", address="192.0.2.3")
         elapsed = time.monotonic() - started
         user_envelope(r, 429)
         assert elapsed < 1.0, f"the login waited {elapsed:.1f} s for a hash slot"

@@ -1,0 +1,106 @@
+"""Which request gets a server thread now (issue 16, finding 4).
+
+Creates are synchronous (CONTRACT.md): a create holds its request thread for
+the seconds libvirt, the disk and the seed take, and so do deletes, power
+tasks, volume and group changes and account locks. With one pool of threads a
+burst of them took every thread and a `GET /v1/server-flavor` waited 24 s. So
+`serve` runs `threads + host_workers + host_queue` threads and this
+middleware shares them out:
+
+- **Host work** (a resource lists the methods that change the host in
+  `host_work`): at most `host_workers` run at once; up to `host_queue` more
+  wait for one, each at most `host_queue_seconds`; past that the request is
+  answered 503 with `Retry-After` at once. Host work therefore never holds
+  more than `host_workers + host_queue` threads.
+- **Password logins** are bounded by the hash slots already
+  (controller/hash_slots.py: at most `max_password_checks` hash and as many
+  more wait on a timer); they wait on argon2 or the clock, not on Python's
+  GIL, so they take no turn here and `serve` gives them threads of their
+  own (two per slot): a flood of logins holds none of the threads reads use.
+- **Everything else** (reads, API-key logins, `/healthz`) runs `threads` at
+  once, the others waiting their turn, as with a pool of `threads` threads
+  before: those threads are always free of host work and logins, and more
+  requests than that running together only hand Python's GIL around
+  (docs/performance.md).
+
+The gate is taken after authentication for host work (an anonymous request
+never queues for a worker) and before it for the rest.
+"""
+
+import threading
+import time
+
+from controller.errors import ServerBusy
+
+# A read that waits this long for one of `threads` is answered 503 rather than waiting on.
+_READ_WAIT_SECONDS = 30.0
+
+
+class Gate:
+    """`running` may run at once, `waiting` more may wait for them up to `wait_seconds`."""
+
+    def __init__(self, *, running: int, waiting: int, wait_seconds: float, what: str):
+        self._running = threading.BoundedSemaphore(running)
+        self._admitted = threading.BoundedSemaphore(running + waiting)
+        self._wait = wait_seconds
+        self._what = what
+
+    def enter(self) -> None:
+        if not self._admitted.acquire(blocking=False):
+            raise ServerBusy(f"too many {self._what} at once; try again shortly", retry_after=5)
+        started = time.monotonic()
+        if not self._running.acquire(timeout=self._wait):
+            self._admitted.release()
+            waited = time.monotonic() - started
+            raise ServerBusy(f"{self._what} waited {waited:.0f} s for a turn; try again shortly", retry_after=5)
+
+    def leave(self) -> None:
+        self._running.release()
+        self._admitted.release()
+
+
+def gates_from(config) -> tuple[Gate, Gate]:
+    workers, queue = config.get_int("server", "host_workers"), config.get_int("server", "host_queue")
+    host = Gate(running=workers, waiting=queue, wait_seconds=config.get_int("server", "host_queue_seconds"),
+                what="host operations")
+    # Other requests are never refused at the door: there are never more of them than threads.
+    other = Gate(running=config.get_int("server", "threads"), waiting=server_threads(config),
+                 wait_seconds=_READ_WAIT_SECONDS, what="requests")
+    return host, other
+
+
+def server_threads(config) -> int:
+    """waitress's threads: `threads` for other requests plus every thread host work and password
+    logins may hold."""
+    held = sum(config.get_int("server", k) for k in ("threads", "host_workers", "host_queue"))
+    return held + 2 * config.get_int("auth", "max_password_checks")
+
+
+def is_host_work(req, resource) -> bool:
+    return resource is not None and req.method in getattr(resource, "host_work", ())
+
+
+def _gated_elsewhere(req, resource) -> bool:
+    """Host work (the host gate) and requests a resource bounds itself (`bounded_itself`)."""
+    return is_host_work(req, resource) or req.method in getattr(resource, "bounded_itself", ())
+
+
+class Admission:
+    """Falcon middleware holding a request in `gate` from its resource to its response: the host
+    gate for host work (placed after authentication), the other gate for the rest (before it)."""
+
+    def __init__(self, gate: Gate, *, host_work: bool):
+        self.gate = gate
+        self.host_work = host_work
+        self._held = "host_gate" if host_work else "other_gate"
+
+    def process_resource(self, req, resp, resource, params):
+        if is_host_work(req, resource) if self.host_work else not _gated_elsewhere(req, resource):
+            self.gate.enter()
+            setattr(req.context, self._held, True)
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        # Called even when process_resource raised: only a gate entered is left.
+        if getattr(req.context, self._held, False):
+            setattr(req.context, self._held, False)
+            self.gate.leave()
