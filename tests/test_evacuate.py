@@ -214,13 +214,13 @@ def test_agent_host_evacuate(tmp_path):
                "'52:54:00:0f:8f:ad')", (iid, image_id[0], fid))
     db.commit()
     rc, doc = agent(config, "host", "evacuate", "gone", "--host-is-down")
-    assert set(doc) == {"host", "rebuilt", "failed"} and doc["host"] == "gone"
-    assert [r["id"] for r in doc["rebuilt"]] + [f["id"] for f in doc["failed"]] == [iid]
-    assert all(set(r) == {"id", "to"} for r in doc["rebuilt"]) and all(set(f) == {"id", "error"} for f in doc["failed"])
-    assert rc == (0 if doc["rebuilt"] else 1)
+    # The sandbox's hosts live in each process (the test driver): this one has no base image
+    # to rebuild from, so the rebuild fails, is undone, and the command exits 1.
+    assert set(doc) == {"host", "rebuilt", "failed"} and doc["host"] == "gone" and doc["rebuilt"] == []
+    assert [set(f) for f in doc["failed"]] == [{"id", "error"}] and doc["failed"][0]["id"] == iid
+    assert "is on no reachable host to copy" in doc["failed"][0]["error"] and rc == 1
     assert db.execute("SELECT enabled FROM hosts WHERE name = 'gone'").fetchone()[0] == 0
-    if doc["rebuilt"]:
-        assert doc["rebuilt"][0]["to"] == "node-9"
-        assert db.execute("SELECT host FROM instances WHERE id = ?", (iid,)).fetchone()[0] == "node-9"
-        rc, removed = agent(config, "host", "remove", "gone")
-        assert rc == 0 and removed["name"] == "gone"
+    assert db.execute("SELECT host FROM instances WHERE id = ?", (iid,)).fetchone()[0] == "gone"
+    assert db.execute("SELECT COUNT(*) FROM evacuations").fetchone()[0] == 0
+    rc, doc = agent(config, "host", "remove", "gone")
+    assert rc == 1 and "holds 1 instance" in doc["error"]
