@@ -54,7 +54,7 @@ def evacuate(ctx: Context, name: str, *, host_is_down: bool,
             _drop_interrupted(ctx, r, name)
     todo = [(e["instance_id"], None) for e in resumed] + [(r["id"], r) for r in live]
     for i, (instance_id, live_row) in enumerate(todo, 1):
-        say(f"evacuate {name}: instance {i}/{len(todo)} ({instance_id})")
+        say(f"instance {i}/{len(todo)} of host {name} ({instance_id})")
         try:
             to = _evacuate_one(ctx, instance_id, name, fresh=live_row is not None)
         except ControllerError as e:

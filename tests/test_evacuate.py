@@ -24,7 +24,7 @@ IDENTITY = ("id", "hostname", "private_ip", "public_ip", "mac", "public_mac", "u
             "flavor_id")
 
 
-def three_on_node_a(client, cctx, alice, catalog, flavor):  # noqa: F811
+def three_on_node_a(client, cctx, alice, catalog, flavor):
     made = [ok(boot(client, alice, catalog, flavor))[0]["id"] for _ in range(3)]
     assert [host_of(cctx, i) for i in made] == ["node-a"] * 3
     return [r["id"] for r in cctx.store.all_instances()]  # the order evacuate takes them in
@@ -38,7 +38,7 @@ def drift_of(cctx, **kw):
     return [(d["kind"], d["target"]) for d in reconcile(cctx, **kw)]
 
 
-def test_evacuate_rebuilds_a_dead_hosts_instances_with_their_identity(client, cctx, adapters, cluster, alice,  # noqa: F811
+def test_evacuate_rebuilds_a_dead_hosts_instances_with_their_identity(client, cctx, adapters, cluster, alice,
                                                                       catalog, flavor):
     made = three_on_node_a(client, cctx, alice, catalog, flavor)
     before = rows_by_id(cctx)
@@ -58,7 +58,8 @@ def test_evacuate_rebuilds_a_dead_hosts_instances_with_their_identity(client, cc
         assert after[i]["host"] == to and after[i]["intent"] is None
         domain = cluster[to].instances[i]
         assert domain.guest == guests[i]  # hostname, NICs (MAC, addresses), users, shares
-        assert domain.status == "running" and domain.base_image == cctx.store.get_image(catalog["public"]["id"])["base_volume"]
+        assert domain.status == "running"
+        assert domain.base_image == cctx.store.get_image(catalog["public"]["id"])["base_volume"]
         assert {r.mac for r in cluster[to].networks["cc-private"].values()} >= {before[i]["mac"]}
         got = ok(client.simulate_get(f"/v1/server-instance/{i}", headers=alice.headers), 200)[0]
         assert got["status"] == "running" and got["hostname"] == before[i]["hostname"]
@@ -69,7 +70,7 @@ def test_evacuate_rebuilds_a_dead_hosts_instances_with_their_identity(client, cc
     assert drift_of(cctx) == []
 
 
-def test_evacuate_is_refused_while_the_host_answers(client, cctx, adapters, cluster, alice, catalog, flavor):  # noqa: F811
+def test_evacuate_is_refused_while_the_host_answers(client, cctx, adapters, cluster, alice, catalog, flavor):
     made = three_on_node_a(client, cctx, alice, catalog, flavor)
     adapters.hosts.mark_unreachable("node-a", "a blip")  # a back-off is not death: it is asked again
     with pytest.raises(Conflict, match="host node-a answers: its guests may still run"):
@@ -79,7 +80,7 @@ def test_evacuate_is_refused_while_the_host_answers(client, cctx, adapters, clus
     assert cctx.store.list_evacuations() == []
 
 
-def test_evacuate_without_room_says_what_is_missing_and_changes_nothing(client, cctx, adapters, cluster, alice,  # noqa: F811
+def test_evacuate_without_room_says_what_is_missing_and_changes_nothing(client, cctx, adapters, cluster, alice,
                                                                         catalog, flavor):
     made = [ok(boot(client, alice, catalog, flavor))[0]["id"] for _ in range(18)]  # every host full
     on_b = [i for i in made if host_of(cctx, i) == "node-b"]
@@ -100,7 +101,7 @@ class Crash(BaseException):
 
 
 @pytest.mark.parametrize("finisher", ["evacuate-again", "reconcile-fix"])
-def test_an_evacuation_cut_short_is_finished_never_undone(client, cctx, adapters, cluster, alice, catalog,  # noqa: F811
+def test_an_evacuation_cut_short_is_finished_never_undone(client, cctx, adapters, cluster, alice, catalog,
                                                           flavor, monkeypatch, finisher):
     made = three_on_node_a(client, cctx, alice, catalog, flavor)
     before = rows_by_id(cctx)
@@ -143,7 +144,7 @@ def test_an_evacuation_cut_short_is_finished_never_undone(client, cctx, adapters
     assert drift_of(cctx) == []
 
 
-def test_the_old_host_answering_again_has_its_stale_copies_removed_never_started(client, cctx, adapters, cluster,  # noqa: F811
+def test_the_old_host_answering_again_has_its_stale_copies_removed_never_started(client, cctx, adapters, cluster,
                                                                                 alice, catalog, flavor):
     made = three_on_node_a(client, cctx, alice, catalog, flavor)
     old = cluster["node-a"]
@@ -200,7 +201,8 @@ def test_agent_host_evacuate(tmp_path):
     db = sqlite3.connect(tmp_path / "state" / "controller.db")
     db.execute("INSERT INTO hosts (name, uri, storage_pool, network, created_at_utc, updated_at_utc) "
                "VALUES ('gone', 'qemu+tls://127.0.0.1:1/system', 'p', 'cc-private', 'x', 'x')")
-    db.execute("INSERT INTO users (id, email, password_hash, api_key, created_at_utc) VALUES ('u', 'u@x', 'h', 'k', 'x')")
+    db.execute("INSERT INTO users (id, email, password_hash, api_key, created_at_utc) "
+               "VALUES ('u', 'u@x', 'h', 'k', 'x')")
     image_id = db.execute("SELECT id FROM images LIMIT 1").fetchone()
     if image_id is None:
         db.execute("INSERT INTO images (id, name, os_name, os_major, os_minor, min_disk, min_ram, base_volume, "
@@ -224,3 +226,14 @@ def test_agent_host_evacuate(tmp_path):
     assert db.execute("SELECT COUNT(*) FROM evacuations").fetchone()[0] == 0
     rc, doc = agent(config, "host", "remove", "gone")
     assert rc == 1 and "holds 1 instance" in doc["error"]
+    # On a terminal, without --json: progress on stderr, then a line per instance.
+    import pexpect
+
+    env = {k: v for k, v in os.environ.items() if k != "CLOUD_CONTROLLER_CONFIG"}
+    child = pexpect.spawn(str(AGENT), ["--config", config, "host", "evacuate", "gone", "--host-is-down"],
+                          env=env, encoding="utf-8", timeout=60)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1
+    assert f"evacuate: instance 1/1 of host gone ({iid})" in child.before
+    assert f"FAILED {iid}: image" in child.before and "host gone: 0 rebuilt, 1 failed" in child.before
