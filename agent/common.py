@@ -144,6 +144,23 @@ def confirm(opts: Options, yes: bool, question: str) -> None:
         fail(opts, "aborted: nothing was changed")
 
 
+def status_line(opts: Options, what: str):
+    """Progress of a long command on a terminal (one line, rewritten); None with --json or
+    when stderr is not a terminal. The caller clears it with end_status_line."""
+    if opts.as_json or not sys.stderr.isatty():
+        return None
+
+    def show(message: str) -> None:
+        click.echo(f"\r\033[K{what}: {message}", err=True, nl=False)
+
+    return show
+
+
+def end_status_line(progress) -> None:
+    if progress:
+        click.echo("\r\033[K", err=True, nl=False)
+
+
 def emit(opts: Options, document, human: str | None = None) -> None:
     """Print the command's result: the JSON document with --json, else a human line."""
     opts.emitted = document

@@ -1,9 +1,11 @@
 """cloud-agent host: the hypervisor hosts instances are placed on (CONTRACT.md section 9)."""
 
+import sys
+
 import click
 
-from agent.common import Options, command_options, emit
-from controller import hosts
+from agent.common import Options, command_options, emit, end_status_line, status_line
+from controller import evacuate, hosts
 from controller.libvirt_uri import transport_risks
 
 
@@ -85,6 +87,36 @@ def host_remove(opts: Options, name):
     """
     obj = hosts.remove_host(opts.context(adapters=True), name)
     emit(opts, obj, f"removed host {name}")
+
+
+@host.command("evacuate")
+@click.argument("name")
+@click.option("--host-is-down", is_flag=True, default=False,
+              help="Say that the host is dead and fenced (powered off or cut off for good): required.")
+@command_options
+def host_evacuate(opts: Options, name, host_is_down):
+    """Rebuild every instance of a dead host on other hosts, from its image: same id, hostname,
+    addresses and users; the root disk is lost with the host (homes are on the cluster
+    filesystem). The host is disabled first. Refused while the host answers, and when the
+    other hosts lack room (nothing changes). Running it again finishes an evacuation cut
+    short. Exit 0 only when every instance was rebuilt; then `host remove NAME`.
+
+    \b
+    Example:
+      cloud-agent host evacuate node01 --host-is-down
+    """
+    progress = status_line(opts, "evacuate")
+    try:
+        result = evacuate.evacuate(opts.context(adapters=True), name, host_is_down=host_is_down, progress=progress)
+    finally:
+        end_status_line(progress)
+    lines = [f"rebuilt {r['id']} on {r['to']}" for r in result["rebuilt"]]
+    lines += [f"FAILED {f['id']}: {f['error']}" for f in result["failed"]]
+    lines.append(f"host {name}: {len(result['rebuilt'])} rebuilt, {len(result['failed'])} failed"
+                 + ("" if result["failed"] else f"; `cloud-agent host remove {name}` forgets it"))
+    emit(opts, result, "\n".join(lines))
+    if result["failed"]:
+        sys.exit(1)
 
 
 def register(cli) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from agent.common import Options, command_options, emit, fail
+from agent.common import Options, command_options, emit, fail, status_line
 from controller import audit as audit_trail
 from controller.errors import InvalidInput
 from controller.rules import as_decimal
@@ -16,17 +16,6 @@ from controller.health import run_checks
 from controller.libvirt_uri import host_warnings
 from controller.reconcile import reconcile as run_reconcile
 from controller.store import Store
-
-
-def _status_line(opts: Options):
-    """Progress on a terminal, silence with --json or when piped."""
-    if opts.as_json or not sys.stderr.isatty():
-        return None
-
-    def show(message: str) -> None:
-        click.echo(f"\r\033[Kreconcile: {message}", err=True, nl=False)
-
-    return show
 
 
 @click.command("reconcile")
@@ -40,7 +29,7 @@ def reconcile(opts: Options, fix):
 
     Example: cloud-agent reconcile --fix
     """
-    progress = _status_line(opts)
+    progress = status_line(opts, "reconcile")
     ctx = opts.context(adapters=True)
     # The sandbox's libvirt test driver keeps domains inside the server process; this
     # process would see none of them (the server reconciles them itself at start).

@@ -286,9 +286,23 @@ _M11_VOLUME_UID = """
 """
 
 
+# An instance of a dead host being rebuilt on another (`cloud-agent host evacuate`): the
+# row already names the new host (its allocation counts there from the start); this record
+# says the rebuild is not done, so running the command again, or reconcile --fix, finishes
+# it, and the old host's copy is known as stale when that host answers again.
+_M12_EVACUATIONS = """
+        CREATE TABLE evacuations (
+            instance_id TEXT PRIMARY KEY REFERENCES instances(id) ON DELETE CASCADE,
+            from_host TEXT NOT NULL,
+            to_host TEXT NOT NULL,
+            started_at_utc TEXT NOT NULL
+        );
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
-    _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID,
+    _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

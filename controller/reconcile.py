@@ -133,6 +133,14 @@ def _intents(run: _Run) -> None:
                   finish_group)
     if ctx.adapters.hypervisor_in_process and not run.hypervisor:
         return
+    from controller import evacuate
+
+    for record in ctx.store.list_evacuations():
+        # Never undone: the old host is dead, so the rebuild is finished where the row points.
+        run.found("instance-evacuate-interrupted", record["instance_id"],
+                  f"an evacuation from host {record['from_host']} to host {record['to_host']} did not finish; "
+                  "finishing it (the instance is rebuilt from its image there)",
+                  lambda r=record: evacuate.finish(ctx, r["instance_id"]))
     for row in ctx.store.all_instances():
         if row.get("intent"):
             verb = "delete" if row["intent"] == "deleting" else "create"
@@ -368,8 +376,14 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
     ctx = run.ctx
     everything = ctx.store.all_instances()
     known = {r["id"] for r in everything if r["host"] == host["name"]}
+    # Instances recorded on another host (evacuated from this one while it was dead): a
+    # copy here is stale, never to be started; removed unless both records name one libvirt.
+    uris = {h["name"]: h["uri"] for h in ctx.store.list_hosts()}
+    elsewhere = {r["id"]: r["host"] for r in everything
+                 if r["host"] != host["name"] and uris.get(r["host"]) != host["uri"]}
+    evacuating = {e["instance_id"] for e in ctx.store.list_evacuations()}
     macs = {m for r in everything for m in (r.get("mac"), r.get("public_mac")) if m}
-    rows = [r for r in everything if not r.get("intent") and r["host"] == host["name"]]
+    rows = [r for r in everything if not r.get("intent") and r["host"] == host["name"] and r["id"] not in evacuating]
     # Each row is let go once it is compared (and repaired): 10,000 rows held until the
     # end of a sandbox's start were 20 MB, whose holes stayed in the server's memory.
     del everything
@@ -448,6 +462,12 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
                 lambda r=row, s=info.status: ctx.store.set_instance_status(r["id"], s),
             )
     for orphan in sorted(set(hypervisor.list_instances()) - known):
+        if orphan in elsewhere:
+            run.found("domain-stale", orphan,
+                      f"a domain, disk or seed of an instance now on host {elsewhere[orphan]} (evacuated while "
+                      "this host was down); removed, never started",
+                      lambda i=orphan: hypervisor.destroy(i))
+            continue
         run.found("domain-orphan", orphan, "a domain, disk or seed with no database record; left for the admin")
     read, reservations = run.probe("network", "the DHCP reservations", hypervisor.list_reservations)
     for r in reservations if read else ():

@@ -805,6 +805,39 @@ class Store:
                 raise Conflict(f"hypervisor host {name} holds {held} instance(s); delete or move them first")
             conn.execute("DELETE FROM hosts WHERE name = ?", (name,))
 
+    # -- evacuations (cloud-agent host evacuate) --------------------------------------
+    def begin_evacuation(self, instance_id: str, from_host: str, place) -> str | None:
+        """Point a live instance of `from_host` at the host `place(hosts)` picks (hosts with
+        their allocations, as list_hosts gives them) and record the evacuation, in one
+        transaction: the new host's allocation counts it at once. None (nothing changed)
+        when the instance is no longer a live one of `from_host`."""
+        with self.write() as conn:
+            row = conn.execute("SELECT host, intent FROM instances WHERE id = ?", (instance_id,)).fetchone()
+            if row is None or row["host"] != from_host or row["intent"] is not None:
+                return None
+            target = place(self._hosts(conn))
+            conn.execute("UPDATE instances SET host = ? WHERE id = ?", (target, instance_id))
+            conn.execute("INSERT INTO evacuations (instance_id, from_host, to_host, started_at_utc) "
+                         "VALUES (?, ?, ?, ?)", (instance_id, from_host, target, utc_now()))
+        return target
+
+    def list_evacuations(self, *, from_host: str | None = None) -> list[dict]:
+        """Evacuations not finished, oldest first."""
+        where, params = ("WHERE from_host = ?", (from_host,)) if from_host is not None else ("", ())
+        return self._all(f"SELECT * FROM evacuations {where} ORDER BY started_at_utc, instance_id", params)
+
+    def finish_evacuation(self, instance_id: str) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM evacuations WHERE instance_id = ?", (instance_id,))
+
+    def undo_evacuation(self, instance_id: str) -> None:
+        """The rebuild failed and nothing of it remains: the row names its old host again."""
+        with self.write() as conn:
+            conn.execute("UPDATE instances SET host = (SELECT from_host FROM evacuations WHERE instance_id = ?) "
+                         "WHERE id = ? AND EXISTS (SELECT 1 FROM evacuations WHERE instance_id = ?)",
+                         (instance_id, instance_id, instance_id))
+            conn.execute("DELETE FROM evacuations WHERE instance_id = ?", (instance_id,))
+
     # -- volumes ------------------------------------------------------------------
     def insert_volume(self, volume: dict) -> None:
         try:

@@ -16,6 +16,8 @@ never the shared one another session may stop at any time. Meanwhile one of:
 (b) slapd stops and starts again (`[directory] backend = ldap`, a slapd of the
     test's own, stopped and started by its PID);
 (c) one of two hypervisor hosts dies for good (SIGKILL, not started again);
+    afterwards the admin runs `host evacuate remote --host-is-down`, then
+    `host remove remote`;
 (d) the server is SIGKILLed and started again on the same database and port.
 
 Each scenario asserts: no 500; no request outlives its client timeout;
@@ -566,7 +568,17 @@ def test_one_of_two_hosts_dies_for_good(tmp_path, tmp_path_factory, remote_libvi
 
         run = run_mix(d, clients, needs=needs, fault=lambda run: another_remote_libvirtd.kill(),
                       restore=None)
+        # The admin's answer to a host lost for good (docs/scaling.md): it is fenced (here it
+        # stays killed), its instances are rebuilt on the host that lives, and it is forgotten.
+        code, evacuated = d.agent("host", "evacuate", "remote", "--host-is-down", check=False)
+        assert code == 0 and evacuated["failed"] == [], evacuated
+        rebuilt = {r["id"] for r in evacuated["rebuilt"]}
+        standing = {c.standing for c in clients if c.standing}
+        assert standing <= rebuilt and {r["to"] for r in evacuated["rebuilt"]} == {"default"}, evacuated
+        assert all(d.host_of(i) == "default" for i in standing)
+        d.agent("host", "remove", "remote")
         summary, drift = reconciled(d)
+        summary = f"evacuated {len(rebuilt)} instance(s), host removed; {summary}"
         verdict(tmp_path_factory, "one of two hosts dies for good", run, summary, drift,
                 problems(run, restored=False, part="the dead host"))
     finally:

@@ -684,7 +684,7 @@ def test_host_commands_have_help_with_examples():
 
     from agent.cli import cli
 
-    for command in ("add", "list", "enable", "disable", "remove"):
+    for command in ("add", "list", "enable", "disable", "remove", "evacuate"):
         result = CliRunner().invoke(cli, ["host", command, "--help"])
         assert result.exit_code == 0 and "Example" in result.output, (command, result.output)
 

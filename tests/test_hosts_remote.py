@@ -279,3 +279,62 @@ def test_a_create_placed_on_a_stopped_remote_host_lands_on_the_live_one(cluster,
     assert remote_volumes(ctx, remote_libvirtd) == []
     for instance_id in made:
         assert client.simulate_delete(f"{BASE}/{instance_id}", headers=alice.headers).status_code == 200
+
+
+# -- issue 16, fault (c): a host that died for good is evacuated ---------------------------------
+def test_a_dead_remote_host_is_evacuated_and_its_stale_domain_removed_when_it_answers(cluster, remote_libvirtd,
+                                                                                      another_remote_libvirtd):
+    """The instance is rebuilt on a third libvirtd ("spare"; the config's own host is disabled),
+    keeping its identity; the old host, answering again, has its stale domain removed."""
+    from controller import evacuate
+    from controller.errors import Conflict
+
+    ctx = cluster
+    client = testing.TestClient(create_app(ctx))
+    alice = make_caller(ctx, "alice@example.org")
+    enable(ctx, alice, username="alice")
+    give_volume(client, alice)
+    image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
+                             min_ram=128)
+    flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
+    hosts.set_enabled(ctx, "default", False)
+    r = client.simulate_post(BASE, headers=alice.headers, json={"server-image": image["id"],
+                                                                "server-flavor": flavor["id"]})
+    assert r.status_code == 201, r.json
+    inst = r.json["data"][0]
+    spare = another_remote_libvirtd
+    hosts.add_host(ctx, name="spare", uri=spare.uri, storage_pool=spare.pool, network=spare.network, insecure=True)
+    [before] = ctx.store.list_instances(visible_to=None, instance_id=inst["id"])
+    assert before["host"] == "remote"
+    domain = ctx.config.get("libvirt", "domain_prefix") + inst["id"]
+    with pytest.raises(Conflict, match="host remote answers"):
+        evacuate.evacuate(ctx, "remote", host_is_down=True)
+    remote_libvirtd.stop()
+    try:
+        result = evacuate.evacuate(ctx, "remote", host_is_down=True)
+        assert result == {"host": "remote", "rebuilt": [{"id": inst["id"], "to": "spare"}], "failed": []}
+        [after] = ctx.store.list_instances(visible_to=None, instance_id=inst["id"])
+        assert after["host"] == "spare"
+        assert {k: after[k] for k in ("hostname", "private_ip", "mac", "users")} == \
+            {k: before[k] for k in ("hostname", "private_ip", "mac", "users")}
+        state = subprocess.run(["virsh", "-c", spare.uri, "domstate", domain], capture_output=True, text=True)
+        assert state.stdout.strip() == "running"
+        info = hosts.hypervisor_of(ctx, "spare").describe(inst["id"])
+        assert [n.mac for n in info.nics] == [before["mac"]]
+        # Its network is bridged here: the guest's static config carries the address, no reservation.
+        dhcp = hosts.hypervisor_of(ctx, "spare").uses_dhcp_reservations()
+        assert [(x.mac, x.address) for x in info.reservations] == \
+            ([(before["mac"], before["private_ip"])] if dhcp else [])
+        r = client.simulate_get(f"{BASE}/{inst['id']}", headers=alice.headers)
+        assert r.json["data"][0]["status"] == "running"
+    finally:
+        remote_libvirtd.start()
+    ctx.adapters.hosts.forget("remote")  # past its back-off
+    found = [(d["kind"], d["target"]) for d in reconcile(ctx) if d["host"] == "remote"]
+    assert found == [("domain-stale", inst["id"])]
+    fixed = [d for d in reconcile(ctx, fix=True) if d["host"] == "remote"]
+    assert [(d["kind"], d["fixed"]) for d in fixed] == [("domain-stale", True)]
+    assert subprocess.run(["virsh", "-c", remote_libvirtd.uri, "dominfo", domain],
+                          capture_output=True).returncode != 0
+    assert [d for d in reconcile(ctx) if d["host"] == "remote"] == []
+    assert client.simulate_delete(f"{BASE}/{inst['id']}", headers=alice.headers).status_code == 200
