@@ -27,7 +27,7 @@ from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.factory import build_adapters
 from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
-from tests.fixtures.libvirtd import assert_same_image
+from tests.fixtures.libvirtd import assert_same_image, cleanup_hypervisor
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -62,11 +62,7 @@ def cluster(tmp_path, libvirt_dir_pool, libvirt_private_network, remote_libvirtd
     yield ctx
     for name in ("default", "remote"):
         try:
-            hv = hosts.hypervisor_of(ctx, name)
-            for instance_id in hv.list_instances():
-                hv.destroy(instance_id)
-            for image_id in hv.list_base_images():
-                hv.delete_base_image(image_id)
+            cleanup_hypervisor(hosts.hypervisor_of(ctx, name))
         except ControllerError:
             pass
     store.close()
@@ -120,8 +116,8 @@ def test_an_image_reaches_the_remote_host_over_the_connection(cluster, remote_li
     assert_same_image(source, Path(remote_libvirtd.pool_path) / row["base_volume"])
 
 
-def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
-    ctx = cluster
+def _alice_and_a_blank_create(ctx):
+    """A client, alice with an account and a volume, and the body of a create of a blank 1 GB image."""
     client = testing.TestClient(create_app(ctx))
     alice = make_caller(ctx, "alice@example.org")
     enable(ctx, alice, username="alice")
@@ -129,7 +125,12 @@ def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
     image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
                              min_ram=128)
     flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
-    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    return client, alice, {"server-image": image["id"], "server-flavor": flavor["id"]}
+
+
+def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
+    ctx = cluster
+    client, alice, body = _alice_and_a_blank_create(ctx)
     hosts.set_enabled(ctx, "default", False)
     r = client.simulate_post(BASE, headers=alice.headers, json=body)
     assert r.status_code == 201, r.json
@@ -248,14 +249,7 @@ def test_reconcile_finds_and_removes_what_a_crash_mid_upload_left_on_the_remote_
 # -- issue 16, finding 5: a create placed on a host whose libvirtd stopped -----------------------
 def test_a_create_placed_on_a_stopped_remote_host_lands_on_the_live_one(cluster, remote_libvirtd):
     ctx = cluster
-    client = testing.TestClient(create_app(ctx))
-    alice = make_caller(ctx, "alice@example.org")
-    enable(ctx, alice, username="alice")
-    give_volume(client, alice)
-    image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
-                             min_ram=128)
-    flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
-    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    client, alice, body = _alice_and_a_blank_create(ctx)
     hosts.set_enabled(ctx, "remote", False)
     first = client.simulate_post(BASE, headers=alice.headers, json=body)
     assert first.status_code == 201, first.json

@@ -586,25 +586,15 @@ def test_migration_records_the_uid_of_existing_volumes_from_their_account(tmp_pa
 def test_a_volume_made_while_the_old_home_is_removed_keeps_its_limit(runner, tmp_path, cctx, client, adapters):
     """setquota's limit is the uid's: removing the old home's quota after the user made a new
     volume must not leave the new one with 1 KiB and one inode."""
-    import threading
-
     from controller.background import Background
-    from tests.fixtures.api import enable, give_volume, make_caller
+    from tests.fixtures.api import enable, give_volume, hold_purges, make_caller
 
     cctx.background = Background()
     bob = make_caller(cctx, "bob@example.org")
     uid = str(enable(cctx, bob, "bob")["uid"])
     adapters.homes = _homes_on(tmp_path, q.SetQuota(filesystem=str(tmp_path)))
     old = give_volume(client, bob, size=1)
-    release, purging = threading.Event(), threading.Event()
-    real = adapters.homes.purge
-
-    def slow_purge(path):
-        purging.set()
-        assert release.wait(10)
-        real(path)
-
-    adapters.homes.purge = slow_purge
+    release, purging = hold_purges(adapters.homes)
     assert client.simulate_delete(f"/v1/storage-volume/{old['volume-id']}", headers=bob.headers).status_code == 200
     assert purging.wait(10)
     give_volume(client, bob, size=3)  # while the old tree is still being removed

@@ -8,7 +8,7 @@ import pytest
 from controller.errors import Conflict
 from controller.locks import host_changes
 from controller.reconcile import reconcile
-from tests.fixtures.api import enable, give_volume, make_caller
+from tests.fixtures.api import enable, give_volume, hold_purges, make_caller
 from tests.test_controller_api import boot, people  # noqa: F401  (fixture)
 
 CLIENTS = 32
@@ -125,15 +125,7 @@ def test_a_volume_delete_answers_before_the_tree_is_removed(client, cctx, adapte
 
     cctx.background = Background()
     vol = give_volume(client, people["owner"])
-    release, purging = threading.Event(), threading.Event()
-    real = adapters.homes.purge
-
-    def slow_purge(path):
-        purging.set()
-        assert release.wait(10)
-        real(path)
-
-    adapters.homes.purge = slow_purge
+    release, purging = hold_purges(adapters.homes)
     r = client.simulate_delete(f"/v1/storage-volume/{vol['volume-id']}", headers=people["owner"].headers)
     assert r.status_code == 200
     assert purging.wait(10)  # the removal runs, and the request did not wait for it
