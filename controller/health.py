@@ -215,8 +215,23 @@ def monitor_for(ctx: Context) -> HealthMonitor:
     check that hangs is not started again while it runs."""
     timeout = ctx.config.get_int("health", "check_timeout_seconds")
     runner = CheckRunner(timeout)
-    return HealthMonitor(lambda: run_checks(ctx, runner=runner),
-                         refresh=ctx.config.get_int("health", "refresh_seconds"), check_timeout=timeout)
+
+    def round_() -> list[dict]:
+        if ctx.adapters is not None and ctx.adapters.hosts is not None:
+            # Hosts in their back-off are asked again here, off the request threads and bounded
+            # like a check (its result is not reported: `host list` and `check` show hosts).
+            from controller.hosts import hypervisor_of
+
+            pool = ctx.adapters.hosts
+
+            def try_again(name: str) -> None:
+                hypervisor_of(ctx, name)  # built from its record if this process never used it
+                pool.try_again(name)
+
+            runner.run([(f"retry host {name}", lambda n=name: try_again(n)) for name in pool.in_back_off()])
+        return run_checks(ctx, runner=runner)
+
+    return HealthMonitor(round_, refresh=ctx.config.get_int("health", "refresh_seconds"), check_timeout=timeout)
 
 
 def _other_hosts(ctx: Context) -> list[dict]:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.errors import HostUnreachable, InvalidInput
+from common.errors import ControllerError, HostUnreachable, InvalidInput
 from host_adapters.hypervisor import FakeHypervisor, HostCapacity, Hypervisor
 
 
@@ -43,6 +43,10 @@ class _Health:
     def failed(self, name: str, why: str) -> None:
         with self._lock:
             self._down[name] = (self.clock(), why)
+
+    def down(self) -> list[str]:
+        with self._lock:
+            return list(self._down)
 
     def answered(self, name: str) -> None:
         if name in self._down:
@@ -132,6 +136,27 @@ class HostPool:
 
     def mark_unreachable(self, name: str, why: str) -> None:
         self._health.failed(name, why)
+
+    def in_back_off(self) -> list[str]:
+        """The hosts marked unreachable (their back-off may have run out)."""
+        return self._health.down()
+
+    def try_again(self, name: str) -> bool:
+        """Ask a host marked unreachable once, now, whatever is left of its back-off (a
+        bounded connect): one that answers, even with an error, takes calls again at once.
+        The service's health refresher does this every round, so a host that comes back
+        takes new work within seconds rather than after the rest of `retry_seconds`."""
+        built = self._built.get(name)
+        if built is None:
+            return False  # never built here: nothing to ask (controller.hosts.hypervisor_of builds it)
+        try:
+            built[1].inner.host_capacity()
+        except HostUnreachable:
+            return False  # still down; its back-off is left as it was
+        except ControllerError:
+            pass  # it answered
+        self._health.answered(name)
+        return True
 
 
 class FakeHosts:

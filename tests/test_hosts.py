@@ -243,6 +243,29 @@ def test_a_dead_host_is_tried_again_after_its_back_off(client, cctx, adapters, c
     assert ok(client.simulate_get(f"{BASE}/{inst['id']}", headers=alice.headers), 200)[0]["status"] == "running"
 
 
+def test_the_health_refresher_takes_a_host_that_answers_again_out_of_its_back_off(
+        client, cctx, adapters, cluster, alice, catalog, flavor):
+    """A host back before its back-off ends takes creates at the next health round, not after
+    [hosts] retry_seconds (faults (a): creates 503 for up to 30 s after libvirtd came back)."""
+    from controller.health import monitor_for
+
+    clock = [1000.0]
+    adapters.hosts._health.clock = lambda: clock[0]
+    for name in ("default", "node-a", "node-b"):
+        adapters.fake_hosts.kill(name)
+        adapters.hosts.mark_unreachable(name, "down")
+    assert refused(boot(client, alice, catalog, flavor), 503).startswith("no hypervisor host is reachable")
+    monitor = monitor_for(cctx)
+    monitor.stop()  # no refresher thread: the test runs the rounds
+    monitor.refresh_now()
+    assert {n for n in ("default", "node-a", "node-b") if not adapters.hosts.reachable(n)} == {
+        "default", "node-a", "node-b"}  # still dead: still in their back-off
+    adapters.fake_hosts.revive("default")
+    monitor.refresh_now()  # clock unmoved: well inside retry_seconds
+    assert adapters.hosts.reachable("default") and not adapters.hosts.reachable("node-a")
+    assert host_of(cctx, ok(boot(client, alice, catalog, flavor))[0]["id"]) == "default"
+
+
 def test_every_host_dead_is_503_not_409(client, cctx, adapters, cluster, alice, catalog, flavor):
     for name in ("default", "node-a", "node-b"):
         adapters.fake_hosts.kill(name)
