@@ -418,6 +418,11 @@ def problems(run: Run, *, restored: bool, part: str) -> list[str]:
     for c in run.calls:
         if c.needs or c.ok or _in_down(run, c.started, c.ended):
             continue
+        if c.status == 503 and c.started < run.fault_start < c.ended:
+            # In flight when the part failed, so it may have been using it: a create that had
+            # begun its spawn on the host as it died answers 503 (what it made there may
+            # remain, so it is not placed again; reconcile removes it).
+            continue
         out.append(f"does not need {part}, yet failed at {c.started - run.fault_start:+.1f} s: {_short(c)}")
     during = [c for c in run.calls if c.needs and c.started >= run.fault_start + 1 and c.ended <= run.fault_end]
     if run.down is None and not during:
