@@ -159,7 +159,9 @@ def test_volume_quota_on_btrfs_is_enforced_and_removed(tmp_path, btrfs_home_root
     assert home == os.path.join(btrfs_home_root, "carol")
     st = os.stat(home)
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (account["uid"], account["gid"], 0o700)
-    assert "carol" in run("btrfs", "subvolume", "list", btrfs_home_root).stdout
+    # The list is the whole filesystem's: other tests' roots may hold a "carol" of their own.
+    mine = f"{os.path.basename(btrfs_home_root)}/carol\n"
+    assert mine in run("btrfs", "subvolume", "list", btrfs_home_root).stdout
 
     as_carol = ["setpriv", f"--reuid={account['uid']}", f"--regid={account['gid']}", "--clear-groups"]
     small = run(*as_carol, "dd", "if=/dev/zero", f"of={home}/small", "bs=1M", "count=100", "conv=fsync",
@@ -174,7 +176,7 @@ def test_volume_quota_on_btrfs_is_enforced_and_removed(tmp_path, btrfs_home_root
     assert f"0/{subvol_id}" in run("btrfs", "qgroup", "show", btrfs_home_root).stdout
     assert ok(client.simulate_delete(f"/v1/storage-volume/{vol['volume-id']}", headers=carol.headers)) == []
     assert not os.path.exists(home)
-    assert "carol" not in run("btrfs", "subvolume", "list", btrfs_home_root).stdout
+    assert mine not in run("btrfs", "subvolume", "list", btrfs_home_root).stdout
     assert f"0/{subvol_id} " not in run("btrfs", "qgroup", "show", btrfs_home_root).stdout + " "
 
 
