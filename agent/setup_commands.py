@@ -167,7 +167,9 @@ def serve(opts: Options, host, port):
     housekeeper.start()
     # The first round of health checks is in before the first probe can arrive; later
     # rounds run on the monitor's own thread, never on a request thread.
-    ctx.health.start(wait=True)
+    from controller.health import monitor_of
+
+    monitor_of(ctx).start(wait=True)
     def stop(signum, frame):
         raise KeyboardInterrupt  # leaves server.run() through the same clean path as Ctrl-C
 
@@ -181,7 +183,7 @@ def serve(opts: Options, host, port):
     finally:
         _sd_notify("STOPPING=1")
         server.close()
-        ctx.health.stop()
+        monitor_of(ctx).stop()
         housekeeper.stop()  # writes the anonymous failures still counted
 
 

@@ -3,6 +3,7 @@
 import falcon
 
 from api.openapi import openapi_document
+from controller.health import monitor_of
 from controller.context import Context
 
 
@@ -17,7 +18,7 @@ class Health:
         self.ctx = ctx
 
     def on_get(self, req, resp):
-        checks = self.ctx.health.current()
+        checks = monitor_of(self.ctx).current()
         if checks is None:
             resp.status = falcon.HTTP_503
             # No round of checks has finished yet (only before the first, a few seconds).

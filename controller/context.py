@@ -21,7 +21,8 @@ class Context:
     anonymous_failures: AnonymousFailures | None = None  # counted instead of one audit row each
     status_marks: StatusMarks = field(default_factory=StatusMarks, repr=False)
     _secret_box: SecretBox | None = field(default=None, repr=False)
-    _health: object = field(default=None, repr=False)
+    # controller.health.HealthMonitor, made by controller.health.monitor_of on first use.
+    health_monitor: object = field(default=None, repr=False)
 
     @property
     def secret_box(self) -> SecretBox:
@@ -30,15 +31,6 @@ class Context:
             self._secret_box = SecretBox(self.config.get("auth", "secret_key_file"))
         return self._secret_box
 
-    @property
-    def health(self):
-        """The controller.health.HealthMonitor GET /healthz answers from; its refresher
-        starts at the first probe, or before serving (`cloud-agent serve`)."""
-        if self._health is None:
-            from controller.health import monitor_for
-
-            self._health = monitor_for(self)
-        return self._health
 
 
 def build_context(config: Config, *, adapters=None, store: Store | None = None) -> Context:

@@ -210,6 +210,19 @@ def _log_changes(before: list[dict], checks: list[dict]) -> None:
             log.warning("health check %s failed: %s", c["name"], c["detail"])
 
 
+_MONITOR_LOCK = threading.Lock()
+
+
+def monitor_of(ctx: Context) -> HealthMonitor:
+    """The context's monitor, GET /healthz answers from (made on first use); its refresher
+    starts at the first probe, or before serving (`cloud-agent serve`)."""
+    if ctx.health_monitor is None:
+        with _MONITOR_LOCK:
+            if ctx.health_monitor is None:
+                ctx.health_monitor = monitor_for(ctx)
+    return ctx.health_monitor
+
+
 def monitor_for(ctx: Context) -> HealthMonitor:
     """The service's monitor: the checks of run_checks under one CheckRunner, so a
     check that hangs is not started again while it runs."""

@@ -7,7 +7,7 @@ them and the service log records them.
 import logging
 
 from controller.errors import HostUnavailable
-from controller.health import run_checks
+from controller.health import monitor_of, run_checks
 
 LDAP_DETAIL = "LDAP bind to ldap://10.1.2.3:389/ as cn=admin,dc=corp,dc=example refused: Invalid credentials"
 PATH_DETAIL = "home_root /srv/cluster/homes does not exist"
@@ -37,5 +37,5 @@ def test_a_failure_is_logged_once_not_at_every_probe(cctx, client, adapters, cap
     with caplog.at_level(logging.WARNING, logger="api.health"):
         for _ in range(3):
             assert client.simulate_get("/healthz").status_code == 503
-            cctx.health.refresh_now()  # a new round of checks, as the refresher runs them
+            monitor_of(cctx).refresh_now()  # a new round of checks, as the refresher runs them
     assert caplog.text.count(LDAP_DETAIL) == 1
