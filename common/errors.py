@@ -53,7 +53,7 @@ class HostUnavailable(HostError):
 class HostUnreachable(HostUnavailable):
     """A hypervisor host does not answer at all (no connection, or it was lost) (HTTP 503).
     Unlike other HostUnavailable causes (a missing pool), this marks the host unreachable
-    for a back-off (host_adapters/hosts.py)."""
+    for a back-off (host_adapters/host_pool.py)."""
 
 
 class CleanupFailed(HostError):

@@ -23,7 +23,7 @@ from controller.errors import Conflict, ControllerError, HostError, HostUnavaila
 from controller.libvirt_uri import transport_risks
 from controller.locks import one_at_a_time
 from host_adapters.factory import config_host
-from host_adapters.hosts import HostSpec
+from host_adapters.host_pool import HostSpec
 from host_adapters.hypervisor import HostCapacity, Hypervisor, base_file_limit
 
 log = logging.getLogger(__name__)

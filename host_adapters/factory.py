@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from host_adapters.directory import Directory, FakeDirectory
 from host_adapters.homes import FakeHomeVolumes, HomeVolumes
-from host_adapters.hosts import FakeHosts, HostPool, HostSpec
+from host_adapters.host_pool import FakeHosts, HostPool, HostSpec
 from host_adapters.hypervisor import FakeHypervisor, Hypervisor
 from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
 from host_adapters.virtiofs import LocalShareConfinement, ShareConfinement
@@ -26,7 +26,7 @@ class Adapters:
     # it when its last client goes): the server rebuilds it at start, another process
     # cannot check it, and a missing base disk may stand in blank.
     hypervisor_in_process: bool = False
-    # One Hypervisor per hypervisor host (host_adapters/hosts.py); `hypervisor` is the
+    # One Hypervisor per hypervisor host (host_adapters/host_pool.py); `hypervisor` is the
     # config's own host. Without one, every host is that one (a single node).
     hosts: HostPool | None = None
     fake_hosts: FakeHosts | None = None  # the fakes behind `hosts` in tests
@@ -94,8 +94,8 @@ def is_local_qemu(uri: str) -> bool:
 def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervisor:
     """The Hypervisor of one host (default: the config's own), with the config's
     virt_type, cpu_mode, domain prefix and subnet."""
-    from host_adapters.libvirt_hypervisor import LibvirtHypervisor
-    from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
+    from host_adapters.libvirt.driver import LibvirtHypervisor
+    from host_adapters.libvirt.volume_io import InProcessVolumeIO, StreamVolumeIO
 
     host = host or config_host(config)
     # libvirt's test driver (the sandbox) has no volume streams, also behind a daemon,

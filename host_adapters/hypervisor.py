@@ -4,7 +4,7 @@ An instance is a persistent domain named `<domain_prefix><instance id>` with
 an overlay disk on its image's base disk, a NoCloud seed disk (label
 `cidata`, host_adapters/seed.py) telling the guest its name, addresses and
 users, one NIC per address, and one virtiofs share per home. The libvirt
-implementation is in host_adapters/libvirt_hypervisor.py.
+implementation is in host_adapters/libvirt/driver.py.
 """
 
 import contextlib
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from common.errors import CleanupFailed, Conflict, HostError, HostUnreachable, InvalidInput, NotFound
 from host_adapters import seed as seeds
-from host_adapters.domain_xml import FilterRef
+from host_adapters.libvirt.xml import FilterRef
 from host_adapters.guest import GuestSpec, Reservation, Share
 from host_adapters.nic_filters import filter_for
 

@@ -14,7 +14,7 @@ host before a domain refers to them.
 import ipaddress
 import uuid
 
-from host_adapters.domain_xml import FilterRef, FilterRule, NWFilter
+from host_adapters.libvirt.xml import FilterRef, FilterRule, NWFilter
 from host_adapters.guest import Nic
 
 CLEAN_TRAFFIC = "clean-traffic"  # shipped with libvirt (Debian: libvirt-daemon-config-nwfilter)

@@ -3,7 +3,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from common.errors import InvalidInput
-from host_adapters import domain_xml as dx
+from host_adapters.libvirt import xml as dx
 
 
 def _tree(xml: str) -> ET.Element:

@@ -5,7 +5,7 @@ import pytest
 from controller.config import config_from_dict, sandbox_values
 from host_adapters import factory, quota
 from host_adapters.homes import DirectoryHomeVolumes
-from host_adapters.libvirt_hypervisor import LibvirtHypervisor
+from host_adapters.libvirt.driver import LibvirtHypervisor
 from host_adapters.local_directory import LocalDirectory
 from host_adapters.unix_groups import CommandUnixGroups
 
@@ -27,7 +27,7 @@ def test_sandbox_builds_real_adapters_without_touching_the_host(tmp_path):
 
 
 def test_the_test_driver_gets_in_process_volumes_and_stand_in_base_disks(tmp_path):
-    from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
+    from host_adapters.libvirt.volume_io import InProcessVolumeIO, StreamVolumeIO
 
     hv = factory.build_hypervisor(config(tmp_path))
     assert isinstance(hv._io, InProcessVolumeIO) and hv._stand_in

@@ -731,8 +731,8 @@ def test_a_host_that_never_answers_costs_one_bounded_connect(tmp_path):
     import time
 
     from controller.errors import HostUnreachable
-    from host_adapters.hosts import HostPool, HostSpec
-    from host_adapters.libvirt_hypervisor import LibvirtHypervisor
+    from host_adapters.host_pool import HostPool, HostSpec
+    from host_adapters.libvirt.driver import LibvirtHypervisor
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

@@ -15,8 +15,8 @@ from host_adapters.hypervisor import (
     Hypervisor,
     InstanceInfo,
 )
-from host_adapters.libvirt_hypervisor import LibvirtHypervisor, status_of
-from host_adapters.volume_io import InProcessVolumeIO
+from host_adapters.libvirt.driver import LibvirtHypervisor, status_of
+from host_adapters.libvirt.volume_io import InProcessVolumeIO
 from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
 
 GiB = 1024**3
@@ -344,7 +344,7 @@ class HypervisorContract:
         and with isolation only to its gateway on the private subnet."""
         import dataclasses
 
-        from host_adapters.domain_xml import FilterRef
+        from host_adapters.libvirt.xml import FilterRef
 
         instance_id = self.spawn(hv, base_image)
         guest = self.guest_of(hv, instance_id, [])

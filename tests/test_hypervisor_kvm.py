@@ -10,7 +10,7 @@ import pytest
 
 from controller.errors import CommandError, HostError
 from host_adapters import subp
-from host_adapters.libvirt_hypervisor import LibvirtHypervisor
+from host_adapters.libvirt.driver import LibvirtHypervisor
 from tests.fixtures.libvirtd import SYSTEM_URI, assert_same_image, cleanup_hypervisor, in_netns, unique_prefix
 from tests.test_hypervisor import HypervisorContract, guest_for, new_id
 

@@ -359,7 +359,7 @@ def test_a_spec_made_while_inactive_leaves_the_user_out(client, cctx, adapters, 
 # -- network filters (issue 16, finding 8) ---------------------------------------------------
 def test_each_nic_sends_only_from_its_address_and_isolation_follows_the_config(client, cctx, adapters, people,
                                                                                catalog):
-    from host_adapters.domain_xml import FilterRef
+    from host_adapters.libvirt.xml import FilterRef
 
     give_volume(client, people["owner"])
     [inst] = ok(boot(client, people["owner"], catalog), 201)

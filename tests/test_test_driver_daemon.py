@@ -17,7 +17,7 @@ import pytest
 
 from controller.config import config_from_dict, sandbox_values
 from host_adapters import factory
-from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
+from host_adapters.libvirt.volume_io import InProcessVolumeIO, StreamVolumeIO
 from tests.fixtures.libvirtd import cleanup_hypervisor, remove_network, unique_prefix
 from tests.test_scale_load import _token
 
@@ -228,7 +228,7 @@ def test_a_pool_too_long_for_the_remote_protocol_still_lists_the_domains(monkeyp
     20,000): that refusal is an answer, not a lost connection to reopen."""
     import libvirt
 
-    from host_adapters.libvirt_hypervisor import LibvirtHypervisor, _connection_lost
+    from host_adapters.libvirt.driver import LibvirtHypervisor, _connection_lost
 
     class TooMany(libvirt.libvirtError):
         def __init__(self):

@@ -10,8 +10,8 @@ import pytest
 from controller import hosts, images
 from controller.errors import HostError, InvalidInput
 from host_adapters.hypervisor import base_file_limit, open_image_source
-from host_adapters.libvirt_hypervisor import SEED_BYTES
-from host_adapters.volume_io import StreamVolumeIO
+from host_adapters.libvirt.driver import SEED_BYTES
+from host_adapters.libvirt.volume_io import StreamVolumeIO
 from tests.test_hypervisor import qcow2_header
 
 GiB = 1 << 30
@@ -172,7 +172,7 @@ def test_a_copy_between_hosts_stops_at_the_bound_and_leaves_nothing(cctx, adapte
 # -- a real libvirtd ---------------------------------------------------------------------------
 @pytest.fixture
 def real(libvirt_dir_pool, libvirt_private_network):
-    from host_adapters.libvirt_hypervisor import LibvirtHypervisor
+    from host_adapters.libvirt.driver import LibvirtHypervisor
     from tests.fixtures.libvirtd import cleanup_hypervisor, unique_prefix
 
     hv = LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=unique_prefix(),
@@ -187,7 +187,7 @@ def real(libvirt_dir_pool, libvirt_private_network):
 def test_a_real_seed_volume_grown_past_a_seed_is_a_clear_error(real, libvirt_dir_pool):
     import libvirt
 
-    from host_adapters import domain_xml
+    from host_adapters.libvirt import xml as domain_xml
     from tests.test_hypervisor import new_id
 
     instance_id = new_id()
@@ -243,7 +243,7 @@ def test_a_real_base_image_is_copied_only_within_its_bound(real, tmp_path):
 
 
 def test_the_test_drivers_contents_are_bounded_too():
-    from host_adapters.volume_io import InProcessVolumeIO
+    from host_adapters.libvirt.volume_io import InProcessVolumeIO
 
     class Vol:
         def path(self):

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from common.errors import CleanupFailed, Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, NotFound
-from host_adapters import domain_xml
+from host_adapters.libvirt import xml as domain_xml
 from host_adapters import seed as seeds
 from host_adapters.nic_filters import CLEAN_TRAFFIC, PROJECT_FILTERS, filter_for
 from host_adapters.guest import GuestSpec, Reservation, Share
@@ -39,7 +39,7 @@ from host_adapters.hypervisor import (
     open_image_source,
     reservations_for,
 )
-from host_adapters.volume_io import StreamVolumeIO, VolumeIO
+from host_adapters.libvirt.volume_io import StreamVolumeIO, VolumeIO
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """libvirt XML documents as small objects.
 
 Each object writes exactly what it is given: which disk, which shares, which NICs, which
-CPU mode a domain gets is decided one level up, in host_adapters/libvirt_hypervisor.py.
+CPU mode a domain gets is decided one level up, in host_adapters/libvirt/driver.py.
 """
 
 import xml.etree.ElementTree as ET
