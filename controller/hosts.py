@@ -24,7 +24,8 @@ from controller.libvirt_uri import transport_risks
 from controller.locks import one_at_a_time
 from host_adapters.factory import config_host
 from host_adapters.host_pool import HostSpec
-from host_adapters.hypervisor import HostCapacity, Hypervisor, base_file_limit
+from host_adapters.hypervisor import HostCapacity, Hypervisor
+from host_adapters.image_source import base_file_limit
 
 log = logging.getLogger(__name__)
 

@@ -371,7 +371,8 @@ def _network(run: _Run, hypervisor, host: dict, *, own: bool) -> None:
 def _instances(run: _Run, hypervisor, host: dict) -> None:
     from controller.instances import guest_spec, respawn
     from host_adapters import seed as seeds
-    from host_adapters.hypervisor import nic_devices_for, reservations_for
+    from host_adapters.guest import reservations_for
+    from host_adapters.nic_filters import nic_devices_for
 
     ctx = run.ctx
     everything = ctx.store.all_instances()

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 
 from host_adapters.directory import Directory, FakeDirectory
 from host_adapters.homes import FakeHomeVolumes, HomeVolumes
-from host_adapters.host_pool import FakeHosts, HostPool, HostSpec
-from host_adapters.hypervisor import FakeHypervisor, Hypervisor
+from host_adapters.fake_hypervisor import FakeHosts, FakeHypervisor
+from host_adapters.host_pool import HostPool, HostSpec
+from host_adapters.hypervisor import Hypervisor
 from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
 from host_adapters.virtiofs import LocalShareConfinement, ShareConfinement
 

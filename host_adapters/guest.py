@@ -170,3 +170,26 @@ class Reservation:
     mac: str
     address: str
     hostname: str = field(default="")
+
+
+# --- what the hypervisor adapters check and derive from a guest ----------------
+
+
+def check_positive(**values: object) -> None:
+    """Sizes (vCPUs, memory, disk, a base image's GiB): whole numbers of at least 1, bool refused."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInput(f"{name} must be a positive integer, not {value!r}")
+
+
+def check_guest(value: object) -> GuestSpec:
+    if not isinstance(value, GuestSpec):
+        raise InvalidInput(f"guest must be a GuestSpec, not {type(value).__name__}")
+    return value
+
+
+def reservations_for(guest: GuestSpec) -> tuple[Reservation, ...]:
+    """The DHCP reservations an instance's private NICs need (public NICs are static only)."""
+    return tuple(
+        Reservation(mac=n.mac, address=n.address, hostname=guest.hostname) for n in guest.nics if n.network
+    )

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.errors import ControllerError, HostUnreachable, InvalidInput
-from host_adapters.hypervisor import FakeHypervisor, HostCapacity, Hypervisor
+from common.errors import ControllerError, HostUnreachable
+from host_adapters.hypervisor import Hypervisor
 
 
 @dataclass(frozen=True)
@@ -157,34 +157,3 @@ class HostPool:
             pass  # it answered
         self._health.answered(name)
         return True
-
-
-class FakeHosts:
-    """FakeHypervisors by host name, for a HostPool in tests: `add(name, capacity)` makes
-    one (a host record with a `fake://NAME` URI finds it); `kill(name)` makes every call
-    to it raise HostUnreachable, `revive(name)` ends that."""
-
-    def __init__(self, default: FakeHypervisor, default_name: str = "default"):
-        self.fakes: dict[str, FakeHypervisor] = {default_name: default}
-
-    def add(self, name: str, *, vcpus: int = 64, memory_mb: int = 256 * 1024, network: str = "cc-private",
-            dhcp: bool = True) -> FakeHypervisor:
-        fake = FakeHypervisor(network=network)
-        fake.capacity = HostCapacity(vcpus=vcpus, memory_mb=memory_mb)
-        fake.dhcp = dhcp
-        self.fakes[name] = fake
-        return fake
-
-    def kill(self, name: str) -> None:
-        self.fakes[name].dead = True
-
-    def revive(self, name: str) -> None:
-        self.fakes[name].dead = False
-
-    def build(self, spec: HostSpec) -> Hypervisor:
-        fake = self.fakes.get(spec.name)
-        if fake is None:
-            if not spec.uri.startswith("fake://"):
-                raise InvalidInput(f"no fake hypervisor host at {spec.uri}")
-            fake = self.add(spec.name, network=spec.network)
-        return fake

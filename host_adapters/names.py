@@ -1,10 +1,12 @@
-"""Strict validation of names that reach a host command or a path.
+"""Strict validation of names that reach a host command or a path, and the names made from them.
 
 `groupadd` itself accepts names such as `bad;name`, so every name is checked
-here before any command runs.
+here before any command runs. The hypervisor adapters name domains and
+volumes after instance and image ids (Names): those ids are checked here too.
 """
 
 import re
+import uuid
 
 from common.errors import InvalidInput
 
@@ -65,3 +67,82 @@ def privileged_group_name(name: str, extra: frozenset[str] = frozenset()) -> boo
     """Whether an API client must not create a group of this name (see PRIVILEGED_GROUP_NAMES)."""
     return (name in PRIVILEGED_GROUP_NAMES or name in extra
             or any(name.startswith(p) for p in PRIVILEGED_GROUP_PREFIXES))
+
+
+# --- domain and volume names (the hypervisor adapters) ------------------------
+
+# Ids end up in domain and volume names, hence in paths: no "/", no leading dot.
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_VOLUME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+_TOKEN = re.compile(r"^[0-9a-f]{8}-$")
+
+
+def check_id(value: object, what: str) -> str:
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise InvalidInput(f"invalid {what} {value!r}")
+    return value
+
+
+def check_volume_name(value: object) -> str:
+    if not isinstance(value, str) or not _VOLUME.fullmatch(value):
+        raise InvalidInput(f"invalid base image volume name {value!r}")
+    return value
+
+
+class Names:
+    """Domain and volume names of one deployment (one prefix)."""
+
+    def __init__(self, prefix: str):
+        if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+            raise InvalidInput(f"invalid domain prefix {prefix!r}")
+        self.prefix = prefix
+
+    def domain(self, instance_id: str) -> str:
+        return self.prefix + instance_id
+
+    def disk(self, instance_id: str) -> str:
+        return f"{self.prefix}disk-{instance_id}.qcow2"
+
+    def seed(self, instance_id: str) -> str:
+        return f"{self.prefix}seed-{instance_id}.iso"
+
+    def base(self, image_id: str) -> str:
+        return f"{self.prefix}base-{image_id}.qcow2"
+
+    def partial_base(self, image_id: str, token: str) -> str:
+        """Where an upload writes before the base image is published; `token` (8 hex digits)
+        keeps two uploads of one image (two processes) apart."""
+        return f"{self.prefix}part-{token}-{image_id}.qcow2"
+
+    def _strip(self, name: str, head: str, tail: str) -> str | None:
+        if name.startswith(head) and name.endswith(tail) and len(name) > len(head) + len(tail):
+            found = name[len(head) : len(name) - len(tail)]
+            return found if _ID.fullmatch(found) else None
+        return None
+
+    def instance_of_domain(self, name: str) -> str | None:
+        return self._strip(name, self.prefix, "")
+
+    def instance_of_disk(self, name: str) -> str | None:
+        return self._strip(name, f"{self.prefix}disk-", ".qcow2")
+
+    def instance_of_seed(self, name: str) -> str | None:
+        return self._strip(name, f"{self.prefix}seed-", ".iso")
+
+    def image_of_base(self, name: str) -> str | None:
+        return self._strip(name, f"{self.prefix}base-", ".qcow2")
+
+    def image_of_partial(self, name: str) -> str | None:
+        found = self._strip(name, f"{self.prefix}part-", ".qcow2")
+        if found is None or not _TOKEN.fullmatch(found[:9]):
+            return None
+        return found[9:] if _ID.fullmatch(found[9:]) else None
+
+
+def domain_uuid(instance_id: str, domain_name: str) -> str:
+    # Operators find an instance in `virsh list --uuid` by the controller's id.
+    try:
+        return str(uuid.UUID(instance_id))
+    except ValueError:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, "libvirt-domain:" + domain_name))

@@ -14,8 +14,9 @@ host before a domain refers to them.
 import ipaddress
 import uuid
 
+from host_adapters.guest import GuestSpec, Nic
+from host_adapters.hypervisor import NicDevice
 from host_adapters.libvirt.xml import FilterRef, FilterRule, NWFilter
-from host_adapters.guest import Nic
 
 CLEAN_TRAFFIC = "clean-traffic"  # shipped with libvirt (Debian: libvirt-daemon-config-nwfilter)
 ISOLATED = "cloud-controller-isolated"
@@ -50,3 +51,8 @@ PROJECT_FILTERS = (
     )),
     NWFilter(ISOLATED, _uuid(ISOLATED), filterrefs=(CLEAN_TRAFFIC, _NO_GUEST_TO_GUEST)),
 )
+
+
+def nic_devices_for(guest: GuestSpec) -> tuple[NicDevice, ...]:
+    """The NICs a domain has for `guest`, each with its filter (filter_for)."""
+    return tuple(NicDevice(mac=n.mac, network=n.network, bridge=n.bridge, filter=filter_for(n)) for n in guest.nics)

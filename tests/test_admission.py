@@ -27,7 +27,7 @@ def config_values(tmp_path):
 @pytest.fixture
 def held_spawn(cctx, monkeypatch):
     """Every spawn waits for `go`; `inside` counts the spawns that started."""
-    from host_adapters.hypervisor import FakeHypervisor as hv_class
+    from host_adapters.fake_hypervisor import FakeHypervisor as hv_class
 
     real = hv_class.spawn
     state = type("Held", (), {})()

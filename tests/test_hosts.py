@@ -478,7 +478,7 @@ def test_concurrent_creates_of_a_new_image_on_a_host_wait_for_one_complete_uploa
 
 def test_reconcile_finds_and_removes_partial_base_volumes_on_every_host(client, cctx, adapters, cluster, alice,
                                                                        flavor, tmp_path):
-    from host_adapters.hypervisor import Names
+    from host_adapters.names import Names
 
     image = images.add_image(cctx, name="Real", os_name="debian", os_major="12", os_minor="7", min_disk=2,
                              min_ram=512, source=qcow2_file(tmp_path / "real.qcow2"))

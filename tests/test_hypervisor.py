@@ -9,9 +9,9 @@ import pytest
 
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
 from host_adapters.guest import GuestSpec, GuestUser, Nic, Reservation, Share
+from host_adapters.fake_hypervisor import FakeHypervisor
 from host_adapters.hypervisor import (
     STATUSES,
-    FakeHypervisor,
     Hypervisor,
     InstanceInfo,
 )

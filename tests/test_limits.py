@@ -259,7 +259,7 @@ def test_a_host_that_cannot_say_its_capacity_admits_nothing(client, cctx, alice,
 
 
 def test_fake_hypervisor_capacity_is_configurable():
-    from host_adapters.hypervisor import FakeHypervisor
+    from host_adapters.fake_hypervisor import FakeHypervisor
 
     hv = FakeHypervisor()
     assert hv.host_capacity() == HostCapacity(vcpus=64, memory_mb=262144)

@@ -444,7 +444,7 @@ def test_statuses_are_kept_current_by_lifecycle_events(libvirt_test_driver, monk
 
 
 def test_a_mark_older_than_the_remembered_changes_gets_the_whole_view():
-    from host_adapters.hypervisor import Names
+    from host_adapters.names import Names
     from host_adapters.libvirt.driver import _LiveStatuses
 
     live = _LiveStatuses(conn=None, names=Names("cc-"))
@@ -466,7 +466,7 @@ def test_a_mark_older_than_the_remembered_changes_gets_the_whole_view():
 def test_events_before_the_first_read_are_applied_after_it_in_order():
     import libvirt
 
-    from host_adapters.hypervisor import Names
+    from host_adapters.names import Names
     from host_adapters.libvirt.driver import _LiveStatuses
 
     names = Names("cc-")

@@ -21,24 +21,10 @@ from host_adapters.libvirt import xml as domain_xml
 from host_adapters import seed as seeds
 from host_adapters.nic_filters import CLEAN_TRAFFIC, PROJECT_FILTERS, filter_for
 from host_adapters.guest import GuestSpec, Reservation, Share
-from host_adapters.hypervisor import (
-    GiB,
-    HostCapacity,
-    Hypervisor,
-    InstanceInfo,
-    Names,
-    NicDevice,
-    Progress,
-    check_guest,
-    check_id,
-    check_positive,
-    check_qcow2_header,
-    check_volume_name,
-    domain_uuid,
-    nic_devices_for,
-    open_image_source,
-    reservations_for,
-)
+from host_adapters.guest import check_guest, check_positive, reservations_for
+from host_adapters.hypervisor import GiB, HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress
+from host_adapters.image_source import check_qcow2_header, open_image_source
+from host_adapters.names import Names, check_id, check_volume_name, domain_uuid
 from host_adapters.libvirt.volume_io import StreamVolumeIO, VolumeIO
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ import zlib
 from contextlib import contextmanager
 
 from common.errors import HostError
-from host_adapters.hypervisor import ImageSource, Progress
+from host_adapters.hypervisor import Progress
+from host_adapters.image_source import ImageSource
 
 
 class VolumeIO:
