@@ -15,7 +15,8 @@ from host_adapters.hypervisor import (
     Hypervisor,
     InstanceInfo,
 )
-from host_adapters.libvirt.driver import LibvirtHypervisor, status_of
+from host_adapters.libvirt.driver import LibvirtHypervisor
+from host_adapters.libvirt.statuses import status_of
 from host_adapters.libvirt.volume_io import InProcessVolumeIO
 from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
 

@@ -445,7 +445,7 @@ def test_statuses_are_kept_current_by_lifecycle_events(libvirt_test_driver, monk
 
 def test_a_mark_older_than_the_remembered_changes_gets_the_whole_view():
     from host_adapters.names import Names
-    from host_adapters.libvirt.driver import _LiveStatuses
+    from host_adapters.libvirt.statuses import _LiveStatuses
 
     live = _LiveStatuses(conn=None, names=Names("cc-"))
     ids = [f"0f000000-0000-4000-8000-{i:012d}" for i in range(3)]
@@ -467,7 +467,7 @@ def test_events_before_the_first_read_are_applied_after_it_in_order():
     import libvirt
 
     from host_adapters.names import Names
-    from host_adapters.libvirt.driver import _LiveStatuses
+    from host_adapters.libvirt.statuses import _LiveStatuses
 
     names = Names("cc-")
     live = _LiveStatuses(conn=None, names=names)

@@ -228,7 +228,8 @@ def test_a_pool_too_long_for_the_remote_protocol_still_lists_the_domains(monkeyp
     20,000): that refusal is an answer, not a lost connection to reopen."""
     import libvirt
 
-    from host_adapters.libvirt.driver import LibvirtHypervisor, _connection_lost
+    from host_adapters.libvirt.connection import _connection_lost
+    from host_adapters.libvirt.driver import LibvirtHypervisor
 
     class TooMany(libvirt.libvirtError):
         def __init__(self):

@@ -1,0 +1,200 @@
+"""A host's private network, its DHCP reservations (one per instance NIC), and the project's
+network filters that guests' NICs refer to (host_adapters/nic_filters.py).
+"""
+
+import contextlib
+import ipaddress
+import threading
+from collections.abc import Iterable
+
+from common.errors import HostUnavailable, InvalidInput
+from host_adapters.guest import GuestSpec, Reservation
+from host_adapters.libvirt import xml as domain_xml
+from host_adapters.libvirt import test_driver
+from host_adapters.libvirt.connection import _code, _libvirt
+from host_adapters.nic_filters import PROJECT_FILTERS
+
+
+def _netmask(subnet: str) -> tuple[ipaddress.IPv4Network, str]:
+    try:
+        net = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError as e:
+        raise InvalidInput(f"invalid network subnet {subnet!r}: {e}") from None
+    if net.num_addresses < 8:
+        raise InvalidInput(f"network subnet {subnet} is too small")
+    return net, str(net.netmask)
+
+
+def gateway_of(subnet: str) -> str:
+    """The host's address on a private network: the subnet's first address."""
+    net, _ = _netmask(subnet)
+    return str(net.network_address + 1)
+
+
+class NetworkPart:
+    """The private network of LibvirtHypervisor (driver.py): `network` names it, `subnet` its
+    addresses; ensure_network() makes it."""
+
+    def _init_network(self, network: str, subnet: str) -> None:
+        self.network = network
+        self.subnet, self._netmask = _netmask(subnet)
+        # Reservations postponed by batch(), made together when it ends; None outside one.
+        self._queued_hosts: dict[str, Reservation] | None = None  # by MAC
+        self._batch_lock = threading.Lock()
+
+    def _network(self, conn, name: str | None = None, *, required: bool = True):
+        lv = _libvirt()
+        name = name or self.network
+        try:
+            return conn.networkLookupByName(name)
+        except lv.libvirtError as e:
+            if _code(e) != lv.VIR_ERR_NO_NETWORK:
+                raise
+            if required:
+                raise HostUnavailable(
+                    f"libvirt network {name!r} not found at {self.uri}: run `cloud-agent init`"
+                ) from e
+            return None
+
+    def _network_definition(self) -> domain_xml.Network:
+        return domain_xml.Network(
+            name=self.network, gateway=str(self.subnet.network_address + 1), netmask=self._netmask
+        )
+
+    def ensure_network(self) -> bool:
+        def op(conn):
+            net = self._network(conn, required=False)
+            changed = False
+            if net is None:
+                net = conn.networkDefineXML(self._network_definition().to_xml())
+                changed = True
+            if not net.isActive():
+                net.create()
+                changed = True
+            if not net.autostart():
+                net.setAutostart(1)
+            # The filters of isolated NICs, so that `check` finds them at once (spawn defines
+            # them too, on any host that lacks them).
+            return self._ensure_filters(conn) or changed
+
+        return self._call(f"create network {self.network}", op)
+
+    def network_status(self) -> str:
+        def op(conn):
+            net = self._network(conn, required=False)
+            return "missing" if net is None else ("active" if net.isActive() else "inactive")
+
+        return self._call(f"state of network {self.network}", op)
+
+    def uses_dhcp_reservations(self) -> bool:
+        def op(conn):
+            net = self._network(conn)
+            return domain_xml.serves_addresses(net.XMLDesc(0))
+
+        return self._call(f"read network {self.network}", op)
+
+    def list_reservations(self) -> list[Reservation]:
+        return self._call("list reservations", lambda conn: sorted(self._reservations_all(conn), key=lambda r: r.mac))
+
+    def drop_reservations(self, macs: list[str]) -> None:
+        self._call("drop reservations", lambda conn: self._update_hosts(conn, remove=set(macs)))
+
+    def _reservations(self, conn, macs: set[str]) -> list[Reservation]:
+        lv = _libvirt()
+        net = self._network(conn, required=False)
+        if net is None or not macs:
+            return []
+        hosts = domain_xml.iter_dhcp_hosts(net.XMLDesc(0))
+        return sorted(
+            (Reservation(mac=h.mac, address=h.ip, hostname=h.name) for h in hosts if h.mac in macs),
+            key=lambda r: r.mac,
+        )
+
+    def _reservations_all(self, conn) -> list[Reservation]:
+        lv = _libvirt()
+        net = self._network(conn, required=False)
+        if net is None:
+            return []
+        hosts = domain_xml.dhcp_hosts_of(net.XMLDesc(0))
+        return [Reservation(mac=h.mac, address=h.ip, hostname=h.name) for h in hosts]
+
+    @contextlib.contextmanager
+    def batch(self):
+        # libvirt changes a network's DHCP hosts one per virNetworkUpdate, and each update
+        # copies the whole definition: 10,000 spawns took minutes on the test driver. In
+        # a batch, spawns queue their reservations and they are made together at the end.
+        with self._batch_lock:
+            self._queued_hosts = {}
+            try:
+                yield
+            finally:
+                queued, self._queued_hosts = self._queued_hosts, None
+            if queued:
+                self._call("reserve addresses", lambda conn: self._add_hosts_at_once(conn, list(queued.values())))
+
+    def _add_hosts_at_once(self, conn, add: list[Reservation]) -> None:
+        """Add many reservations: one by one on a host (its network is never restarted under
+        running guests); on the test driver by one new definition of the network."""
+        if not test_driver.is_test_driver(conn):
+            self._update_hosts(conn, add=add)
+            return
+        test_driver.add_hosts_by_redefining(conn, self._network(conn), self.network, add)
+
+    def _update_hosts(self, conn, *, add: Iterable[Reservation] = (), remove: Iterable[str] = ()) -> None:
+        """Drop the reservations of the MACs in `remove`, then add `add` (replacing any of the same MAC).
+
+        In a batch() a pure addition is queued instead (made when the batch ends)."""
+        lv = _libvirt()
+        add = list(add)
+        queued = self._queued_hosts
+        if queued is not None:
+            for mac in remove:
+                queued.pop(mac, None)  # an undone spawn's too
+            if add and not set(remove) - {r.mac for r in add}:
+                queued.update((r.mac, r) for r in add)
+                return
+        remove = {*remove, *(r.mac for r in add)}
+        net = self._network(conn, required=bool(add))
+        if net is None:
+            return
+        xml = net.XMLDesc(0)
+        if not domain_xml.serves_addresses(xml):
+            return  # a bridged network: libvirt hands out no addresses there, the seed's static config does
+        flags = lv.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+        if net.isActive():
+            flags |= lv.VIR_NETWORK_UPDATE_AFFECT_LIVE
+        wanted = {domain_xml.DhcpHost(mac=r.mac, ip=r.address, name=r.hostname) for r in add}
+
+        def clashes(host) -> bool:
+            # libvirt refuses an entry sharing a MAC, an address or a name with another;
+            # the controller owns these, so a stale one gives way.
+            return any(host.ip == w.ip or (host.name and host.name == w.name) for w in wanted)
+
+        # Only the entries this change touches are kept (a network may hold 10,000).
+        existing = [h for h in domain_xml.iter_dhcp_hosts(xml) if h in wanted or h.mac in remove or clashes(h)]
+        del xml
+        for host in existing:
+            if host not in wanted and (host.mac in remove or clashes(host)):
+                net.update(lv.VIR_NETWORK_UPDATE_COMMAND_DELETE, lv.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1,
+                           host.to_xml(), flags)
+        for host in wanted - set(existing):
+            net.update(lv.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, lv.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1,
+                       host.to_xml(), flags)
+
+    def _ensure_filters(self, conn, guest: GuestSpec | None = None) -> bool:
+        """Define the project's network filters on this host when missing (True if it did), before a
+        domain refers to them; with `guest`, only when one of its NICs does. Never redefined when
+        present: a definition makes libvirt rebuild the rules of every NIC using the filter."""
+        if test_driver.is_test_driver(conn) or (guest is not None and not any(n.isolated for n in guest.nics)):
+            return False
+        lv = _libvirt()
+        made = False
+        for nwfilter in PROJECT_FILTERS:
+            try:
+                conn.nwfilterLookupByName(nwfilter.name)
+            except lv.libvirtError as e:
+                if _code(e) != lv.VIR_ERR_NO_NWFILTER:
+                    raise
+                conn.nwfilterDefineXML(nwfilter.to_xml())
+                made = True
+        return made
