@@ -26,7 +26,7 @@ class NetworkPlan:
     public_prefix: int | None = None
     public_gateway: ipaddress.IPv4Address | None = None
     public_dns: tuple[str, ...] = ()
-    isolate_guests: bool = False  # private NICs reach the gateway only (host_adapters/nic_filters.py)
+    isolate_guests: bool = False  # private NICs reach the gateway only (host_adapters/libvirt/nic_filters.py)
 
     @property
     def has_public(self) -> bool:

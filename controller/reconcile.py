@@ -372,7 +372,7 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
     from controller.instances import guest_spec, respawn
     from host_adapters import seed as seeds
     from host_adapters.guest import reservations_for
-    from host_adapters.nic_filters import nic_devices_for
+    from host_adapters.libvirt.nic_filters import nic_devices_for
 
     ctx = run.ctx
     everything = ctx.store.all_instances()

@@ -19,7 +19,7 @@ from host_adapters.host_pool import HostSpec
 from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress
 from host_adapters.image_source import open_image_source
 from host_adapters.names import Names, check_id, check_volume_name
-from host_adapters.nic_filters import nic_devices_for
+from host_adapters.libvirt.nic_filters import nic_devices_for
 
 # Statuses in which a guest exists (QEMU runs): its live shares are those it started with.
 _FAKE_ACTIVE = ("running", "paused", "building")

@@ -48,7 +48,7 @@ class Nic:
     Exactly one of `network` (a libvirt network: the private NIC) and `bridge`
     (a host bridge: the public NIC) is set. `isolated`: the guest may send nothing
     to the other addresses of this NIC's subnet but the gateway (a private NIC
-    with a gateway only; host_adapters/nic_filters.py).
+    with a gateway only; host_adapters/libvirt/nic_filters.py).
     """
 
     mac: str

@@ -13,13 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from host_adapters.guest import GuestSpec, Reservation, Share
-from host_adapters.libvirt.xml import FilterRef
 
 STATUSES = ("building", "running", "paused", "shutoff", "crashed", "error")
 
 GiB = 1024**3
 
 Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class FilterRef:
+    """A NIC's network filter, by name, with its parameters sorted (libvirt's nwfilter; which
+    NIC gets which: host_adapters/libvirt/nic_filters.py)."""
+
+    name: str
+    parameters: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

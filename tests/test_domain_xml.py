@@ -292,7 +292,7 @@ def test_an_interface_with_a_filter_and_its_parameters_round_trips():
 
 def test_every_nic_sends_only_from_its_own_mac_and_address():
     from host_adapters.guest import Nic
-    from host_adapters.nic_filters import filter_for
+    from host_adapters.libvirt.nic_filters import filter_for
 
     private = Nic(mac="52:54:00:00:00:02", address="10.213.0.7", prefix=16, gateway="10.213.0.1", network="cc")
     public = Nic(mac="52:54:00:00:00:03", address="198.51.100.10", prefix=24, gateway="198.51.100.1", bridge="br0")
@@ -305,7 +305,7 @@ def test_every_nic_sends_only_from_its_own_mac_and_address():
 
 
 def test_the_isolation_filter_keeps_clean_traffic_and_drops_the_subnet_but_the_gateway():
-    from host_adapters.nic_filters import PROJECT_FILTERS
+    from host_adapters.libvirt.nic_filters import PROJECT_FILTERS
 
     inner, outer = PROJECT_FILTERS
     assert _shape(_tree(outer.to_xml())) == _expected(f"""

@@ -12,7 +12,7 @@ from host_adapters.hypervisor import HostCapacity
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.connection import _connection_lost, _libvirt, _msg
-from host_adapters.nic_filters import CLEAN_TRAFFIC
+from host_adapters.libvirt.nic_filters import CLEAN_TRAFFIC
 
 
 class ChecksPart:

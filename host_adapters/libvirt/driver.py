@@ -29,7 +29,7 @@ from host_adapters.libvirt.statuses import StatusesPart, status_of
 from host_adapters.libvirt.storage import StoragePart
 from host_adapters.libvirt.volume_io import VolumeIO
 from host_adapters.names import Names, check_id, check_volume_name, domain_uuid
-from host_adapters.nic_filters import filter_for
+from host_adapters.libvirt.nic_filters import filter_for
 
 log = logging.getLogger(__name__)
 

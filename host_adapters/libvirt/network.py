@@ -1,5 +1,5 @@
 """A host's private network, its DHCP reservations (one per instance NIC), and the project's
-network filters that guests' NICs refer to (host_adapters/nic_filters.py).
+network filters that guests' NICs refer to (nic_filters.py).
 """
 
 import contextlib
@@ -12,7 +12,7 @@ from host_adapters.guest import GuestSpec, Reservation
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.connection import _code, _libvirt
-from host_adapters.nic_filters import PROJECT_FILTERS
+from host_adapters.libvirt.nic_filters import PROJECT_FILTERS
 
 
 def _netmask(subnet: str) -> tuple[ipaddress.IPv4Network, str]:

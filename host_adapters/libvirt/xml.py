@@ -8,6 +8,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from host_adapters.hypervisor import FilterRef
+
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
     el = ET.SubElement(parent, tag, attrs)
@@ -83,23 +85,17 @@ class Filesystem:
         )
 
 
-@dataclass(frozen=True)
-class FilterRef:
-    """A NIC's network filter: `<filterref filter=NAME>` with `<parameter name value/>`s (nwfilter)."""
+def _filterref_element(ref: FilterRef) -> ET.Element:
+    """`<filterref filter=NAME>` with a `<parameter name value/>` per parameter (nwfilter)."""
+    el = ET.Element("filterref", filter=ref.name)
+    for key, value in ref.parameters:
+        _sub(el, "parameter", name=key, value=value)
+    return el
 
-    name: str
-    parameters: tuple[tuple[str, str], ...] = ()
 
-    def to_element(self) -> ET.Element:
-        el = ET.Element("filterref", filter=self.name)
-        for key, value in self.parameters:
-            _sub(el, "parameter", name=key, value=value)
-        return el
-
-    @classmethod
-    def from_element(cls, el: ET.Element) -> "FilterRef":
-        params = tuple(sorted((p.get("name", ""), p.get("value", "")) for p in el.findall("parameter")))
-        return cls(name=el.get("filter", ""), parameters=params)
+def _filterref_of(el: ET.Element) -> FilterRef:
+    params = tuple(sorted((p.get("name", ""), p.get("value", "")) for p in el.findall("parameter")))
+    return FilterRef(name=el.get("filter", ""), parameters=params)
 
 
 @dataclass(frozen=True)
@@ -122,7 +118,7 @@ class Interface:
             _sub(el, "source", bridge=self.bridge or "")
         _sub(el, "model", type=self.model)
         if self.filterref is not None:
-            el.append(self.filterref.to_element())
+            el.append(_filterref_element(self.filterref))
         return el
 
     def to_xml(self) -> str:
@@ -144,7 +140,7 @@ class Interface:
             network=network,
             bridge=bridge,
             model=model.get("type", "") if model is not None else "",
-            filterref=FilterRef.from_element(filterref) if filterref is not None else None,
+            filterref=_filterref_of(filterref) if filterref is not None else None,
         )
 
 

@@ -15,8 +15,8 @@ import ipaddress
 import uuid
 
 from host_adapters.guest import GuestSpec, Nic
-from host_adapters.hypervisor import NicDevice
-from host_adapters.libvirt.xml import FilterRef, FilterRule, NWFilter
+from host_adapters.hypervisor import FilterRef, NicDevice
+from host_adapters.libvirt.xml import FilterRule, NWFilter
 
 CLEAN_TRAFFIC = "clean-traffic"  # shipped with libvirt (Debian: libvirt-daemon-config-nwfilter)
 ISOLATED = "cloud-controller-isolated"
