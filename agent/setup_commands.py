@@ -130,7 +130,7 @@ def serve(opts: Options, host, port):
         raise InvalidInput(str(e)) from None
     ctx = build_context_for(config, interfaces)
     if ctx.adapters is not None:
-        from controller.hosts import record_config_host
+        from controller.host_routing import record_config_host
 
         record_config_host(ctx)
     if ctx.adapters is not None and ctx.adapters.hypervisor_in_process:

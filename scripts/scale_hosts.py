@@ -57,7 +57,7 @@ def main() -> None:
     from falcon import testing
 
     from api.app import create_app
-    from controller import hosts, images
+    from controller import host_records, images
     from controller.config import config_from_dict, sandbox_values
     from controller.context import build_context
     from controller.reconcile import reconcile
@@ -84,10 +84,10 @@ def main() -> None:
     ctx = build_context(config, store=store, adapters=Adapters(
         hypervisor=hypervisor, homes=fakes.homes, groups=fakes.groups, directory=fakes.directory,
         hypervisor_in_process=True, hosts=pool))
-    hosts.set_enabled(ctx, "default", False)
+    host_records.set_enabled(ctx, "default", False)
     per_host_mb = args.instances // args.hosts * 1024 + 1024
     for i in range(args.hosts):
-        hosts.add_host(ctx, name=f"node-{i:02d}", uri=node_file(folder, f"node-{i:02d}", 64, per_host_mb),
+        host_records.add_host(ctx, name=f"node-{i:02d}", uri=node_file(folder, f"node-{i:02d}", 64, per_host_mb),
                        storage_pool=f"pool-node-{i:02d}", network="cc-private")
     client = testing.TestClient(create_app(ctx))
     alice = make_caller(ctx, "alice@example.org", roles=("superuser",))
