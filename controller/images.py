@@ -124,13 +124,17 @@ def set_image_active(ctx: Context, image_id: str, active: bool) -> dict:
     return image_object(ctx.store.get_image(canonical))
 
 
+def _grant_private(ctx: Context, kind: str, row: dict, who: str, grant) -> None:
+    """grant(row id, user id) for the user `who` (email or id); a public row needs none (409)."""
+    if row["public"]:
+        raise Conflict(f"{kind} {row['id']} is public: every user may use it already")
+    grant(row["id"], find_user(ctx, who)["id"])
+
+
 def grant_image(ctx: Context, image_id: str, who: str) -> dict:
     """Let the user `who` (email or id) boot from a private image."""
     row = _image_row(ctx, image_id)
-    if row["public"]:
-        raise Conflict(f"server-image {row['id']} is public: every user may use it already")
-    user = find_user(ctx, who)
-    ctx.store.grant_image(row["id"], user["id"])
+    _grant_private(ctx, "server-image", row, who, ctx.store.grant_image)
     return image_object(row)
 
 
@@ -152,8 +156,5 @@ def _flavor_row(ctx: Context, flavor_id: str) -> dict:
 def grant_flavor(ctx: Context, flavor_id: str, who: str) -> dict:
     """Let the user `who` (email or id) create instances with a private flavor (see it in lists, too)."""
     row = _flavor_row(ctx, flavor_id)
-    if row["public"]:
-        raise Conflict(f"server-flavor {row['id']} is public: every user may use it already")
-    user = find_user(ctx, who)
-    ctx.store.grant_flavor(row["id"], user["id"])
+    _grant_private(ctx, "server-flavor", row, who, ctx.store.grant_flavor)
     return flavor_object(row)

@@ -489,16 +489,22 @@ class Store:
     def get_image(self, image_id: str) -> dict | None:
         return self._one("SELECT * FROM images WHERE id = ?", (image_id,))
 
-    def list_images(self, *, usable_by: str | None = None, image_id: str | None = None) -> list[dict]:
-        """All images (usable_by None) or the public ones plus those granted to usable_by."""
+    def _usable(self, table: str, access: str, key: str, order: str, usable_by: str | None,
+                item_id: object) -> list[dict]:
+        """Rows of `table` (images or flavors): all of them (usable_by None) or the public ones
+        plus those `access` grants to usable_by; only item_id's when given."""
         where, params = ["1"], []
         if usable_by is not None:
-            where.append("(public = 1 OR id IN (SELECT image_id FROM image_access WHERE user_id = ?))")
+            where.append(f"(public = 1 OR id IN (SELECT {key} FROM {access} WHERE user_id = ?))")
             params.append(usable_by)
-        if image_id is not None:
+        if item_id is not None:
             where.append("id = ?")
-            params.append(image_id)
-        return self._all(f"SELECT * FROM images WHERE {' AND '.join(where)} ORDER BY creation_date, id", params)
+            params.append(item_id)
+        return self._all(f"SELECT * FROM {table} WHERE {' AND '.join(where)} ORDER BY {order}", params)
+
+    def list_images(self, *, usable_by: str | None = None, image_id: str | None = None) -> list[dict]:
+        """All images (usable_by None) or the public ones plus those granted to usable_by."""
+        return self._usable("images", "image_access", "image_id", "creation_date, id", usable_by, image_id)
 
     def update_image(self, image_id: str, changes: dict) -> None:
         with self.write():
@@ -525,14 +531,7 @@ class Store:
 
     def list_flavors(self, *, usable_by: str | None = None, flavor_id: int | None = None) -> list[dict]:
         """All flavors (usable_by None) or the public ones plus those granted to usable_by."""
-        where, params = ["1"], []
-        if usable_by is not None:
-            where.append("(public = 1 OR id IN (SELECT flavor_id FROM flavor_access WHERE user_id = ?))")
-            params.append(usable_by)
-        if flavor_id is not None:
-            where.append("id = ?")
-            params.append(flavor_id)
-        return self._all(f"SELECT * FROM flavors WHERE {' AND '.join(where)} ORDER BY id", params)
+        return self._usable("flavors", "flavor_access", "flavor_id", "id", usable_by, flavor_id)
 
     def grant_flavor(self, flavor_id: int, user_id: str) -> None:
         with self.write() as conn:
