@@ -5,7 +5,7 @@ import sys
 import click
 
 from agent.common import Options, command_options, emit, end_status_line, status_line
-from controller import evacuate, hosts
+from controller import evacuate, host_records
 from controller.libvirt_uri import transport_risks
 
 
@@ -45,7 +45,7 @@ def host_add(opts: Options, name, uri, storage_pool, network, insecure):
     if insecure:
         for risk in transport_risks(uri):
             click.echo(f"warning: host {name}: {risk}", err=True)
-    obj = hosts.add_host(opts.context(adapters=True), name=name, uri=uri, storage_pool=storage_pool,
+    obj = host_records.add_host(opts.context(adapters=True), name=name, uri=uri, storage_pool=storage_pool,
                          network=network, insecure=insecure)
     emit(opts, obj, _line(obj))
 
@@ -57,7 +57,7 @@ def host_list(opts: Options):
 
     Example: cloud-agent host list --json
     """
-    found = hosts.list_hosts(opts.context(adapters=True))
+    found = host_records.list_hosts(opts.context(adapters=True))
     emit(opts, {"hosts": found}, "\n".join(_line(h) for h in found))
 
 
@@ -65,7 +65,7 @@ def _enabling(enabled: bool):
     @click.argument("name")
     @command_options
     def command(opts: Options, name):
-        obj = hosts.set_enabled(opts.context(adapters=True), name, enabled)
+        obj = host_records.set_enabled(opts.context(adapters=True), name, enabled)
         emit(opts, obj, _line(obj))
 
     return command
@@ -85,7 +85,7 @@ def host_remove(opts: Options, name):
 
     Example: cloud-agent host remove node01
     """
-    obj = hosts.remove_host(opts.context(adapters=True), name)
+    obj = host_records.remove_host(opts.context(adapters=True), name)
     emit(opts, obj, f"removed host {name}")
 
 

@@ -130,7 +130,7 @@ def serve(opts: Options, host, port):
         raise InvalidInput(str(e)) from None
     ctx = build_context_for(config, interfaces)
     if ctx.adapters is not None:
-        from controller.hosts import record_config_host
+        from controller.host_routing import record_config_host
 
         record_config_host(ctx)
     if ctx.adapters is not None and ctx.adapters.hypervisor_in_process:
@@ -205,12 +205,12 @@ def sandbox():
 def sandbox_load(opts: Options, users, owners, managed_per_owner, instances, owner_instances, groups,
                  members_per_group):
     """Load the sandbox with users, accounts, homes, groups and instances in bulk
-    (controller/scale_load.py); prints counts, the loaded users' shared password and
+    (agent/sandbox_load.py); prints counts, the loaded users' shared password and
     the credentials of a few of them. The next `serve` makes the instances' domains.
 
     Example: cloud-agent --config ./state/controller.ini --json sandbox load --users 1000 --owners 10 --instances 1000 --groups 100
     """
-    from controller.scale_load import Shape, load
+    from agent.sandbox_load import Shape, load
 
     ctx = opts.context(adapters=True)
     shape = Shape(users=users, owners=owners, managed_per_owner=managed_per_owner, instances=instances,

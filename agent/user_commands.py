@@ -5,7 +5,7 @@ import sys
 import click
 
 from agent.common import Options, command_options, confirm, emit, require_one_user, target_user, userid_option
-from controller import guests, limits, users
+from controller import guests, limits, lookups, users
 from controller.permissions import ROLES, SUPERUSER
 
 
@@ -134,7 +134,7 @@ def user_limits(opts: Options, email, userid, instances, vcpus, memory_mb, group
     if (email is None) == (userid is None):
         raise click.UsageError("give the user's EMAIL or --userid UUID (one of them)")
     ctx = opts.context()
-    target = users.get_user_by_email_or_404(ctx, email) if email is not None else users.get_user_or_404(ctx, userid)
+    target = lookups.user_by_email_or_404(ctx, email) if email is not None else lookups.user_or_404(ctx, userid)
     changes = {"instances": instances, "vcpus": vcpus, "memory_mb": memory_mb, "groups": groups,
                "managed_users": managed_users}
     obj = limits.set_limits(ctx, target, changes, reset=reset)
@@ -171,7 +171,7 @@ def user_apply(opts: Options, email, userid, yes):
     require_one_user(email, userid)
     ctx = opts.context(adapters=True)
     # Listed and asked before the user is reserved, so a prompt left open holds no reservation.
-    found = users.find_user(ctx, email if email is not None else str(userid))
+    found = lookups.find_user(ctx, email if email is not None else str(userid))
     to_cycle = [r for r in guests.instances_of_user(ctx, found) if guests.needs_cycle(r)]
     if to_cycle:
         names = ", ".join(f"{r['hostname']} ({r['id']})" for r in to_cycle)

@@ -7,7 +7,7 @@ waitress or any WSGI server.
 
 import falcon
 
-from api import errors, health, user_resources
+from api import error_responses, health_resource, user_resources
 from api.admission import Admission, gates_from
 from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions
 from controller.config import Config, load_config
@@ -31,10 +31,10 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
         ],
     )
     app.req_options.strip_url_path_trailing_slash = True
-    errors.install(app)
+    error_responses.install(app)
 
-    app.add_route("/healthz", health.Health(ctx))
-    app.add_route("/v1/openapi.json", health.OpenApi(ctx))
+    app.add_route("/healthz", health_resource.Health(ctx))
+    app.add_route("/v1/openapi.json", health_resource.OpenApi(ctx))
     if "user" in interfaces:
         user_resources.add_routes(app, ctx)
     if "controller" in interfaces:

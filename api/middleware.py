@@ -2,7 +2,7 @@
 
 import falcon
 
-from api.errors import PayloadTooLarge
+from api.error_responses import PayloadTooLarge
 from api.envelopes import is_user_interface
 from controller import audit
 from controller.auth import authenticate

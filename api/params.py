@@ -6,7 +6,7 @@ from urllib.parse import parse_qsl
 
 import falcon
 
-from api.errors import PayloadTooLarge, UnsupportedMediaType
+from api.error_responses import PayloadTooLarge, UnsupportedMediaType
 from controller.errors import InvalidInput
 from controller.rules import INT64_MAX, INT64_MIN, as_decimal
 

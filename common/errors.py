@@ -1,7 +1,7 @@
 """The few exception types the project raises.
 
 The service layer and the host adapters raise these; the API maps each type to
-an HTTP status in one place (api/errors.py) and the agent turns them into a
+an HTTP status in one place (api/error_responses.py) and the agent turns them into a
 clean message and a non-zero exit.
 """
 

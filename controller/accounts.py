@@ -4,12 +4,13 @@ import os
 from collections.abc import Callable
 
 from controller.context import Context
-from controller.errors import Conflict, NotFound
+from controller.errors import Conflict
+from controller.groups import check_account_username, drop_member_everywhere
+from controller.guests import drop_account_everywhere
 from controller.locks import host_changes
-from controller.groups import check_account_username
+from controller.lookups import account_of, find_user, user_account
 from controller.rules import new_id
 from controller.store import utc_now
-from controller.users import find_user
 from host_adapters.names import check_username
 
 
@@ -19,8 +20,7 @@ def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = N
     check_account_username(ctx, username)
     user = find_user(ctx, who)
     email = user["email"]
-    controller_id = ctx.config.controller_id
-    if ctx.store.account_of_user(user["id"], controller_id) is not None:
+    if account_of(ctx, user["id"]) is not None:
         raise Conflict(f"{email} already has a system account on this controller")
     if ctx.store.get_account_by_username(username) is not None:
         raise Conflict(f"system account {username} is already recorded")
@@ -57,9 +57,7 @@ def disable_account(ctx: Context, who: str) -> dict:
     volume or owns instances."""
     user = find_user(ctx, who)
     email = user["email"]
-    account = ctx.store.account_of_user(user["id"], ctx.config.controller_id)
-    if account is None:
-        raise NotFound(f"{email} has no system account on this controller")
+    account = user_account(ctx, user)
     if ctx.store.volume_of_user(user["id"]) is not None:
         raise Conflict(f"{email} still has a storage volume: delete it first")
     if ctx.store.list_instances(visible_to=None, owner_id=user["id"]):
@@ -81,10 +79,8 @@ def disable_account(ctx: Context, who: str) -> dict:
 
 def finish_disable(ctx: Context, account: dict) -> None:
     """Take the account out of every instance and group, remove it from the directory, drop its row."""
-    from controller import groups, instances
-
-    instances.drop_account_everywhere(ctx, account)
-    groups.drop_member_everywhere(ctx, account["username"])
+    drop_account_everywhere(ctx, account)
+    drop_member_everywhere(ctx, account["username"])
     ctx.adapters.directory.delete_account(account["username"])
     ctx.store.delete_account(account["id"])
 
@@ -98,7 +94,7 @@ def follow_active(ctx: Context, user_id: str, active: int) -> Callable[[], None]
     interface served alone), changes nothing: `cloud-agent reconcile` reports and
     repairs the lock (`account-lock`).
     """
-    account = ctx.store.account_of_user(user_id, ctx.config.controller_id)
+    account = account_of(ctx, user_id)
     if account is None or ctx.adapters is None:
         return lambda: None
     directory, username = ctx.adapters.directory, account["username"]
@@ -112,18 +108,3 @@ def follow_active(ctx: Context, user_id: str, active: int) -> Callable[[], None]
         directory.unlock_account(username)
         return lambda: directory.lock_account(username)
     return lambda: None
-
-
-def guests_follow_active(ctx: Context, user_id: str) -> None:
-    """After the user's `active` changed: every guest its account has access to drops it
-    (deactivated) or takes it back (reactivated), seed and home share, from that guest's
-    next boot; `cloud-agent user apply` power-cycles running guests now (issue 16,
-    finding 9). Without host adapters (the user interface served alone) nothing is done
-    here: `cloud-agent reconcile` reports and repairs the seeds and shares."""
-    account = ctx.store.account_of_user(user_id, ctx.config.controller_id)
-    if account is None or ctx.adapters is None:
-        return
-    from controller.instances import refresh_guests
-
-    with host_changes(ctx):
-        refresh_guests(ctx, [account["uuid"]])

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from controller.audit import AnonymousFailures
 from controller.config import Config
 from controller.security import Passwords, SecretBox
-from controller.status_sync import StatusMarks
+from controller.status_cursors import StatusCursors
 from controller.store import Store
 from controller.throttle import FailureThrottle
 
@@ -19,7 +19,7 @@ class Context:
     adapters: object = None  # host_adapters.Adapters; None for the user interface alone
     background: object = None  # controller.background.Background in the server; None: work runs at once
     anonymous_failures: AnonymousFailures | None = None  # counted instead of one audit row each
-    status_marks: StatusMarks = field(default_factory=StatusMarks, repr=False)
+    status_cursors: StatusCursors = field(default_factory=StatusCursors, repr=False)
     _secret_box: SecretBox | None = field(default=None, repr=False)
     # controller.health.HealthMonitor, made by controller.health.monitor_of on first use.
     health_monitor: object = field(default=None, repr=False)

@@ -20,10 +20,13 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-from controller import hosts, instances
+from controller import instances
 from controller.context import Context
+from controller.host_records import check_host_name, get_host
+from controller.host_routing import hypervisor_of_instance, spec_of
 from controller.errors import Conflict, ControllerError, HostUnreachable, InvalidInput
 from controller.locks import host_changes, one_at_a_time
+from controller.placement import placement
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +39,10 @@ def evacuate(ctx: Context, name: str, *, host_is_down: bool,
              progress: Callable[[str], None] | None = None) -> dict:
     """Rebuild every instance of dead host `name` elsewhere; {"host", "rebuilt", "failed"}."""
     say = progress or (lambda _m: None)
-    hosts.check_host_name(name)
+    check_host_name(name)
     if not host_is_down:
         raise InvalidInput(DOWN_ONLY)
-    hosts.get_host(ctx, name, probe=False)  # NotFound for an unknown host
+    get_host(ctx, name, probe=False)  # NotFound for an unknown host
     row = ctx.store.get_host(name)
     _refuse_if_answering(ctx, row)
     resumed = ctx.store.list_evacuations(from_host=name)
@@ -72,7 +75,7 @@ def _refuse_if_answering(ctx: Context, row: dict) -> None:
     pool = ctx.adapters.hosts
     pool.forget(row["name"])
     try:
-        pool.hypervisor(hosts.spec_of(row)).host_capacity()
+        pool.hypervisor(spec_of(row)).host_capacity()
     except HostUnreachable:
         return
     except ControllerError as e:
@@ -85,7 +88,7 @@ def _refuse_without_room(ctx: Context, name: str, rows: list[dict]) -> None:
     """Placement tried for every instance against what the other hosts hold, before anything
     changes: Conflict naming how much is missing when some would find no room."""
     flavors = {r["flavor_id"]: ctx.store.get_flavor(r["flavor_id"]) for r in rows}
-    places = {fid: hosts.placement(ctx, f, failed={name: "being evacuated"}) for fid, f in flavors.items()}
+    places = {fid: placement(ctx, f, failed={name: "being evacuated"}) for fid, f in flavors.items()}
     simulated = [dict(h) for h in ctx.store.list_hosts() if h["name"] != name]
     by_name = {h["name"]: h for h in simulated}
     short = Counter()
@@ -123,7 +126,7 @@ def _evacuate_one(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> 
             if row is None:
                 return None  # deleted meanwhile
             flavor = ctx.store.get_flavor(row["flavor_id"])
-            to = ctx.store.begin_evacuation(instance_id, name, hosts.placement(ctx, flavor))
+            to = ctx.store.begin_evacuation(instance_id, name, placement(ctx, flavor))
             if to is None:
                 return None  # deleted, or moved, meanwhile
         return finish(ctx, instance_id)
@@ -140,7 +143,7 @@ def finish(ctx: Context, instance_id: str) -> str | None:
     row = _row(ctx, instance_id)
     if row is None:
         return None
-    target = hosts.hypervisor_for(ctx, row)
+    target = hypervisor_of_instance(ctx, row)
     try:
         target.destroy(row["id"])  # whatever an interrupted attempt left there
         instances.respawn(ctx, row)

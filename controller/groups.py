@@ -6,9 +6,11 @@ from controller import limits
 from controller import permissions as perms
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput
+from controller.guests import refresh_guests_of_usernames
 from controller.locks import host_changes, one_at_a_time
+from controller.lookups import check_members, group_row, require_mutate
 from controller.permissions import Requester
-from controller.rules import as_uuid, find_or_404, new_id
+from controller.rules import as_uuid, new_id
 from controller.store import utc_now
 from host_adapters.names import check_group_name, check_username, privileged_group_name
 
@@ -35,28 +37,8 @@ def list_groups(
     return [group_object(r) for r in rows]
 
 
-def _get_row(ctx: Context, requester: Requester, group_id: str) -> dict:
-    scope = perms.visible_to(requester)
-    return find_or_404("group", group_id,
-                       lambda i: next(iter(ctx.store.list_groups(visible_to=scope, group_id=i)), None))
-
-
 def get_group(ctx: Context, requester: Requester, group_id: str) -> dict:
-    return group_object(_get_row(ctx, requester, group_id))
-
-
-def check_members(ctx: Context, requester: Requester, usernames: list[str]) -> list[str]:
-    """System usernames the requester is, owns, or (as superuser) any; else 400 (unknown) or 403."""
-    wanted = list(dict.fromkeys(check_username(u) for u in usernames))
-    found = {a["username"]: a for a in ctx.store.accounts_with_owners(usernames=wanted)}
-    unknown = [u for u in wanted if u not in found]
-    if unknown:
-        raise InvalidInput(f"no system account named: {', '.join(unknown[:5])}")
-    for account in found.values():
-        perms.require_account_authority(
-            requester, account, f"you may not add {account['username']}: the account is neither yours nor one you manage"
-        )
-    return wanted
+    return group_object(group_row(ctx, requester, group_id))
 
 
 # -- the names a group made through the API may take (issue 8, finding 1) ------------------
@@ -116,28 +98,16 @@ def create_group(ctx: Context, requester: Requester, body: dict) -> dict:
         except BaseException:
             ctx.store.delete_group(row["id"])
             raise
-        _refresh_guests(ctx, members)
+        refresh_guests_of_usernames(ctx, members)
     return group_object(dict(row, members=members))
 
 
-def _refresh_guests(ctx: Context, usernames) -> None:
-    """Guests of the instances these users can access get their new group lists at next boot."""
-    from controller.instances import refresh_guests_of_usernames
-
-    refresh_guests_of_usernames(ctx, sorted(set(usernames)))
-
-
-def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
-    perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
-                         what="this group")
-
-
 def update_group(ctx: Context, requester: Requester, group_id: str, body: dict) -> dict:
-    row = _get_row(ctx, requester, group_id)
-    _require_mutate(ctx, requester, row)
+    row = group_row(ctx, requester, group_id)
+    require_mutate(ctx, requester, row, "this group")
     with host_changes(ctx), one_at_a_time("group", row["id"]):
         # Read the members again under the lock: a concurrent change may have just set them.
-        return _update_members(ctx, requester, _get_row(ctx, requester, group_id), body)
+        return _update_members(ctx, requester, group_row(ctx, requester, group_id), body)
 
 
 def _update_members(ctx: Context, requester: Requester, row: dict, body: dict) -> dict:
@@ -169,13 +139,13 @@ def _update_members(ctx: Context, requester: Requester, row: dict, body: dict) -
         except BaseException:
             undo()
             raise
-        _refresh_guests(ctx, set(new) ^ set(current))
+        refresh_guests_of_usernames(ctx, set(new) ^ set(current))
     return group_object(dict(row, members=new))
 
 
 def delete_group(ctx: Context, requester: Requester, group_id: str) -> None:
-    row = _get_row(ctx, requester, group_id)
-    _require_mutate(ctx, requester, row)
+    row = group_row(ctx, requester, group_id)
+    require_mutate(ctx, requester, row, "this group")
     with host_changes(ctx), one_at_a_time("group", row["id"]):
         # The intent first: a second delete is refused, and a crash before the row goes is
         # finished by reconcile (groupdel again), never turned back into a group.
@@ -192,7 +162,7 @@ def delete_group(ctx: Context, requester: Requester, group_id: str) -> None:
 def finish_delete(ctx: Context, row: dict) -> None:
     """The group is gone from the host: drop its row, and tell its members' guests."""
     ctx.store.delete_group(row["id"])
-    _refresh_guests(ctx, row["members"])
+    refresh_guests_of_usernames(ctx, row["members"])
 
 
 def drop_member_everywhere(ctx: Context, username: str) -> None:

@@ -1,27 +1,145 @@
-"""A user's changes applied to running guests now (`cloud-agent user apply`).
+"""What a guest is told (its spec: name, NICs, users, groups, homes), and every refresh
+of guests after what they are told changed.
 
 Guests learn who their users are from their seed at each boot (host_adapters/seed.py):
 a change of a user (deactivated, groups, home) rewrites the seeds and shares of its
-instances at once, and a running guest applies it at its next boot. This module is the
-"now": each guest the user's account has access to is rebuilt, and the running ones are
-power-cycled (issue 16, finding 9).
+instances at once, and a running guest applies it at its next boot. `cloud-agent user
+apply` is the "now": each guest the user's account has access to is rebuilt, and the
+running ones are power-cycled (issue 16, finding 9).
+
+Below the resource modules: instances, accounts, groups, users and volumes refresh
+guests through here, never through one another.
 """
 
+import dataclasses
+import logging
+
+from controller.addresses import hostname_for, network_plan, nics_of
 from controller.context import Context
 from controller.errors import HostError, NotFound
-from controller.hosts import hypervisor_for
+from controller.host_routing import hypervisor_of_instance
 from controller.locks import host_changes, one_at_a_time
+from controller.lookups import account_of, user_account
+from host_adapters.guest import GuestGroup, GuestSpec, GuestUser
+
+log = logging.getLogger(__name__)
 
 # Statuses in which a QEMU process runs the guest with what it booted with.
 _LIVE = ("running", "paused", "building")
 
 
+# -- what a guest is told ---------------------------------------------------------------------
+def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) -> GuestSpec:
+    """What the instance's guest is told: its name and NICs, and every active user with access
+    (`account_uuids`, default the row's users) with uid, gid, groups and home.
+
+    An inactive user stays on the instance's list (reactivation gives the access back) but
+    is in no guest: no account in the seed, no share of its home (issue 16, finding 9)."""
+    uuids = row["users"] if account_uuids is None else account_uuids
+    accounts = [a for a in ctx.store.accounts_with_owners(uuids=list(uuids)) if a["user_active"]]
+    mounts = ctx.store.volume_mount_points([a["user_id"] for a in accounts])
+    memberships = ctx.store.group_names_of_members([a["username"] for a in accounts])
+    sudo_owner = ctx.config.get("guest", "sudo") == "owner"
+    group_names = sorted({g for names in memberships.values() for g in names})
+    groups = []
+    for name in group_names:
+        gid = ctx.adapters.groups.gid(name)
+        if gid is None:  # missing on the host; reconcile reports the group
+            continue
+        groups.append(GuestGroup(name=name, gid=gid))
+    known = {g.name for g in groups}
+    users = [
+        GuestUser(
+            username=a["username"],
+            uid=a["uid"],
+            gid=a["gid"],
+            home=mounts.get(a["user_id"], a["home"]),
+            mounted=a["user_id"] in mounts,
+            groups=tuple(g for g in memberships.get(a["username"], []) if g in known),
+            sudo=sudo_owner and a["user_id"] == row["owner_id"],
+        )
+        for a in accounts
+    ]
+    return GuestSpec(
+        hostname=row.get("hostname") or hostname_for(row["id"], set()),
+        nics=_on_host_network(ctx, row, nics_of(network_plan(ctx.config), row)),
+        users=tuple(users),
+        groups=tuple(groups),
+    )
+
+
+def _on_host_network(ctx: Context, row: dict, nics):
+    """The private NICs on the libvirt network of the instance's host (each host names its own:
+    the NAT network of a single node, or a bridged one on the nodes)."""
+    host = ctx.store.get_host(row["host"]) if row.get("host") else None
+    network = host["network"] if host else None
+    if network is None or network == ctx.config.get("network", "name"):
+        return nics
+    return tuple(dataclasses.replace(n, network=network) if n.network else n for n in nics)
+
+
+# -- refreshes after a change of accounts, volumes, groups or users ---------------------------
+def refresh_guests(ctx: Context, account_uuids: list[str]) -> None:
+    """Rebuild the guest (shares, seed) of every instance these accounts can access,
+    after their volumes, groups or accounts changed.
+
+    The change this follows has happened and stays; a guest that cannot be
+    updated now is logged, and `cloud-agent reconcile` reports and repairs it.
+    """
+    instance_ids = ctx.store.instances_with_accounts(account_uuids)
+    if not instance_ids:
+        return
+    for instance_id in instance_ids:
+        with one_at_a_time("instance", instance_id):
+            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id)
+            if not rows:
+                continue
+            try:
+                hypervisor_of_instance(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0]))
+            except (NotFound, HostError) as e:
+                log.warning("guest of instance %s not updated (reconcile will): %s", instance_id, e.message)
+
+
+def refresh_guests_of_usernames(ctx: Context, usernames) -> None:
+    """refresh_guests for the accounts with these usernames (their groups changed): the
+    guests of the instances they can access get their new group lists at next boot."""
+    accounts = ctx.store.accounts_with_owners(usernames=sorted(set(usernames)))
+    refresh_guests(ctx, [a["uuid"] for a in accounts])
+
+
+def drop_account_everywhere(ctx: Context, account: dict) -> None:
+    """Remove an account from the user lists (and guests) of every instance before it is disabled."""
+    for instance_id in ctx.store.instances_with_account(account["uuid"]):
+        with one_at_a_time("instance", instance_id):
+            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)
+            if not rows:
+                continue
+            users = [u for u in rows[0]["users"] if u != account["uuid"]]
+            try:
+                hypervisor_of_instance(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0], users))
+            except NotFound:
+                pass
+            ctx.store.set_instance_users(instance_id, users)
+
+
+def refresh_guests_of_user(ctx: Context, user_id: str) -> None:
+    """After the user's `active` changed: every guest its account has access to drops it
+    (deactivated) or takes it back (reactivated), seed and home share, from that guest's
+    next boot; `cloud-agent user apply` power-cycles running guests now (issue 16,
+    finding 9). Without host adapters (the user interface served alone) nothing is done
+    here: `cloud-agent reconcile` reports and repairs the seeds and shares."""
+    account = account_of(ctx, user_id)
+    if account is None or ctx.adapters is None:
+        return
+    with host_changes(ctx):
+        refresh_guests(ctx, [account["uuid"]])
+
+
+# -- `cloud-agent user apply`: now, power-cycling running guests ------------------------------
 def instances_of_user(ctx: Context, user: dict) -> list[dict]:
     """The instances the user's system account has access to (owned or granted), by id, each
     with the host's `status` ("error" when the host does not answer)."""
-    account = ctx.store.account_of_user(user["id"], ctx.config.controller_id)
-    if account is None:
-        raise NotFound(f"{user['email']} has no system account on this controller")
+    account = user_account(ctx, user)
     rows = []
     for instance_id in sorted(ctx.store.instances_with_account(account["uuid"])):
         found = ctx.store.list_instances(visible_to=None, instance_id=instance_id)
@@ -32,7 +150,7 @@ def instances_of_user(ctx: Context, user: dict) -> list[dict]:
 
 def _status(ctx: Context, row: dict) -> str:
     try:
-        return hypervisor_for(ctx, row).status(row["id"])
+        return hypervisor_of_instance(ctx, row).status(row["id"])
     except HostError:
         return "error"
 
@@ -46,8 +164,6 @@ def apply_to_instances(ctx: Context, rows: list[dict], *, may_cycle: set[str]) -
     `may_cycle` a QEMU process runs (the others boot with it next time). One result per
     instance: {"id", "hostname", "host", "status" (after), "cycled", "error" (absent when it
     worked)}; a host that fails one instance does not stop the others."""
-    from controller.instances import guest_spec
-
     results = []
     with host_changes(ctx):
         for row in rows:
@@ -57,7 +173,7 @@ def apply_to_instances(ctx: Context, rows: list[dict], *, may_cycle: set[str]) -
                     current = ctx.store.list_instances(visible_to=None, instance_id=row["id"])
                     if not current:
                         raise NotFound(f"server-instance {row['id']} was deleted meanwhile")
-                    hypervisor = hypervisor_for(ctx, current[0])
+                    hypervisor = hypervisor_of_instance(ctx, current[0])
                     hypervisor.set_guest(row["id"], guest_spec(ctx, current[0]))
                     if row["id"] in may_cycle and hypervisor.status(row["id"]) in _LIVE:
                         # Off and on again: a new QEMU process with the definition's shares

@@ -15,6 +15,7 @@ import time
 import weakref
 from collections.abc import Callable
 
+from controller import host_routing
 from controller.context import Context
 from controller.errors import ControllerError
 from controller.security import SecretBox
@@ -233,12 +234,10 @@ def monitor_for(ctx: Context) -> HealthMonitor:
         if ctx.adapters is not None and ctx.adapters.hosts is not None:
             # Hosts in their back-off are asked again here, off the request threads and bounded
             # like a check (its result is not reported: `host list` and `check` show hosts).
-            from controller.hosts import hypervisor_of
-
             pool = ctx.adapters.hosts
 
             def try_again(name: str) -> None:
-                hypervisor_of(ctx, name)  # built from its record if this process never used it
+                host_routing.hypervisor_of_host(ctx, name)  # built from its record if this process never used it
                 pool.try_again(name)
 
             runner.run([(f"retry host {name}", lambda n=name: try_again(n)) for name in pool.in_back_off()])
@@ -251,16 +250,14 @@ def _other_hosts(ctx: Context) -> list[dict]:
     """One check per hypervisor host besides the config's own (checked as "libvirt"):
     reachable, its storage pool, its network. Whether the cluster filesystem holding
     [volumes] home_root is mounted there libvirt cannot tell: the detail says so."""
-    from controller import hosts
-
     try:
-        own = hosts.record_config_host(ctx).name
+        own = host_routing.record_config_host(ctx).name
         rows = [r for r in ctx.store.list_hosts() if r["name"] != own]
     except (ControllerError, sqlite3.Error):
         return []  # no host records to read: the database check above says why
     home_root = ctx.config.get("volumes", "home_root")
-    answers = hosts.each_host((r["name"] for r in rows),
-                              lambda name: hosts.hypervisor_of(ctx, name).check())
+    answers = host_routing.each_host((r["name"] for r in rows),
+                                     lambda name: host_routing.hypervisor_of_host(ctx, name).check())
     out = []
     for row in rows:
         got = answers[row["name"]]

@@ -3,10 +3,10 @@
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput
 from controller.locks import host_changes
+from controller.lookups import find_user, flavor_row, parse_flavor_id, usable_scope
 from controller.permissions import Requester
-from controller.rules import NAME_MAX, SHORT_TEXT_MAX, as_decimal, as_uuid, check_length, find_or_404, new_id
+from controller.rules import NAME_MAX, SHORT_TEXT_MAX, check_length, find_or_404, new_id
 from controller.store import utc_now
-from controller.users import find_user
 
 
 def image_object(row: dict) -> dict:
@@ -36,16 +36,12 @@ def flavor_object(row: dict) -> dict:
     }
 
 
-def _usable_by(requester: Requester) -> str | None:
-    return None if requester.is_superuser else requester.id
-
-
 def list_images(ctx: Context, requester: Requester) -> list[dict]:
-    return [image_object(r) for r in ctx.store.list_images(usable_by=_usable_by(requester))]
+    return [image_object(r) for r in ctx.store.list_images(usable_by=usable_scope(requester))]
 
 
 def get_image(ctx: Context, requester: Requester, image_id: str) -> dict:
-    usable_by = _usable_by(requester)
+    usable_by = usable_scope(requester)
     return image_object(find_or_404(
         "server-image", image_id,
         lambda i: next(iter(ctx.store.list_images(usable_by=usable_by, image_id=i)), None)))
@@ -53,24 +49,11 @@ def get_image(ctx: Context, requester: Requester, image_id: str) -> dict:
 
 def list_flavors(ctx: Context, requester: Requester) -> list[dict]:
     """Public flavors and the private ones granted to the requester (a superuser: all)."""
-    return [flavor_object(r) for r in ctx.store.list_flavors(usable_by=_usable_by(requester))]
-
-
-def _flavor_id(value: str) -> int | None:
-    # ASCII digits only: str.isdigit() passed "\u00b9" (then int() failed: a 500) and "\u0661" (flavor 1).
-    number = as_decimal(value)
-    return number if number is not None and number >= 0 else None
-
-
-def get_flavor_row(ctx: Context, requester: Requester, flavor_id: str) -> dict | None:
-    """The flavor, if it exists and the requester may use it; else None."""
-    fid = _flavor_id(flavor_id)
-    rows = ctx.store.list_flavors(usable_by=_usable_by(requester), flavor_id=fid) if fid is not None else []
-    return rows[0] if rows else None
+    return [flavor_object(r) for r in ctx.store.list_flavors(usable_by=usable_scope(requester))]
 
 
 def get_flavor(ctx: Context, requester: Requester, flavor_id: str) -> dict:
-    return flavor_object(find_or_404("server-flavor", flavor_id, lambda fid: get_flavor_row(ctx, requester, fid),
+    return flavor_object(find_or_404("server-flavor", flavor_id, lambda fid: flavor_row(ctx, requester, fid),
                                      parse=lambda v: v if isinstance(v, str) else None))
 
 
@@ -141,13 +124,17 @@ def set_image_active(ctx: Context, image_id: str, active: bool) -> dict:
     return image_object(ctx.store.get_image(canonical))
 
 
+def _grant_private(ctx: Context, kind: str, row: dict, who: str, grant) -> None:
+    """grant(row id, user id) for the user `who` (email or id); a public row needs none (409)."""
+    if row["public"]:
+        raise Conflict(f"{kind} {row['id']} is public: every user may use it already")
+    grant(row["id"], find_user(ctx, who)["id"])
+
+
 def grant_image(ctx: Context, image_id: str, who: str) -> dict:
     """Let the user `who` (email or id) boot from a private image."""
     row = _image_row(ctx, image_id)
-    if row["public"]:
-        raise Conflict(f"server-image {row['id']} is public: every user may use it already")
-    user = find_user(ctx, who)
-    ctx.store.grant_image(row["id"], user["id"])
+    _grant_private(ctx, "server-image", row, who, ctx.store.grant_image)
     return image_object(row)
 
 
@@ -163,14 +150,11 @@ def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int, pu
 
 
 def _flavor_row(ctx: Context, flavor_id: str) -> dict:
-    return find_or_404("server-flavor", flavor_id, ctx.store.get_flavor, parse=_flavor_id)
+    return find_or_404("server-flavor", flavor_id, ctx.store.get_flavor, parse=parse_flavor_id)
 
 
 def grant_flavor(ctx: Context, flavor_id: str, who: str) -> dict:
     """Let the user `who` (email or id) create instances with a private flavor (see it in lists, too)."""
     row = _flavor_row(ctx, flavor_id)
-    if row["public"]:
-        raise Conflict(f"server-flavor {row['id']} is public: every user may use it already")
-    user = find_user(ctx, who)
-    ctx.store.grant_flavor(row["id"], user["id"])
+    _grant_private(ctx, "server-flavor", row, who, ctx.store.grant_flavor)
     return flavor_object(row)

@@ -1,24 +1,26 @@
 """Server-instances: VMs built from an image and a flavor, with the homes of their users mounted."""
 
-import dataclasses
 import json
 import logging
 from collections.abc import Iterator
 
-from controller import hosts, limits
+from controller import limits
 from controller import permissions as perms
+from controller.addresses import allocate, network_plan
 from controller.context import Context
 from controller.errors import (CleanupFailed, Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable,
-                               InvalidInput, NotFound)
-from controller.hosts import hypervisor_for, hypervisor_of
-from controller.addresses import allocate, network_plan
-from controller.images import get_flavor_row
+                               InvalidInput)
+from controller.guests import guest_spec
+from controller.host_routing import hypervisor_of_instance
+from controller.image_copy import ensure_image_on_host
 from controller.locks import host_changes, one_at_a_time
+from controller.lookups import (account_of, account_uuids, flavor_row, instance_row, require_mutate,
+                                requester_account, resolve_grantable)
 from controller.permissions import Requester
+from controller.placement import placement
 from controller.rules import as_uuid, find_or_404, new_id
 from controller.status_sync import sync_statuses
 from controller.store import utc_now
-from host_adapters.guest import GuestGroup, GuestSpec, GuestUser
 
 log = logging.getLogger(__name__)
 
@@ -28,22 +30,12 @@ def _host_status(ctx: Context, row: dict) -> str:
     one. A host that cannot answer shows "error" without writing it: the stored state is the
     last one known, kept for when it answers."""
     try:
-        status = hypervisor_for(ctx, row).status(row["id"])
+        status = hypervisor_of_instance(ctx, row).status(row["id"])
     except HostError:
         return "error"
     if status != row["status"]:
         ctx.store.set_instance_status(row["id"], status)
     return status
-
-
-def _get_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
-    scope = perms.visible_to(requester)
-    return find_or_404("server-instance", instance_id, lambda i: ctx.store.get_instance(i, visible_to=scope))
-
-
-def _require_mutate(ctx: Context, requester: Requester, row: dict) -> None:
-    perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
-                         what="this server-instance")
 
 
 def iter_instance_json(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> Iterator[str]:
@@ -85,80 +77,6 @@ def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:
     return json.loads(instance_json(ctx, requester, instance_id))
 
 
-# -- users with access ----------------------------------------------------------
-def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> list[dict]:
-    """The accounts named by controller user ids, checked for the requester's authority to grant them."""
-    bad = [u for u in uuids if as_uuid(u) is None]
-    if bad:
-        raise InvalidInput(f"unknown user ids: {', '.join(map(str, bad[:5]))}")
-    wanted = list(dict.fromkeys(as_uuid(u) for u in uuids))
-    found = {a["uuid"]: a for a in ctx.store.accounts_with_owners(uuids=wanted)}
-    unknown = [u for u in wanted if u not in found]
-    if unknown:
-        raise InvalidInput(f"unknown user ids: {', '.join(unknown[:5])}")
-    for account in found.values():
-        perms.require_account_authority(requester, account, f"you may not grant access to user id {account['uuid']}")
-    return [found[u] for u in wanted]
-
-
-def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) -> GuestSpec:
-    """What the instance's guest is told: its name and NICs, and every active user with access
-    (`account_uuids`, default the row's users) with uid, gid, groups and home.
-
-    An inactive user stays on the instance's list (reactivation gives the access back) but
-    is in no guest: no account in the seed, no share of its home (issue 16, finding 9)."""
-    from controller.addresses import hostname_for, network_plan, nics_of
-
-    uuids = row["users"] if account_uuids is None else account_uuids
-    accounts = [a for a in ctx.store.accounts_with_owners(uuids=list(uuids)) if a["user_active"]]
-    mounts = ctx.store.volume_mount_points([a["user_id"] for a in accounts])
-    memberships = ctx.store.group_names_of_members([a["username"] for a in accounts])
-    sudo_owner = ctx.config.get("guest", "sudo") == "owner"
-    group_names = sorted({g for names in memberships.values() for g in names})
-    groups = []
-    for name in group_names:
-        gid = ctx.adapters.groups.gid(name)
-        if gid is None:  # missing on the host; reconcile reports the group
-            continue
-        groups.append(GuestGroup(name=name, gid=gid))
-    known = {g.name for g in groups}
-    users = [
-        GuestUser(
-            username=a["username"],
-            uid=a["uid"],
-            gid=a["gid"],
-            home=mounts.get(a["user_id"], a["home"]),
-            mounted=a["user_id"] in mounts,
-            groups=tuple(g for g in memberships.get(a["username"], []) if g in known),
-            sudo=sudo_owner and a["user_id"] == row["owner_id"],
-        )
-        for a in accounts
-    ]
-    return GuestSpec(
-        hostname=row.get("hostname") or hostname_for(row["id"], set()),
-        nics=_on_host_network(ctx, row, nics_of(network_plan(ctx.config), row)),
-        users=tuple(users),
-        groups=tuple(groups),
-    )
-
-
-def _on_host_network(ctx: Context, row: dict, nics):
-    """The private NICs on the libvirt network of the instance's host (each host names its own:
-    the NAT network of a single node, or a bridged one on the nodes)."""
-    host = ctx.store.get_host(row["host"]) if row.get("host") else None
-    network = host["network"] if host else None
-    if network is None or network == ctx.config.get("network", "name"):
-        return nics
-    return tuple(dataclasses.replace(n, network=network) if n.network else n for n in nics)
-
-
-def _owner_account(ctx: Context, user_id: str) -> dict:
-    account = ctx.store.account_of_user(user_id, ctx.config.controller_id)
-    if account is None:
-        raise Conflict("the requester has no system account on this cluster")
-    return account
-
-
 # -- create and delete ---------------------------------------------------------------
 def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
     image_id = as_uuid(body["server-image"])
@@ -171,7 +89,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         raise InvalidInput(f"server-image {body['server-image']} does not exist or is not available to you")
     if not image["active"]:
         raise InvalidInput(f"server-image {image['id']} is not active; new instances cannot boot from it")
-    flavor = get_flavor_row(ctx, requester, body["server-flavor"])
+    flavor = flavor_row(ctx, requester, body["server-flavor"])
     if flavor is None:
         raise InvalidInput(f"server-flavor {body['server-flavor']} does not exist or is not available to you")
     if flavor["memory"] < image["min_ram"] or flavor["disk"] < image["min_disk"]:
@@ -179,7 +97,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
             f"server-flavor {flavor['id']} is too small for the image "
             f"(needs {image['min_ram']} MB RAM and {image['min_disk']} GB disk)"
         )
-    owner_account = _owner_account(ctx, requester.id)
+    owner_account = requester_account(ctx, requester.id)
     if ctx.store.volume_of_user(requester.id) is None:
         raise Conflict("the requester has no storage volume: create one first")
     granted = resolve_grantable(ctx, requester, body.get("users", []))
@@ -210,7 +128,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
     for _attempt in range(ctx.config.get_int("hosts", "max_create_attempts")):
         # Host capacities are read here if stale, before the transaction: a libvirt call must
         # not hold the database's write lock.
-        place = hosts.placement(ctx, flavor, failed=failed)
+        place = placement(ctx, flavor, failed=failed)
         with host_changes(ctx):
             # The row comes first, with the intent "creating": a crash mid-way leaves a record
             # reconcile undoes (the client saw no 201); any failure here removes whatever was
@@ -236,7 +154,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
                 ctx.store.delete_instance(placed["id"])
                 raise
             try:
-                ctx.store.set_instance_status(placed["id"], hypervisor_for(ctx, placed).status(placed["id"]))
+                ctx.store.set_instance_status(placed["id"], hypervisor_of_instance(ctx, placed).status(placed["id"]))
                 ctx.store.set_instance_intent(placed["id"], None, expect="creating")
             except BaseException:
                 _undo_spawn(ctx, placed)
@@ -252,11 +170,11 @@ def _ensure_image(ctx: Context, image: dict, host_name: str) -> None:
     host keeps today's behaviour: its base disk is made by `image add` (a missing one is
     reconcile's business, or the sandbox's blank stand-in)."""
     if host_name != ctx.config.get("libvirt", "host_name"):
-        hosts.ensure_image_on_host(ctx, image, host_name)
+        ensure_image_on_host(ctx, image, host_name)
 
 
 def _spawn(ctx: Context, row: dict, *, image: dict, flavor: dict) -> None:
-    hypervisor_for(ctx, row).spawn(
+    hypervisor_of_instance(ctx, row).spawn(
         row["id"],
         base_image=image["base_volume"],
         vcpu=flavor["vcpu"],
@@ -273,7 +191,7 @@ def respawn(ctx: Context, row: dict) -> None:
     _ensure_image(ctx, image, row["host"])
     _spawn(ctx, row, image=image, flavor=flavor)
     if row["status"] == "shutoff":
-        hypervisor_for(ctx, row).power_off(row["id"])
+        hypervisor_of_instance(ctx, row).power_off(row["id"])
 
 
 def _undo_spawn(ctx: Context, row: dict) -> None:
@@ -281,7 +199,7 @@ def _undo_spawn(ctx: Context, row: dict) -> None:
     cannot be asked to (it stopped answering) keeps the row with its intent "creating", for
     reconcile to remove both once the host answers (as for a crash mid-create)."""
     try:
-        hypervisor_for(ctx, row).destroy(row["id"])
+        hypervisor_of_instance(ctx, row).destroy(row["id"])
     except ControllerError as e:
         log.warning("instance %s: create failed and its domain could not be removed (%s); "
                     "left for reconcile", row["id"], e.message)
@@ -290,8 +208,8 @@ def _undo_spawn(ctx: Context, row: dict) -> None:
 
 
 def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> None:
-    row = _get_row(ctx, requester, instance_id)
-    _require_mutate(ctx, requester, row)
+    row = instance_row(ctx, requester, instance_id)
+    require_mutate(ctx, requester, row, "this server-instance")
     with host_changes(ctx):
         # The intent first: a second delete of the same instance is refused here, and a
         # crash before the row goes is finished by reconcile, never undone.
@@ -301,7 +219,7 @@ def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> Non
         # disk and guest may still run there, and a record deleted now could never be
         # cleaned up on that host (docs/decisions.md).
         try:
-            hypervisor_for(ctx, row).destroy(row["id"])
+            hypervisor_of_instance(ctx, row).destroy(row["id"])
         except BaseException:
             ctx.store.set_instance_intent(row["id"], None, expect="deleting")
             raise
@@ -311,20 +229,20 @@ def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> Non
 def finish_interrupted(ctx: Context, row: dict) -> None:
     """Finish what a crash interrupted (reconcile): a delete is completed, and a create the
     client never saw succeed is undone. Either way the domain, disk and row go."""
-    hypervisor_for(ctx, row).destroy(row["id"])
+    hypervisor_of_instance(ctx, row).destroy(row["id"])
     ctx.store.delete_instance(row["id"])
 
 
 # -- tasks -------------------------------------------------------------------------------
 def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -> dict:
-    row = _get_row(ctx, requester, instance_id)
-    _require_mutate(ctx, requester, row)
+    row = instance_row(ctx, requester, instance_id)
+    require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
-    hypervisor = hypervisor_for(ctx, row)
+    hypervisor = hypervisor_of_instance(ctx, row)
     with host_changes(ctx), one_at_a_time("instance", row["id"]):
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.
-            row = _get_row(ctx, requester, instance_id)
+            row = instance_row(ctx, requester, instance_id)
             _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
         elif what == "power-on":
             hypervisor.power_on(row["id"])
@@ -339,13 +257,10 @@ def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -
 
 def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> None:
     current = list(row["users"])
-    owner_account = ctx.store.account_of_user(row["owner_id"], ctx.config.controller_id)
+    owner_account = account_of(ctx, row["owner_id"])
     owner_uuid = owner_account["uuid"] if owner_account else None
     if how == "delete":
-        bad = [u for u in uuids if as_uuid(u) is None]
-        if bad:
-            raise InvalidInput(f"unknown user ids: {', '.join(map(str, bad[:5]))}")
-        drop = {as_uuid(u) for u in uuids}
+        drop = set(account_uuids(uuids))
         new = [u for u in current if u not in drop]
     else:
         granted = [a["uuid"] for a in resolve_grantable(ctx, requester, uuids)]
@@ -355,51 +270,9 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
         new.insert(0, owner_uuid)
     if new == current:
         return
-    hypervisor_for(ctx, row).set_guest(row["id"], guest_spec(ctx, row, new))
+    hypervisor_of_instance(ctx, row).set_guest(row["id"], guest_spec(ctx, row, new))
     try:
         ctx.store.set_instance_users(row["id"], new)
     except BaseException:
-        hypervisor_for(ctx, row).set_guest(row["id"], guest_spec(ctx, row, current))
+        hypervisor_of_instance(ctx, row).set_guest(row["id"], guest_spec(ctx, row, current))
         raise
-
-
-def refresh_guests(ctx: Context, account_uuids: list[str]) -> None:
-    """Rebuild the guest (shares, seed) of every instance these accounts can access,
-    after their volumes, groups or accounts changed.
-
-    The change this follows has happened and stays; a guest that cannot be
-    updated now is logged, and `cloud-agent reconcile` reports and repairs it.
-    """
-    instance_ids = ctx.store.instances_with_accounts(account_uuids)
-    if not instance_ids:
-        return
-    for instance_id in instance_ids:
-        with one_at_a_time("instance", instance_id):
-            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id)
-            if not rows:
-                continue
-            try:
-                hypervisor_for(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0]))
-            except (NotFound, HostError) as e:
-                log.warning("guest of instance %s not updated (reconcile will): %s", instance_id, e.message)
-
-
-def refresh_guests_of_usernames(ctx: Context, usernames: list[str]) -> None:
-    """refresh_guests for the accounts with these usernames (their groups changed)."""
-    accounts = ctx.store.accounts_with_owners(usernames=list(usernames))
-    refresh_guests(ctx, [a["uuid"] for a in accounts])
-
-
-def drop_account_everywhere(ctx: Context, account: dict) -> None:
-    """Remove an account from the user lists (and guests) of every instance before it is disabled."""
-    for instance_id in ctx.store.instances_with_account(account["uuid"]):
-        with one_at_a_time("instance", instance_id):
-            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)
-            if not rows:
-                continue
-            users = [u for u in rows[0]["users"] if u != account["uuid"]]
-            try:
-                hypervisor_for(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0], users))
-            except NotFound:
-                pass
-            ctx.store.set_instance_users(instance_id, users)

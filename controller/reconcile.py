@@ -301,7 +301,7 @@ def _hypervisor_hosts(run: _Run) -> None:
     """Each host in turn; one that does not answer is reported and the others are still
     compared and repaired."""
     from controller.errors import HostUnreachable
-    from controller.hosts import record_config_host, spec_of
+    from controller.host_routing import record_config_host, spec_of
 
     ctx = run.ctx
     own = record_config_host(ctx).name
@@ -369,7 +369,8 @@ def _network(run: _Run, hypervisor, host: dict, *, own: bool) -> None:
 
 
 def _instances(run: _Run, hypervisor, host: dict) -> None:
-    from controller.instances import guest_spec, respawn
+    from controller.guests import guest_spec
+    from controller.instances import respawn
     from host_adapters import seed as seeds
     from host_adapters.guest import reservations_for
     from host_adapters.libvirt.nic_filters import nic_devices_for

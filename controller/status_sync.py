@@ -2,19 +2,17 @@
 
 Instance lists are encoded by SQLite from the stored rows (store.iter_instance_json),
 so the stored status must be what the host says. Each host's Hypervisor tells what
-changed since the mark of the last sync (status_changes: at most one call to the
-host, none once libvirt's lifecycle events keep its statuses) and only those rows
-are written. The whole view is compared again at least every WHOLE_CHECK_SECONDS,
+changed since the cursor of the last sync (controller/status_cursors.py;
+status_changes: at most one call to the host, none once libvirt's lifecycle events
+keep its statuses) and only those rows are written. The whole view is compared again at least every WHOLE_CHECK_SECONDS,
 so a status written by another process with an older view (a restored backup, say)
 does not stay wrong.
 """
 
-import threading
 import time
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from controller.context import Context
+from controller.context import Context
+from controller.host_routing import each_host, hypervisor_of_host
 
 WHOLE_CHECK_SECONDS = 60.0
 # How long a list waits for a host whose statuses another list is reading (a slow host):
@@ -23,30 +21,15 @@ WHOLE_CHECK_SECONDS = 60.0
 BUSY_WAIT_SECONDS = 1.0
 
 
-class StatusMarks:
-    """Per process: each host's mark from its last sync, and when its whole view was last taken."""
-
-    def __init__(self):
-        self.marks: dict[str, tuple[object, float]] = {}
-        # One sync of a host at a time (a slower one must not write an older view over a
-        # newer one); a lock per host, so a slow host delays only the lists holding its rows.
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def lock_of(self, host_name: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(host_name, threading.Lock())
-
-
-def sync_statuses(ctx: "Context", host_names: list[str]) -> set[str]:
+def sync_statuses(ctx: Context, host_names: list[str]) -> set[str]:
     """Write the current status of the live instances of these hosts where it changed;
     return the hosts that did not answer (their rows show "error", unwritten: the stored
     state is the last one known, kept for when they answer).
 
     The hosts no other thread is reading are read at once, together. A host another
     thread is reading is waited for at most BUSY_WAIT_SECONDS in all, then read again
-    (cheap: its mark is fresh); past that its rows keep the status last stored."""
-    state = ctx.status_marks
+    (cheap: its cursor is fresh); past that its rows keep the status last stored."""
+    state = ctx.status_cursors
     names = list(dict.fromkeys(host_names))
     free = [n for n in names if state.lock_of(n).acquire(blocking=False)]
     try:
@@ -68,31 +51,29 @@ def sync_statuses(ctx: "Context", host_names: list[str]) -> set[str]:
     return unreachable
 
 
-def _sync(ctx: "Context", host_names: list[str]) -> set[str]:
+def _sync(ctx: Context, host_names: list[str]) -> set[str]:
     """sync_statuses of hosts whose locks the caller holds."""
-    from controller import hosts  # not at the top: controller.context imports this module
-
-    state = ctx.status_marks
+    state = ctx.status_cursors
     unreachable: set[str] = set()
     if not host_names:
         return unreachable
     now = time.monotonic()
 
     def changes(name: str):
-        mark, whole_at = state.marks.get(name, (None, now))
-        return hosts.hypervisor_of(ctx, name).status_changes(
-            mark if now - whole_at <= WHOLE_CHECK_SECONDS else None)
+        cursor, whole_at = state.cursors.get(name, (None, now))
+        return hypervisor_of_host(ctx, name).status_changes(
+            cursor if now - whole_at <= WHOLE_CHECK_SECONDS else None)
 
-    for name, answer in hosts.each_host(host_names, changes).items():
+    for name, answer in each_host(host_names, changes).items():
         if isinstance(answer, Exception):  # the ControllerError each_host caught
             unreachable.add(name)
             continue
-        mark, statuses, whole = answer
+        cursor, statuses, whole = answer
         if whole:
             ctx.store.sync_host_statuses(name, statuses)
         elif statuses:
             ctx.store.set_live_instance_statuses(
                 {i: status or "error" for i, status in statuses.items()}, host=name)
-        # Only changes come back for a mark this process holds: the host has one.
-        state.marks[name] = (mark, now if whole else state.marks[name][1])
+        # Only changes come back for a cursor this process holds: the host has one.
+        state.cursors[name] = (cursor, now if whole else state.cursors[name][1])
     return unreachable

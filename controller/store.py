@@ -34,6 +34,39 @@ TOKEN_MEMO_SECONDS = 5.0
 _TOKEN_MEMO_MAX = 10_000
 
 
+# The INSERT of each table whose rows the service makes one at a time and the sandbox's
+# bulk load makes many at once (insert_loaded): one column list for both.
+_INSERT_USER = """INSERT INTO users (id, email, name, password_hash, active, owner_userid, roles,
+    registration_source, api_key, api_secret_enc, created_at_utc)
+    VALUES (:id, :email, :name, :password_hash, :active, :owner_userid, :roles,
+    :registration_source, :api_key, :api_secret_enc, :created_at_utc)"""
+_INSERT_ACCOUNT = """INSERT INTO system_accounts (user_id, username, uuid, uid, gid, home,
+    cloud_controller_id, created_at_utc)
+    VALUES (:user_id, :username, :uuid, :uid, :gid, :home, :cloud_controller_id, :created_at_utc)"""
+_INSERT_VOLUME = """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state,
+    uid)
+    VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date, :state, :uid)"""
+_INSERT_GROUP = """INSERT INTO groups (id, owner_id, name, creation_date, state)
+    VALUES (:id, :owner_id, :name, :creation_date, :state)"""
+_INSERT_MEMBER = "INSERT INTO group_members (group_id, username, position) VALUES (?, ?, ?)"
+_INSERT_INSTANCE = """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
+    private_ip, mac, public_mac, creation_date, intent, host) VALUES (:id, :owner_id, :image_id,
+    :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
+    :intent, :host)"""
+_INSERT_INSTANCE_USER = "INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)"
+
+
+def _used_addresses(conn) -> dict[str, set[str]]:
+    """What live instances use (keys private_ip, public_ip, mac, hostname), as allocate() takes it."""
+    used: dict[str, set[str]] = {"private_ip": set(), "public_ip": set(), "mac": set(), "hostname": set()}
+    for r in conn.execute("SELECT private_ip, public_ip, mac, public_mac, hostname FROM instances"):
+        for key, value in (("private_ip", r[0]), ("public_ip", r[1]), ("mac", r[2]), ("mac", r[3]),
+                           ("hostname", r[4])):
+            if value is not None:
+                used[key].add(value)
+    return used
+
+
 def utc_now() -> str:
     """RFC 3339 UTC with seconds, as every date-time of the API."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -179,13 +212,7 @@ class Store:
                     admit(overrides=self._limit_overrides(conn, owner),
                           owned=conn.execute("SELECT COUNT(*) FROM users WHERE owner_userid = ?",
                                              (owner,)).fetchone()[0])
-                conn.execute(
-                    """INSERT INTO users (id, email, name, password_hash, active, owner_userid, roles,
-                       registration_source, api_key, api_secret_enc, created_at_utc)
-                       VALUES (:id, :email, :name, :password_hash, :active, :owner_userid, :roles,
-                       :registration_source, :api_key, :api_secret_enc, :created_at_utc)""",
-                    row,
-                )
+                conn.execute(_INSERT_USER, row)
         except sqlite3.IntegrityError as e:
             if "users.email" in str(e):
                 raise Conflict(f"email already used: {user['email']}") from None
@@ -405,12 +432,7 @@ class Store:
     def insert_account(self, account: dict) -> dict:
         try:
             with self.write() as conn:
-                cur = conn.execute(
-                    """INSERT INTO system_accounts (user_id, username, uuid, uid, gid, home,
-                       cloud_controller_id, created_at_utc)
-                       VALUES (:user_id, :username, :uuid, :uid, :gid, :home, :cloud_controller_id, :created_at_utc)""",
-                    account,
-                )
+                cur = conn.execute(_INSERT_ACCOUNT, account)
         except sqlite3.IntegrityError as e:
             if "system_accounts.username" in str(e):
                 raise Conflict(f"system account already exists: {account['username']}") from None
@@ -467,16 +489,22 @@ class Store:
     def get_image(self, image_id: str) -> dict | None:
         return self._one("SELECT * FROM images WHERE id = ?", (image_id,))
 
-    def list_images(self, *, usable_by: str | None = None, image_id: str | None = None) -> list[dict]:
-        """All images (usable_by None) or the public ones plus those granted to usable_by."""
+    def _usable(self, table: str, access: str, key: str, order: str, usable_by: str | None,
+                item_id: object) -> list[dict]:
+        """Rows of `table` (images or flavors): all of them (usable_by None) or the public ones
+        plus those `access` grants to usable_by; only item_id's when given."""
         where, params = ["1"], []
         if usable_by is not None:
-            where.append("(public = 1 OR id IN (SELECT image_id FROM image_access WHERE user_id = ?))")
+            where.append(f"(public = 1 OR id IN (SELECT {key} FROM {access} WHERE user_id = ?))")
             params.append(usable_by)
-        if image_id is not None:
+        if item_id is not None:
             where.append("id = ?")
-            params.append(image_id)
-        return self._all(f"SELECT * FROM images WHERE {' AND '.join(where)} ORDER BY creation_date, id", params)
+            params.append(item_id)
+        return self._all(f"SELECT * FROM {table} WHERE {' AND '.join(where)} ORDER BY {order}", params)
+
+    def list_images(self, *, usable_by: str | None = None, image_id: str | None = None) -> list[dict]:
+        """All images (usable_by None) or the public ones plus those granted to usable_by."""
+        return self._usable("images", "image_access", "image_id", "creation_date, id", usable_by, image_id)
 
     def update_image(self, image_id: str, changes: dict) -> None:
         with self.write():
@@ -503,14 +531,7 @@ class Store:
 
     def list_flavors(self, *, usable_by: str | None = None, flavor_id: int | None = None) -> list[dict]:
         """All flavors (usable_by None) or the public ones plus those granted to usable_by."""
-        where, params = ["1"], []
-        if usable_by is not None:
-            where.append("(public = 1 OR id IN (SELECT flavor_id FROM flavor_access WHERE user_id = ?))")
-            params.append(usable_by)
-        if flavor_id is not None:
-            where.append("id = ?")
-            params.append(flavor_id)
-        return self._all(f"SELECT * FROM flavors WHERE {' AND '.join(where)} ORDER BY id", params)
+        return self._usable("flavors", "flavor_access", "flavor_id", "id", usable_by, flavor_id)
 
     def grant_flavor(self, flavor_id: int, user_id: str) -> None:
         with self.write() as conn:
@@ -565,25 +586,10 @@ class Store:
             if place is not None:
                 instance = dict(instance, host=place(self._hosts(conn)))
             if allocate is not None:
-                used: dict[str, set[str]] = {"private_ip": set(), "public_ip": set(), "mac": set(), "hostname": set()}
-                for r in conn.execute("SELECT private_ip, public_ip, mac, public_mac, hostname FROM instances"):
-                    for key, value in (("private_ip", r[0]), ("public_ip", r[1]), ("mac", r[2]), ("mac", r[3]),
-                                       ("hostname", r[4])):
-                        if value is not None:
-                            used[key].add(value)
-                instance = dict(instance, **allocate(used))
+                instance = dict(instance, **allocate(_used_addresses(conn)))
             row = {"mac": None, "public_mac": None, "intent": "creating", "host": DEFAULT_HOST, **instance}
-            conn.execute(
-                """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
-                   private_ip, mac, public_mac, creation_date, intent, host) VALUES (:id, :owner_id, :image_id,
-                   :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
-                   :intent, :host)""",
-                row,
-            )
-            conn.executemany(
-                "INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)",
-                [(instance["id"], u) for u in account_uuids],
-            )
+            conn.execute(_INSERT_INSTANCE, row)
+            conn.executemany(_INSERT_INSTANCE_USER, [(instance["id"], u) for u in account_uuids])
         return row
 
     def list_instances(self, *, visible_to: str | None, owner_id: str | None = None,
@@ -697,10 +703,7 @@ class Store:
     def set_instance_users(self, instance_id: str, account_uuids: list[str]) -> None:
         with self.write() as conn:
             conn.execute("DELETE FROM instance_users WHERE instance_id = ?", (instance_id,))
-            conn.executemany(
-                "INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)",
-                [(instance_id, u) for u in account_uuids],
-            )
+            conn.executemany(_INSERT_INSTANCE_USER, [(instance_id, u) for u in account_uuids])
 
     def set_instance_status(self, instance_id: str, status: str) -> None:
         with self.write() as conn:
@@ -842,13 +845,7 @@ class Store:
     def insert_volume(self, volume: dict) -> None:
         try:
             with self.write() as conn:
-                conn.execute(
-                    """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state,
-                       uid)
-                       VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date,
-                       :state, :uid)""",
-                    {"state": "creating", **volume},
-                )
+                conn.execute(_INSERT_VOLUME, {"state": "creating", **volume})
         except sqlite3.IntegrityError as e:
             if "volumes.owner_id" in str(e):
                 raise Conflict("this user already has a storage volume (one per user)") from None
@@ -911,11 +908,7 @@ class Store:
                     owner = group["owner_id"]
                     admit(overrides=self._limit_overrides(conn, owner),
                           owned=conn.execute("SELECT COUNT(*) FROM groups WHERE owner_id = ?", (owner,)).fetchone()[0])
-                conn.execute(
-                    """INSERT INTO groups (id, owner_id, name, creation_date, state)
-                       VALUES (:id, :owner_id, :name, :creation_date, :state)""",
-                    {"state": "creating", **group},
-                )
+                conn.execute(_INSERT_GROUP, {"state": "creating", **group})
                 self._write_members(conn, group["id"], members)
         except sqlite3.IntegrityError as e:
             if "groups.name" in str(e):
@@ -925,10 +918,7 @@ class Store:
     @staticmethod
     def _write_members(conn, group_id: str, members: list[str]) -> None:
         conn.execute("DELETE FROM group_members WHERE group_id = ?", (group_id,))
-        conn.executemany(
-            "INSERT INTO group_members (group_id, username, position) VALUES (?, ?, ?)",
-            [(group_id, m, i) for i, m in enumerate(members)],
-        )
+        conn.executemany(_INSERT_MEMBER, [(group_id, m, i) for i, m in enumerate(members)])
 
     def set_group_members(self, group_id: str, members: list[str]) -> None:
         with self.write() as conn:
@@ -1083,45 +1073,21 @@ class Store:
             if deleted < batch:
                 return total
 
-    # -- bulk load (controller/scale_load.py) ----------------------------------------
+    # -- bulk load (agent/sandbox_load.py) -------------------------------------------
     def insert_loaded(self, *, users: list[dict], accounts: list[dict], volumes: list[dict], groups: list[dict],
                       members: list[tuple[str, str, int]], instances: list[dict],
                       instance_users: list[tuple[str, str]]) -> None:
         """The rows of a bulk load, in one transaction: all of them or none. The caller made
         them valid; the schema's UNIQUE and foreign keys still refuse a clash (IntegrityError)."""
         with self.write() as conn:
-            conn.executemany(
-                """INSERT INTO users (id, email, name, password_hash, active, owner_userid, roles,
-                   registration_source, api_key, api_secret_enc, created_at_utc)
-                   VALUES (:id, :email, :name, :password_hash, :active, :owner_userid, :roles,
-                   :registration_source, :api_key, :api_secret_enc, :created_at_utc)""",
-                [dict(u, roles=json.dumps(sorted(u["roles"]))) for u in users])
-            conn.executemany(
-                """INSERT INTO system_accounts (user_id, username, uuid, uid, gid, home, cloud_controller_id,
-                   created_at_utc) VALUES (:user_id, :username, :uuid, :uid, :gid, :home, :cloud_controller_id,
-                   :created_at_utc)""", accounts)
-            conn.executemany(
-                """INSERT INTO volumes (id, owner_id, size_gb, name, visibility, mount_point, creation_date, state, uid)
-                   VALUES (:id, :owner_id, :size_gb, :name, :visibility, :mount_point, :creation_date, 'ready',
-                   :uid)""",
-                volumes)
-            conn.executemany(
-                """INSERT INTO groups (id, owner_id, name, creation_date, state)
-                   VALUES (:id, :owner_id, :name, :creation_date, 'ready')""", groups)
-            conn.executemany("INSERT INTO group_members (group_id, username, position) VALUES (?, ?, ?)", members)
-            conn.executemany(
-                """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
-                   private_ip, mac, public_mac, creation_date, intent, host) VALUES (:id, :owner_id, :image_id,
-                   :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
-                   NULL, :host)""", instances)
-            conn.executemany("INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)", instance_users)
+            conn.executemany(_INSERT_USER, [dict(u, roles=json.dumps(sorted(u["roles"]))) for u in users])
+            conn.executemany(_INSERT_ACCOUNT, accounts)
+            conn.executemany(_INSERT_VOLUME, [dict(v, state="ready") for v in volumes])
+            conn.executemany(_INSERT_GROUP, [dict(g, state="ready") for g in groups])
+            conn.executemany(_INSERT_MEMBER, members)
+            conn.executemany(_INSERT_INSTANCE, [dict(i, intent=None) for i in instances])
+            conn.executemany(_INSERT_INSTANCE_USER, instance_users)
 
     def used_addresses(self) -> dict[str, set[str]]:
         """What live instances use (keys private_ip, public_ip, mac, hostname), as allocate() takes it."""
-        used: dict[str, set[str]] = {"private_ip": set(), "public_ip": set(), "mac": set(), "hostname": set()}
-        for r in self.conn.execute("SELECT private_ip, public_ip, mac, public_mac, hostname FROM instances"):
-            for key, value in (("private_ip", r[0]), ("public_ip", r[1]), ("mac", r[2]), ("mac", r[3]),
-                               ("hostname", r[4])):
-                if value is not None:
-                    used[key].add(value)
-        return used
+        return _used_addresses(self.conn)

@@ -7,8 +7,11 @@ from contextlib import contextmanager
 
 from controller import limits
 from controller import permissions as perms
+from controller.accounts import follow_active
 from controller.context import Context
 from controller.errors import Conflict, Forbidden, InvalidInput, NotFound
+from controller.guests import refresh_guests_of_user
+from controller.lookups import find_user, user_by_email_or_404, user_or_404
 from controller.permissions import Requester
 from controller.rules import (
     EMAIL_MAX,
@@ -19,7 +22,6 @@ from controller.rules import (
     check_email,
     check_length,
     check_password,
-    find_or_404,
     new_id,
 )
 from controller.security import new_api_key, new_api_secret
@@ -64,23 +66,6 @@ def user_objects(ctx: Context, users: list[dict], *, superuser_view: bool) -> li
 
 def user_object(ctx: Context, user: dict, *, superuser_view: bool) -> dict:
     return user_objects(ctx, [user], superuser_view=superuser_view)[0]
-
-
-# -- lookups ------------------------------------------------------------------
-def get_user_or_404(ctx: Context, userid: str) -> dict:
-    return find_or_404("user", userid, ctx.store.get_user)
-
-
-def get_user_by_email_or_404(ctx: Context, email: str) -> dict:
-    user = ctx.store.get_user_by_email(email)
-    if user is None:
-        raise NotFound(f"no user with email {email}")
-    return user
-
-
-def find_user(ctx: Context, who: str) -> dict:
-    """The user named by a user id or an email (no address is a UUID), or NotFound."""
-    return get_user_or_404(ctx, who) if as_uuid(who) else get_user_by_email_or_404(ctx, who)
 
 
 # Long enough for any admin command (an LDAP add, a useradd); a command killed before
@@ -239,7 +224,7 @@ def list_users(
 
 
 def view_user(ctx: Context, requester: Requester, userid: str) -> dict:
-    user = get_user_or_404(ctx, userid)
+    user = user_or_404(ctx, userid)
     if not perms.can_view_user(requester, user):
         raise Forbidden("you may not view this user")
     return user_object(ctx, user, superuser_view=requester.is_superuser)
@@ -254,7 +239,7 @@ def update_user(
     name: str | None = None,
     active: int | None = None,
 ) -> None:
-    user = get_user_or_404(ctx, userid)
+    user = user_or_404(ctx, userid)
     if not perms.can_update_user(requester, user):
         raise Forbidden("you may not update this user")
     changes: dict = {}
@@ -268,22 +253,14 @@ def update_user(
     if name is not None:
         changes["name"] = check_length("name", name, NAME_MAX)
     # Deactivation locks the system account too, reactivation unlocks it (issue 8, finding 9).
-    undo = _follow_active(ctx, user["id"], active) if active is not None else (lambda: None)
+    undo = follow_active(ctx, user["id"], active) if active is not None else (lambda: None)
     try:
         ctx.store.update_user(user["id"], changes)
     except BaseException:
         undo()
         raise
     if active is not None and bool(active) != bool(user["active"]):
-        from controller.accounts import guests_follow_active  # accounts imports this module
-
-        guests_follow_active(ctx, user["id"])
-
-
-def _follow_active(ctx: Context, user_id: str, active: int):
-    from controller.accounts import follow_active  # accounts imports this module
-
-    return follow_active(ctx, user_id, active)
+        refresh_guests_of_user(ctx, user["id"])
 
 
 def search_users(
@@ -306,7 +283,7 @@ def search_users(
 
 def set_password(ctx: Context, requester: Requester, userid: str, *, password: str) -> None:
     perms.require_superuser(requester, "setting a password")
-    user = get_user_or_404(ctx, userid)
+    user = user_or_404(ctx, userid)
     check_password(password)
     ctx.store.set_password_hash(user["id"], ctx.passwords.hash(password))
 
@@ -314,7 +291,7 @@ def set_password(ctx: Context, requester: Requester, userid: str, *, password: s
 def view_api_secret(ctx: Context, requester: Requester, userid: str) -> str | None:
     if not requester.has("view_user_secret"):
         raise Forbidden("viewing an API secret needs the superuser role or view_user_secret")
-    user = get_user_or_404(ctx, userid)
+    user = user_or_404(ctx, userid)
     if not perms.can_view_secret(requester, user):
         raise Forbidden("you may not view this user's API secret")
     if user["api_secret_enc"] is None:
@@ -324,7 +301,7 @@ def view_api_secret(ctx: Context, requester: Requester, userid: str) -> str | No
 
 def reset_api_secret(ctx: Context, requester: Requester, userid: str, *, set_to_null: bool = False) -> str | None:
     perms.require_superuser(requester, "resetting an API secret")
-    user = get_user_or_404(ctx, userid)
+    user = user_or_404(ctx, userid)
     secret = None if set_to_null else new_api_secret()
     ctx.store.set_api_secret(user["id"], None if secret is None else ctx.secret_box.encrypt(secret))
     return secret
@@ -333,7 +310,7 @@ def reset_api_secret(ctx: Context, requester: Requester, userid: str, *, set_to_
 def delete_user(ctx: Context, requester: Requester, email: str) -> dict:
     perms.require_superuser(requester, "deleting a user")
     check_length("email", email, EMAIL_MAX)
-    user = get_user_by_email_or_404(ctx, email)
+    user = user_by_email_or_404(ctx, email)
     has_volume, has_account = ctx.store.user_has_volume_or_account(user["id"])
     if has_volume:
         raise Conflict(f"user {email} still has a storage volume: delete it first")

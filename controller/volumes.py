@@ -1,12 +1,14 @@
 """Storage volumes: each user's one home directory on the cluster filesystem, with a quota."""
 
 from controller import permissions as perms
-from controller.context import Context
 from controller.background import run_later
+from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
+from controller.guests import refresh_guests
 from controller.locks import host_changes
+from controller.lookups import account_of, require_mutate, requester_account, volume_row
 from controller.permissions import Requester
-from controller.rules import as_uuid, find_or_404, new_id
+from controller.rules import as_uuid, new_id
 from controller.store import utc_now
 from host_adapters.homes import retired_uid
 
@@ -37,21 +39,13 @@ def list_volumes(ctx: Context, requester: Requester, *, cloudauth_id: str | None
     return [volume_object(r) for r in ctx.store.list_volumes(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)]
 
 
-def _get_row(ctx: Context, requester: Requester | None, volume_id: str) -> dict:
-    scope = None if requester is None else perms.visible_to(requester)
-    return find_or_404("storage-volume", volume_id,
-                       lambda i: next(iter(ctx.store.list_volumes(visible_to=scope, volume_id=i)), None))
-
-
 def get_volume(ctx: Context, requester: Requester, volume_id: str) -> dict:
-    return volume_object(_get_row(ctx, requester, volume_id))
+    return volume_object(volume_row(ctx, requester, volume_id))
 
 
 def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
     size = check_size(ctx, body["volume-size"])
-    account = ctx.store.account_of_user(requester.id, ctx.config.controller_id)
-    if account is None:
-        raise Conflict("the requester has no system account on this cluster")
+    account = requester_account(ctx, requester.id)
     if ctx.store.volume_of_user(requester.id) is not None:
         raise Conflict("the requester already has a storage volume (one per user)")
     homes = ctx.adapters.homes
@@ -66,8 +60,6 @@ def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
         # The uid the quota is set under, so removal acts on it and on nothing the tree says.
         "uid": account["uid"],
     }
-    from controller.instances import refresh_guests
-
     with host_changes(ctx):
         # The row first, "creating": the UNIQUE owner_id settles a race between two
         # requests before either touches the host, and a crash half way leaves a record
@@ -84,16 +76,15 @@ def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
 
 
 def _account_of_volume(ctx: Context, row: dict) -> dict:
-    account = ctx.store.account_of_user(row["owner_id"], ctx.config.controller_id)
+    account = account_of(ctx, row["owner_id"])
     if account is None:  # the account was removed behind our back; reconcile reports it
         raise Conflict("the volume's owner has no system account; run `cloud-agent reconcile`")
     return account
 
 
 def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
-    row = _get_row(ctx, requester, volume_id)
-    perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
-                         what="this volume")
+    row = volume_row(ctx, requester, volume_id)
+    require_mutate(ctx, requester, row, "this volume")
     account = _account_of_volume(ctx, row)
     with host_changes(ctx):
         # The intent first: a retried delete of the same home is refused instead of
@@ -131,7 +122,7 @@ def remove_retired(ctx: Context, path: str) -> None:
     if uid is None:
         return
     for row in ctx.store.volumes_with_uid(uid):
-        account = ctx.store.account_of_user(row["owner_id"], ctx.config.controller_id)
+        account = account_of(ctx, row["owner_id"])
         if account is None or account["uid"] != uid:
             continue
         try:
@@ -142,15 +133,13 @@ def remove_retired(ctx: Context, path: str) -> None:
 
 def finish_delete(ctx: Context, row: dict, account: dict) -> None:
     """The home is gone: drop the row, and the share from instances the user can access."""
-    from controller.instances import refresh_guests
-
     ctx.store.delete_volume(row["id"])
     refresh_guests(ctx, [account["uuid"]])
 
 
 def resize_volume(ctx: Context, volume_id: str, size_gb: int) -> dict:
     """Admin only (cloud-agent volume resize)."""
-    row = _get_row(ctx, None, volume_id)
+    row = volume_row(ctx, None, volume_id)
     size = check_size(ctx, size_gb)
     account = _account_of_volume(ctx, row)
     with host_changes(ctx):

@@ -48,6 +48,23 @@ def node_file(folder: Path, name: str, cpus: int, memory_mb: int) -> str:
     return f"test://{path}"
 
 
+def superuser(ctx, client, email: str, username: str) -> dict:
+    """A superuser with a system account and a home volume, as an admin and the API make
+    them; the auth headers of its requests."""
+    from controller.accounts import enable_account
+    from controller.auth import issue_token
+    from controller.users import insert_user
+
+    row, secret = insert_user(ctx, email=email, password="scale-hosts-pass-1", roles=("superuser",))
+    token = issue_token(ctx, api_key=row["api_key"], api_secret=secret)["token"]
+    enable_account(ctx, email, username=username)
+    headers = {"X-Auth-Token": token, "X-Auth-Cloudauth-Id": row["id"]}
+    r = client.simulate_post("/v1/storage-volume", headers=headers,
+                             json={"volume-size": 1, "volume-type": {"visibility": "cluster"}})
+    assert r.status_code == 201, r.json
+    return headers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=5)
@@ -57,14 +74,14 @@ def main() -> None:
     from falcon import testing
 
     from api.app import create_app
-    from controller import hosts, images
+    from controller import host_records, images
     from controller.config import config_from_dict, sandbox_values
     from controller.context import build_context
     from controller.reconcile import reconcile
     from controller.security import generate_key_file
     from controller.store import Store
-    from host_adapters.factory import Adapters, build_hosts, build_hypervisor, fake_adapters
-    from tests.fixtures.api import enable, give_volume, make_caller
+    from host_adapters.factory import Adapters, build_hypervisor, config_host, fake_adapters
+    from host_adapters.host_pool import HostPool
 
     folder = Path(tempfile.mkdtemp(prefix="scale-hosts-"))
     values = sandbox_values(str(folder))
@@ -78,21 +95,21 @@ def main() -> None:
     calls: dict[str, Counter] = {}
     fakes = fake_adapters()
     hypervisor = build_hypervisor(config)
-    pool = build_hosts(config, hypervisor)
-    build = pool._build
-    pool._build = lambda spec: Counting(build(spec), calls.setdefault(spec.name, Counter()))
+    own = config_host(config)
+    # The pool build_hosts makes, with each host's Hypervisor counted.
+    pool = HostPool(lambda spec: Counting(hypervisor if spec == own else build_hypervisor(config, spec),
+                                          calls.setdefault(spec.name, Counter())),
+                    retry_seconds=float(config.get("hosts", "retry_seconds")))
     ctx = build_context(config, store=store, adapters=Adapters(
         hypervisor=hypervisor, homes=fakes.homes, groups=fakes.groups, directory=fakes.directory,
         hypervisor_in_process=True, hosts=pool))
-    hosts.set_enabled(ctx, "default", False)
+    host_records.set_enabled(ctx, "default", False)
     per_host_mb = args.instances // args.hosts * 1024 + 1024
     for i in range(args.hosts):
-        hosts.add_host(ctx, name=f"node-{i:02d}", uri=node_file(folder, f"node-{i:02d}", 64, per_host_mb),
+        host_records.add_host(ctx, name=f"node-{i:02d}", uri=node_file(folder, f"node-{i:02d}", 64, per_host_mb),
                        storage_pool=f"pool-node-{i:02d}", network="cc-private")
     client = testing.TestClient(create_app(ctx))
-    alice = make_caller(ctx, "alice@example.org", roles=("superuser",))
-    enable(ctx, alice, username="alice")
-    give_volume(client, alice)
+    alice = superuser(ctx, client, "alice@example.org", "alice")
     image = images.add_image(ctx, name="Debian", os_name="debian", os_major="12", os_minor="7", min_disk=1,
                              min_ram=256)
     flavor = images.add_flavor(ctx, name="one", memory=1536, disk=2, vcpu=1)
@@ -120,17 +137,17 @@ def main() -> None:
     made = []
 
     def create():
-        r = client.simulate_post("/v1/server-instance", headers=alice.headers, json=body)
+        r = client.simulate_post("/v1/server-instance", headers=alice, json=body)
         assert r.status_code == 201, r.json
         made.append(r.json["data"][0]["id"])
 
     measure(f"create (first {args.hosts}, image copies)", create, args.hosts)
     measure(f"create (to {args.instances})", create, args.instances - args.hosts)
     measure(f"list of {len(made)}",
-            lambda: client.simulate_get("/v1/server-instance", headers=alice.headers), 5)
-    measure("GET one", lambda: client.simulate_get(f"/v1/server-instance/{made[0]}", headers=alice.headers), 50)
+            lambda: client.simulate_get("/v1/server-instance", headers=alice), 5)
+    measure("GET one", lambda: client.simulate_get(f"/v1/server-instance/{made[0]}", headers=alice), 50)
     measure("power-off + power-on", lambda: [
-        client.simulate_put(f"/v1/server-instance/{made[1]}", headers=alice.headers,
+        client.simulate_put(f"/v1/server-instance/{made[1]}", headers=alice,
                             json={"task": {"what": w}}) for w in ("power-off", "power-on")], 20)
     measure("reconcile (check only)", lambda: reconcile(ctx))
     print(f"placed: {Counter(r['host'] for r in store.all_instances())}")

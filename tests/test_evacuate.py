@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import evacuate, hosts, instances
+from controller import evacuate, host_records, instances
 from controller.errors import Conflict, InvalidInput
 from controller.reconcile import reconcile
 from tests.test_hosts import alice, boot, cluster, flavor, host_of, ok  # noqa: F401 (fixtures)
@@ -65,8 +65,8 @@ def test_evacuate_rebuilds_a_dead_hosts_instances_with_their_identity(client, cc
         assert got["status"] == "running" and got["hostname"] == before[i]["hostname"]
     assert cctx.store.list_evacuations() == []
     assert cctx.store.get_host("node-a")["enabled"] == 0
-    hosts.remove_host(cctx, "node-a")  # it holds nothing now
-    assert [h["name"] for h in hosts.list_hosts(cctx)] == ["default", "node-b"]
+    host_records.remove_host(cctx, "node-a")  # it holds nothing now
+    assert [h["name"] for h in host_records.list_hosts(cctx)] == ["default", "node-b"]
     assert drift_of(cctx) == []
 
 
@@ -140,7 +140,7 @@ def test_an_evacuation_cut_short_is_finished_never_undone(client, cctx, adapters
         live = [n for n, fake in cluster.items() if n != "node-a" and i in fake.instances]
         assert live == [after[i]["host"]] and cluster[live[0]].instances[i].status == "running"
     assert cctx.store.list_evacuations() == []
-    hosts.remove_host(cctx, "node-a")
+    host_records.remove_host(cctx, "node-a")
     assert drift_of(cctx) == []
 
 
@@ -167,7 +167,7 @@ def test_the_old_host_answering_again_has_its_stale_copies_removed_never_started
     assert old.calls["power_on"] + old.calls["start"] == starts
     assert all(cluster[host_of(cctx, i)].instances[i].status == "running" for i in made)
     assert drift_of(cctx) == []
-    hosts.remove_host(cctx, "node-a")
+    host_records.remove_host(cctx, "node-a")
     assert drift_of(cctx) == []
 
 

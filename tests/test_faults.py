@@ -194,12 +194,12 @@ class Deployment:
     def close(self, hosts=("default", "remote")) -> None:
         """Stop the server, remove every domain and base disk of this deployment's prefix
         from the hosts that answer, close the database."""
-        from controller import hosts as hosts_
+        from controller.host_routing import hypervisor_of_host
 
         self.stop()
         for name in hosts:
             try:
-                hv = hosts_.hypervisor_of(self.ctx, name)
+                hv = hypervisor_of_host(self.ctx, name)
                 for instance_id in hv.list_instances():
                     hv.destroy(instance_id)
                 for image_id in hv.list_base_images():

@@ -125,9 +125,9 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
     from api.app import create_app
 
     yield ctx, testing.TestClient(create_app(ctx)), config_path
-    from controller.hosts import hypervisor_of
+    from controller.host_routing import hypervisor_of_host
 
-    for hv in [ctx.adapters.hypervisor] + ([hypervisor_of(ctx, "remote")] if ctx.store.get_host("remote") else []):
+    for hv in [ctx.adapters.hypervisor] + ([hypervisor_of_host(ctx, "remote")] if ctx.store.get_host("remote") else []):
         for instance_id in hv.list_instances():
             hv.destroy(instance_id)
         for image_id in hv.list_base_images():

@@ -16,7 +16,7 @@ PATH_DETAIL = "home_root /srv/cluster/homes does not exist"
 def test_anonymous_healthz_names_failed_checks_only(client, adapters, caplog):
     adapters.directory.fail_on["check"] = HostUnavailable(LDAP_DETAIL)
     adapters.homes.fail_on["check"] = HostUnavailable(PATH_DETAIL)
-    with caplog.at_level(logging.WARNING, logger="api.health"):
+    with caplog.at_level(logging.WARNING, logger="api.health_resource"):
         r = client.simulate_get("/healthz")
     assert r.status_code == 503
     assert r.json == {"status": "unavailable", "failed": [{"check": "directory"}, {"check": "quota_backend"}]}
@@ -34,7 +34,7 @@ def test_the_agent_check_keeps_the_details(cctx, adapters):
 
 def test_a_failure_is_logged_once_not_at_every_probe(cctx, client, adapters, caplog):
     adapters.directory.fail_on["check"] = HostUnavailable(LDAP_DETAIL)
-    with caplog.at_level(logging.WARNING, logger="api.health"):
+    with caplog.at_level(logging.WARNING, logger="api.health_resource"):
         for _ in range(3):
             assert client.simulate_get("/healthz").status_code == 503
             monitor_of(cctx).refresh_now()  # a new round of checks, as the refresher runs them

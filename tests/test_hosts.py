@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import hosts, images
+from controller import host_records, host_routing, image_copy, images
 from controller.config import config_from_dict
 from controller.context import build_context
 from controller.errors import Conflict, HostUnavailable, NotFound
@@ -53,8 +53,8 @@ def cluster(cctx, adapters):
     fakes = adapters.fake_hosts
     fakes.add("node-a", vcpus=16, memory_mb=8192)
     fakes.add("node-b", vcpus=16, memory_mb=6144)
-    hosts.add_host(cctx, name="node-a", uri="fake://node-a")
-    hosts.add_host(cctx, name="node-b", uri="fake://node-b")
+    host_records.add_host(cctx, name="node-a", uri="fake://node-a")
+    host_records.add_host(cctx, name="node-b", uri="fake://node-b")
     return fakes.fakes
 
 
@@ -87,13 +87,13 @@ def on_hosts(fakes) -> dict[str, set[str]]:
 
 
 def assert_nothing_over_committed(cctx):
-    for h in hosts.list_hosts(cctx):
+    for h in host_records.list_hosts(cctx):
         assert h["allocated_memory_mb"] <= h["memory_mb"] and h["allocated_vcpus"] <= h["vcpus"], h
 
 
 # -- placement -------------------------------------------------------------------------------
 def test_the_config_host_is_a_host_without_host_add(cctx, adapters):
-    [only] = hosts.list_hosts(cctx)
+    [only] = host_records.list_hosts(cctx)
     assert only == {"name": "default", "uri": "test:///default", "enabled": True, "reachable": True,
                     "vcpus": 64, "memory_mb": 262144, "allocated_vcpus": 0, "allocated_memory_mb": 0,
                     "instances": 0}
@@ -107,7 +107,7 @@ def test_placement_weighs_free_memory_and_records_the_host(client, cctx, cluster
     assert {n: len(i) for n, i in on_hosts(cluster).items()} == {"default": 0, "node-a": 4, "node-b": 2}
     for row in cctx.store.all_instances():
         assert row["id"] in cluster[row["host"]].instances  # every later call goes to that host
-    listed = {h["name"]: h for h in hosts.list_hosts(cctx)}
+    listed = {h["name"]: h for h in host_records.list_hosts(cctx)}
     assert listed["node-a"]["allocated_memory_mb"] == 4096 and listed["node-a"]["instances"] == 4
 
 
@@ -124,48 +124,48 @@ def test_no_host_with_room_is_409_and_makes_nothing(client, cctx, cluster, alice
 def test_a_disabled_host_takes_no_new_instance_and_keeps_its_own(client, cctx, cluster, alice, catalog, flavor):
     first = ok(boot(client, alice, catalog, flavor))[0]
     assert host_of(cctx, first["id"]) == "node-a"
-    disabled = hosts.set_enabled(cctx, "node-a", False)
+    disabled = host_records.set_enabled(cctx, "node-a", False)
     assert disabled["enabled"] is False and disabled["instances"] == 1
     placed = {host_of(cctx, ok(boot(client, alice, catalog, flavor))[0]["id"]) for _ in range(4)}
     assert "node-a" not in placed
     assert ok(client.simulate_get(f"{BASE}/{first['id']}", headers=alice.headers), 200)[0]["status"] == "running"
-    hosts.set_enabled(cctx, "default", False)
-    hosts.set_enabled(cctx, "node-b", False)
+    host_records.set_enabled(cctx, "default", False)
+    host_records.set_enabled(cctx, "node-b", False)
     msg = refused(boot(client, alice, catalog, flavor), 409)
     assert "disabled: default, node-a, node-b" in msg
-    assert hosts.set_enabled(cctx, "node-a", True)["enabled"] is True
+    assert host_records.set_enabled(cctx, "node-a", True)["enabled"] is True
     assert host_of(cctx, ok(boot(client, alice, catalog, flavor))[0]["id"]) == "node-a"
 
 
 def test_remove_is_refused_while_a_host_holds_instances(client, cctx, cluster, alice, catalog, flavor):
     inst = ok(boot(client, alice, catalog, flavor))[0]
     with pytest.raises(Conflict, match="holds 1 instance"):
-        hosts.remove_host(cctx, "node-a")
+        host_records.remove_host(cctx, "node-a")
     assert cctx.store.get_host("node-a") is not None
     with pytest.raises(Conflict, match="disable it instead"):
-        hosts.remove_host(cctx, "default")
+        host_records.remove_host(cctx, "default")
     ok(client.simulate_delete(f"{BASE}/{inst['id']}", headers=alice.headers), 200)
-    removed = hosts.remove_host(cctx, "node-a")
+    removed = host_records.remove_host(cctx, "node-a")
     assert removed["name"] == "node-a" and cctx.store.get_host("node-a") is None
     with pytest.raises(NotFound):
-        hosts.remove_host(cctx, "node-a")
+        host_records.remove_host(cctx, "node-a")
 
 
 @pytest.mark.parametrize("name", ["", "Node", "-a", "a b", "a/b", "x" * 64, "a;b"])
 def test_host_names_are_checked(cctx, adapters, name):
     with pytest.raises(Exception, match="invalid host name"):
-        hosts.add_host(cctx, name=name, uri="fake://x")
-    assert [h["name"] for h in hosts.list_hosts(cctx)] == ["default"]
+        host_records.add_host(cctx, name=name, uri="fake://x")
+    assert [h["name"] for h in host_records.list_hosts(cctx)] == ["default"]
 
 
 def test_an_unreachable_uri_is_refused_by_host_add(cctx, adapters):
     adapters.fake_hosts.add("node-c")
     adapters.fake_hosts.kill("node-c")
     with pytest.raises(HostUnavailable, match="host node-c not added: cannot connect"):
-        hosts.add_host(cctx, name="node-c", uri="fake://node-c")
+        host_records.add_host(cctx, name="node-c", uri="fake://node-c")
     assert cctx.store.get_host("node-c") is None
     with pytest.raises(Conflict, match="exists"):
-        hosts.add_host(cctx, name="default", uri="fake://default")
+        host_records.add_host(cctx, name="default", uri="fake://default")
 
 
 def test_32_concurrent_creates_never_over_commit_a_host(client, cctx, cluster, alice, catalog, flavor):
@@ -217,7 +217,7 @@ def test_a_dead_host_makes_only_its_instances_error_and_503(client, cctx, adapte
     ok(client.simulate_put(f"{BASE}/{on_b['id']}", headers=alice.headers, json={"task": {"what": "power-off"}}), 200)
     placed = {host_of(cctx, ok(boot(client, alice, catalog, flavor))[0]["id"]) for _ in range(3)}
     assert "node-a" not in placed
-    listed = {h["name"]: h for h in hosts.list_hosts(cctx)}
+    listed = {h["name"]: h for h in host_records.list_hosts(cctx)}
     assert listed["node-a"]["reachable"] is False and listed["node-b"]["reachable"] is True
     # Reconcile reports the dead host and goes on with the others.
     drift = reconcile(cctx)
@@ -290,9 +290,9 @@ def test_a_create_on_a_host_that_died_is_placed_again_on_the_next_host(client, c
     adapters.hosts._health.clock = lambda: clock[0]
     if dead_host == "default":
         adapters.hypervisor.capacity = HostCapacity(vcpus=16, memory_mb=16384)  # the most free memory
-    hosts.list_hosts(cctx)  # every host answers and its capacity is recorded, as at `host add`
+    host_records.list_hosts(cctx)  # every host answers and its capacity is recorded, as at `host add`
     for name in ("node-a", "node-b"):  # the image is on every host (the config's own may die)
-        hosts.ensure_image_on_host(cctx, cctx.store.get_image(catalog["public"]["id"]), name)
+        image_copy.ensure_image_on_host(cctx, cctx.store.get_image(catalog["public"]["id"]), name)
     adapters.fake_hosts.kill(dead_host)
     dead = cluster[dead_host]
     inst = ok(boot(client, alice, catalog, flavor))[0]
@@ -301,7 +301,7 @@ def test_a_create_on_a_host_that_died_is_placed_again_on_the_next_host(client, c
     had = set(dead.base_images)  # the image it got before it died
     nothing_on(dead, had)
     assert [r["host"] for r in cctx.store.all_instances()] == [host_of(cctx, inst["id"])]
-    assert {h["name"]: h["instances"] for h in hosts.list_hosts(cctx)}[dead_host] == 0
+    assert {h["name"]: h["instances"] for h in host_records.list_hosts(cctx)}[dead_host] == 0
     # In its back-off the dead host is not tried again; after it, once, and the create still lands.
     calls = dead.calls.total()
     ok(boot(client, alice, catalog, flavor))
@@ -341,7 +341,7 @@ def test_the_number_of_placements_is_bounded(client, cctx, adapters, cluster, al
 def test_a_slow_host_delays_only_the_lists_holding_its_rows(client, cctx, adapters, cluster, alice, catalog,
                                                             flavor):
     on_a = ok(boot(client, alice, catalog, flavor))[0]
-    hosts.set_enabled(cctx, "node-a", False)
+    host_records.set_enabled(cctx, "node-a", False)
     bob = make_caller(cctx, "bob@example.org")
     enable(cctx, bob, username="bob")
     give_volume(client, bob)
@@ -515,7 +515,7 @@ def test_a_bridged_host_gets_static_addresses_and_no_dhcp_reservations(client, c
     capacity(cctx)
     bridged = adapters.fake_hosts.add("node-br", network="cc-bridge", dhcp=False)
     bridged.networks = {"cc-bridge": {}}
-    hosts.add_host(cctx, name="node-br", uri="fake://node-br", network="cc-bridge")
+    host_records.add_host(cctx, name="node-br", uri="fake://node-br", network="cc-bridge")
     inst = ok(boot(client, alice, catalog, flavor))[0]
     assert host_of(cctx, inst["id"]) == "node-br"
     guest = bridged.instances[inst["id"]].guest
@@ -559,11 +559,11 @@ def libvirt_cluster(tmp_path):
     adapters = Adapters(hypervisor=hypervisor, homes=fakes.homes, groups=fakes.groups, directory=fakes.directory,
                         hypervisor_in_process=True, hosts=build_hosts(config, hypervisor))
     ctx = build_context(config, store=store, adapters=adapters)
-    hosts.set_enabled(ctx, "default", False)  # 16 CPUs, 3 GiB: not part of this cluster
+    host_records.set_enabled(ctx, "default", False)  # 16 CPUs, 3 GiB: not part of this cluster
     uris = {"node-1": node_file(tmp_path, "node-1", cpus=4, memory_mb=4096),
             "node-2": node_file(tmp_path, "node-2", cpus=2, memory_mb=3072)}
     for name, uri in uris.items():
-        hosts.add_host(ctx, name=name, uri=uri, storage_pool=f"pool-{name}", network="cc-private")
+        host_records.add_host(ctx, name=name, uri=uri, storage_pool=f"pool-{name}", network="cc-private")
     yield ctx, uris
     store.close()
 
@@ -574,7 +574,7 @@ def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cl
     from api.app import create_app
 
     ctx, uris = libvirt_cluster
-    listed = {h["name"]: h for h in hosts.list_hosts(ctx)}
+    listed = {h["name"]: h for h in host_records.list_hosts(ctx)}
     assert (listed["node-1"]["vcpus"], listed["node-1"]["memory_mb"]) == (4, 4096)
     assert (listed["node-2"]["vcpus"], listed["node-2"]["memory_mb"]) == (2, 3072)
     client = testing.TestClient(create_app(ctx))
@@ -600,14 +600,14 @@ def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cl
     # node-1: 4 CPUs, 4 GiB -> 4; node-2: 2 CPUs -> 2 (short of vCPUs before memory).
     assert {n: len(i) for n, i in by_host.items()} == {"node-1": 4, "node-2": 2}
     for name, ids in by_host.items():
-        hv = hosts.hypervisor_of(ctx, name)
+        hv = host_routing.hypervisor_of_host(ctx, name)
         assert hv.list_instances() == sorted(ids)  # the domains are on that host, not elsewhere
         assert hv.statuses() == {i: "running" for i in ids}
         assert hv.list_base_images() == [image["id"]]  # reached it on first use
     assert ctx.adapters.hypervisor.list_instances() == []
     for inst in made:
         ok(client.simulate_delete(f"{BASE}/{inst['id']}", headers=alice.headers), 200)
-    assert all(hosts.hypervisor_of(ctx, n).list_instances() == [] for n in by_host)
+    assert all(host_routing.hypervisor_of_host(ctx, n).list_instances() == [] for n in by_host)
 
 
 def test_a_test_driver_host_that_stops_answering(libvirt_cluster, tmp_path, monkeypatch):
@@ -627,7 +627,7 @@ def test_a_test_driver_host_that_stops_answering(libvirt_cluster, tmp_path, monk
     body = {"server-image": image["id"], "server-flavor": flavor["id"]}
     first = ok(client.simulate_post(BASE, headers=alice.headers, json=body))[0]
     assert host_of(ctx, first["id"]) == "node-1"
-    hv = hosts.hypervisor_of(ctx, "node-1").inner
+    hv = host_routing.hypervisor_of_host(ctx, "node-1").inner
 
     def gone():
         raise HostUnreachable(f"cannot connect to libvirt at {uris['node-1']}: connection refused")

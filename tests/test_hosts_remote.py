@@ -18,7 +18,7 @@ import pytest
 from falcon import testing
 
 from api.app import create_app
-from controller import hosts, images
+from controller import host_records, host_routing, image_copy, images
 from controller.config import config_from_dict
 from controller.context import build_context
 from controller.errors import ControllerError
@@ -56,13 +56,13 @@ def cluster(tmp_path, libvirt_dir_pool, libvirt_private_network, remote_libvirtd
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))
     # The test daemon listens on plain tcp on the loopback, in a namespace of its own.
-    added = hosts.add_host(ctx, name="remote", uri=remote_libvirtd.uri, storage_pool=remote_libvirtd.pool,
+    added = host_records.add_host(ctx, name="remote", uri=remote_libvirtd.uri, storage_pool=remote_libvirtd.pool,
                            network=remote_libvirtd.network, insecure=True)
     assert added["reachable"] is True and added["vcpus"] > 0 and added["memory_mb"] > 0
     yield ctx
     for name in ("default", "remote"):
         try:
-            cleanup_hypervisor(hosts.hypervisor_of(ctx, name))
+            cleanup_hypervisor(host_routing.hypervisor_of_host(ctx, name))
         except ControllerError:
             pass
     store.close()
@@ -103,13 +103,13 @@ def test_an_image_reaches_the_remote_host_over_the_connection(cluster, remote_li
             raise RuntimeError("upload interrupted")
 
     with pytest.raises(RuntimeError, match="upload interrupted"):
-        hosts.ensure_image_on_host(ctx, row, "remote", progress=fail_half_way)
+        image_copy.ensure_image_on_host(ctx, row, "remote", progress=fail_half_way)
     assert len(sent) > 2  # it failed in the middle of the stream
     assert remote_volumes(ctx, remote_libvirtd) == []  # no partial volume left there
     assert not list(Path(remote_libvirtd.pool_path).iterdir())
 
     progress = []
-    hosts.ensure_image_on_host(ctx, row, "remote", progress=lambda d, t: progress.append((d, t)))
+    image_copy.ensure_image_on_host(ctx, row, "remote", progress=lambda d, t: progress.append((d, t)))
     assert remote_volumes(ctx, remote_libvirtd) == [row["base_volume"]]
     assert progress[-1][0] == progress[-1][1] == source.stat().st_size
     # What is there is the image (published by a copy within the pool: compared as an image).
@@ -131,7 +131,7 @@ def _alice_and_a_blank_create(ctx):
 def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
     ctx = cluster
     client, alice, body = _alice_and_a_blank_create(ctx)
-    hosts.set_enabled(ctx, "default", False)
+    host_records.set_enabled(ctx, "default", False)
     r = client.simulate_post(BASE, headers=alice.headers, json=body)
     assert r.status_code == 201, r.json
     remote_inst = r.json["data"][0]
@@ -146,7 +146,7 @@ def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
 
     remote_libvirtd.stop()
     try:
-        hosts.set_enabled(ctx, "default", True)
+        host_records.set_enabled(ctx, "default", True)
         r = client.simulate_get(f"{BASE}/{remote_inst['id']}", headers=alice.headers)
         assert r.status_code == 200 and r.json["data"][0]["status"] == "error"
         began = time.monotonic()
@@ -162,7 +162,7 @@ def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
         local = r.json["data"][0]
         listed = {i["id"]: i["status"] for i in client.simulate_get(BASE, headers=alice.headers).json["data"]}
         assert listed == {remote_inst["id"]: "error", local["id"]: "running"}
-        found = {h["name"]: h for h in hosts.list_hosts(ctx)}
+        found = {h["name"]: h for h in host_records.list_hosts(ctx)}
         assert found["remote"]["reachable"] is False and found["default"]["reachable"] is True
         assert found["remote"]["instances"] == 1
         drift = reconcile(ctx)
@@ -197,9 +197,9 @@ def test_a_base_image_is_seen_on_the_remote_host_only_complete_and_creates_wait_
             half.set()
             go_on.wait(30)
 
-    first = threading.Thread(target=hosts.ensure_image_on_host, args=(ctx, row, "remote"),
+    first = threading.Thread(target=image_copy.ensure_image_on_host, args=(ctx, row, "remote"),
                              kwargs={"progress": stop_half_way})
-    second = threading.Thread(target=hosts.ensure_image_on_host, args=(ctx, row, "remote"),
+    second = threading.Thread(target=image_copy.ensure_image_on_host, args=(ctx, row, "remote"),
                               kwargs={"progress": lambda d, t: second_progress.append(d)})
     first.start()
     try:
@@ -210,7 +210,7 @@ def test_a_base_image_is_seen_on_the_remote_host_only_complete_and_creates_wait_
         on_remote = remote_volumes(ctx, remote_libvirtd)
         assert row["base_volume"] not in on_remote
         assert [v for v in on_remote if "-part-" in v] and len(on_remote) == 1, on_remote
-        assert image["id"] not in hosts.hypervisor_of(ctx, "remote").list_base_images()
+        assert image["id"] not in host_routing.hypervisor_of_host(ctx, "remote").list_base_images()
         assert second.is_alive()  # waiting for the first copy, not uploading its own
     finally:
         go_on.set()
@@ -238,7 +238,7 @@ def test_reconcile_finds_and_removes_what_a_crash_mid_upload_left_on_the_remote_
                        "<target><format type='raw'/></target></volume>", 0)
     finally:
         conn.close()
-    assert image["id"] not in hosts.hypervisor_of(ctx, "remote").list_base_images()  # never taken for the image
+    assert image["id"] not in host_routing.hypervisor_of_host(ctx, "remote").list_base_images()  # never taken for the image
     drift = [d for d in reconcile(ctx) if d["kind"] == "base-image-partial"]
     assert [(d["host"], d["target"], d["fixable"]) for d in drift] == [("remote", left, True)]
     fixed = [d for d in reconcile(ctx, fix=True) if d["kind"] == "base-image-partial"]
@@ -250,10 +250,10 @@ def test_reconcile_finds_and_removes_what_a_crash_mid_upload_left_on_the_remote_
 def test_a_create_placed_on_a_stopped_remote_host_lands_on_the_live_one(cluster, remote_libvirtd):
     ctx = cluster
     client, alice, body = _alice_and_a_blank_create(ctx)
-    hosts.set_enabled(ctx, "remote", False)
+    host_records.set_enabled(ctx, "remote", False)
     first = client.simulate_post(BASE, headers=alice.headers, json=body)
     assert first.status_code == 201, first.json
-    hosts.set_enabled(ctx, "remote", True)  # it answers: its capacity is fresh, it has the most free memory
+    host_records.set_enabled(ctx, "remote", True)  # it answers: its capacity is fresh, it has the most free memory
     made = []
     remote_libvirtd.stop()
     try:
@@ -291,13 +291,13 @@ def test_a_dead_remote_host_is_evacuated_and_its_stale_domain_removed_when_it_an
     image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
                              min_ram=128)
     flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
-    hosts.set_enabled(ctx, "default", False)
+    host_records.set_enabled(ctx, "default", False)
     r = client.simulate_post(BASE, headers=alice.headers, json={"server-image": image["id"],
                                                                 "server-flavor": flavor["id"]})
     assert r.status_code == 201, r.json
     inst = r.json["data"][0]
     spare = another_remote_libvirtd
-    hosts.add_host(ctx, name="spare", uri=spare.uri, storage_pool=spare.pool, network=spare.network, insecure=True)
+    host_records.add_host(ctx, name="spare", uri=spare.uri, storage_pool=spare.pool, network=spare.network, insecure=True)
     [before] = ctx.store.list_instances(visible_to=None, instance_id=inst["id"])
     assert before["host"] == "remote"
     domain = ctx.config.get("libvirt", "domain_prefix") + inst["id"]
@@ -313,10 +313,10 @@ def test_a_dead_remote_host_is_evacuated_and_its_stale_domain_removed_when_it_an
             {k: before[k] for k in ("hostname", "private_ip", "mac", "users")}
         state = subprocess.run(["virsh", "-c", spare.uri, "domstate", domain], capture_output=True, text=True)
         assert state.stdout.strip() == "running"
-        info = hosts.hypervisor_of(ctx, "spare").describe(inst["id"])
+        info = host_routing.hypervisor_of_host(ctx, "spare").describe(inst["id"])
         assert [n.mac for n in info.nics] == [before["mac"]]
         # Its network is bridged here: the guest's static config carries the address, no reservation.
-        dhcp = hosts.hypervisor_of(ctx, "spare").uses_dhcp_reservations()
+        dhcp = host_routing.hypervisor_of_host(ctx, "spare").uses_dhcp_reservations()
         assert [(x.mac, x.address) for x in info.reservations] == \
             ([(before["mac"], before["private_ip"])] if dhcp else [])
         r = client.simulate_get(f"{BASE}/{inst['id']}", headers=alice.headers)

@@ -345,7 +345,7 @@ def test_a_deactivated_user_is_in_no_guest_and_has_no_share_until_reactivated(cl
 
 
 def test_a_spec_made_while_inactive_leaves_the_user_out(client, cctx, adapters, people, catalog):
-    from controller.instances import guest_spec
+    from controller.guests import guest_spec
 
     owner, managed, acc = people["owner"], people["managed"], people["accounts"]
     give_volume(client, owner)

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from controller import hosts
+from controller import host_records
 from controller.errors import InvalidInput
 from controller.libvirt_uri import transport_risks
 from tests.test_agent_controller import Sandbox, copy_sandbox, make_sandbox
@@ -74,11 +74,11 @@ def test_a_long_boolean_is_not_read_with_int():
 def test_the_service_refuses_an_unsafe_host_without_insecure(cctx, adapters, uri, word):
     adapters.fake_hosts.add("node-a")  # a host that answers at this URI
     with pytest.raises(InvalidInput, match=word) as raised:
-        hosts.add_host(cctx, name="node-a", uri=uri)
+        host_records.add_host(cctx, name="node-a", uri=uri)
     assert "--insecure" in raised.value.message
     assert [h["name"] for h in cctx.store.list_hosts()] == ["default"]  # the config's own only
     # Told so, it connects (the fake host answers) and records the host.
-    added = hosts.add_host(cctx, name="node-a", uri=uri, insecure=True)
+    added = host_records.add_host(cctx, name="node-a", uri=uri, insecure=True)
     assert added["name"] == "node-a" and cctx.store.get_host("node-a")["uri"] == uri
 
 

@@ -144,7 +144,7 @@ def test_state_and_shares_drift(service):
     hv = ctx.adapters.hypervisor
     hv.power_off(instance["id"])
 
-    from controller.instances import guest_spec
+    from controller.guests import guest_spec
 
     [row] = ctx.store.list_instances(visible_to=None, instance_id=instance["id"])
     hv.set_guest(instance["id"], dataclasses.replace(guest_spec(ctx, row), users=()))

@@ -1,4 +1,4 @@
-"""Loading a sandbox at scale (controller/scale_load.py) and what keeps reads cheap there.
+"""Loading a sandbox at scale (agent/sandbox_load.py) and what keeps reads cheap there.
 
 The bulk writers of a scratch system root are checked with the real shadow tools
 (grpck, pwck, useradd, groupadd, gpasswd, groupdel read what they wrote); a small

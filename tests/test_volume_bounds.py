@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from controller import hosts, images
+from controller import host_records, image_copy, images
 from controller.errors import HostError, InvalidInput
 from host_adapters.image_source import base_file_limit, open_image_source
 from host_adapters.libvirt.storage import SEED_BYTES
@@ -143,7 +143,7 @@ def test_a_copy_between_hosts_stops_at_the_bound_and_leaves_nothing(cctx, adapte
     """The service passes the bound of the image's min-disk to the host it copies from."""
     fakes = adapters.fake_hosts
     fakes.add("node-a")
-    hosts.add_host(cctx, name="node-a", uri="fake://node-a")
+    host_records.add_host(cctx, name="node-a", uri="fake://node-a")
     image = images.add_image(cctx, name="i", os_name="d", os_major="1", os_minor="0", min_disk=1, min_ram=64)
     row = cctx.store.get_image(image["id"])
     base = adapters.hypervisor._names.base(image["id"])
@@ -156,16 +156,16 @@ def test_a_copy_between_hosts_stops_at_the_bound_and_leaves_nothing(cctx, adapte
 
     monkeypatch.setattr(adapters.hypervisor, "read_base_image", read_base_image)
     adapters.hypervisor.base_content[base] = qcow2_header().ljust(5000, b"\0")
-    monkeypatch.setattr(hosts, "base_file_limit", lambda size_gb: 4096 if size_gb == 1 else None)
+    monkeypatch.setattr(image_copy, "base_file_limit", lambda size_gb: 4096 if size_gb == 1 else None)
     spool_dir = os.path.dirname(os.path.abspath(cctx.store.path))
     before = sorted(os.listdir(spool_dir))
     with pytest.raises(HostError, match="streamed 5000 bytes, more than the 4096 bytes"):
-        hosts.ensure_image_on_host(cctx, row, "node-a")
+        image_copy.ensure_image_on_host(cctx, row, "node-a")
     assert asked == [4096]
     assert image["id"] not in fakes.fakes["node-a"].list_base_images()
     assert sorted(os.listdir(spool_dir)) == before  # the spool file is gone
     adapters.hypervisor.base_content[base] = qcow2_header().ljust(4096, b"\0")
-    hosts.ensure_image_on_host(cctx, row, "node-a")
+    image_copy.ensure_image_on_host(cctx, row, "node-a")
     assert image["id"] in fakes.fakes["node-a"].list_base_images()
 
 

@@ -1,0 +1,134 @@
+"""The lookups every resource module shares: a row by id or 404, the owner's system
+account, and whether a requester may name accounts (grants and group members).
+
+Below the resource modules (users, accounts, groups, images, instances, volumes): each
+of them finds what it acts on here, so none imports another to find a row.
+"""
+
+from controller import permissions as perms
+from controller.context import Context
+from controller.errors import Conflict, InvalidInput, NotFound
+from controller.permissions import Requester
+from controller.rules import as_decimal, as_uuid, find_or_404
+from host_adapters.names import check_username
+
+
+# -- users -----------------------------------------------------------------------------
+def user_or_404(ctx: Context, userid: str) -> dict:
+    return find_or_404("user", userid, ctx.store.get_user)
+
+
+def user_by_email_or_404(ctx: Context, email: str) -> dict:
+    user = ctx.store.get_user_by_email(email)
+    if user is None:
+        raise NotFound(f"no user with email {email}")
+    return user
+
+
+def find_user(ctx: Context, who: str) -> dict:
+    """The user named by a user id or an email (no address is a UUID), or NotFound."""
+    return user_or_404(ctx, who) if as_uuid(who) else user_by_email_or_404(ctx, who)
+
+
+# -- the owner's system account on this controller --------------------------------------
+def account_of(ctx: Context, user_id: str) -> dict | None:
+    """The user's system account on this controller, if it has one."""
+    return ctx.store.account_of_user(user_id, ctx.config.controller_id)
+
+
+def requester_account(ctx: Context, user_id: str) -> dict:
+    """The requester's system account; a requester without one cannot own what needs it (409)."""
+    account = account_of(ctx, user_id)
+    if account is None:
+        raise Conflict("the requester has no system account on this cluster")
+    return account
+
+
+def user_account(ctx: Context, user: dict) -> dict:
+    """The system account of a user an admin named (404 without one)."""
+    account = account_of(ctx, user["id"])
+    if account is None:
+        raise NotFound(f"{user['email']} has no system account on this controller")
+    return account
+
+
+# -- rows the requester sees, or 404 ------------------------------------------------------
+def instance_row(ctx: Context, requester: Requester, instance_id: str) -> dict:
+    scope = perms.visible_to(requester)
+    return find_or_404("server-instance", instance_id, lambda i: ctx.store.get_instance(i, visible_to=scope))
+
+
+def group_row(ctx: Context, requester: Requester, group_id: str) -> dict:
+    scope = perms.visible_to(requester)
+    return find_or_404("group", group_id,
+                       lambda i: next(iter(ctx.store.list_groups(visible_to=scope, group_id=i)), None))
+
+
+def volume_row(ctx: Context, requester: Requester | None, volume_id: str) -> dict:
+    """The volume the requester sees (None: an admin command, every volume)."""
+    scope = None if requester is None else perms.visible_to(requester)
+    return find_or_404("storage-volume", volume_id,
+                       lambda i: next(iter(ctx.store.list_volumes(visible_to=scope, volume_id=i)), None))
+
+
+def require_mutate(ctx: Context, requester: Requester, row: dict, what: str) -> None:
+    """403 unless the requester may change `row` (its owner, the owner's owner, a superuser)."""
+    perms.require_mutate(requester, owner_id=row["owner_id"], owner_owner_id=ctx.store.owner_owner(row["owner_id"]),
+                         what=what)
+
+
+def usable_scope(requester: Requester) -> str | None:
+    """Whose grants of images and flavors count (None: a superuser may use every one)."""
+    return None if requester.is_superuser else requester.id
+
+
+def parse_flavor_id(value: str) -> int | None:
+    # ASCII digits only: str.isdigit() passed "\u00b9" (then int() failed: a 500) and "\u0661" (flavor 1).
+    number = as_decimal(value)
+    return number if number is not None and number >= 0 else None
+
+
+def flavor_row(ctx: Context, requester: Requester, given: str) -> dict | None:
+    """The flavor, if it exists and the requester may use it; else None."""
+    fid = parse_flavor_id(given)
+    rows = ctx.store.list_flavors(usable_by=usable_scope(requester), flavor_id=fid) if fid is not None else []
+    return rows[0] if rows else None
+
+
+# -- accounts a requester may name ----------------------------------------------------------
+def account_uuids(given: list) -> list[str]:
+    """Controller user ids (account uuids) as sent, canonical; any that is not a UUID is 400."""
+    bad = [u for u in given if as_uuid(u) is None]
+    if bad:
+        raise InvalidInput(f"unknown user ids: {', '.join(map(str, bad[:5]))}")
+    return [as_uuid(u) for u in given]
+
+
+def _with_authority(ctx: Context, requester: Requester, key: str, wanted: list[str], *, unknown: str,
+                    refused) -> dict[str, dict]:
+    """The accounts whose `key` (uuid or username) is in `wanted`: 400 (`unknown`) for one that
+    does not exist, 403 (`refused(account)`) for one the requester has no authority over."""
+    found = {a[key]: a for a in ctx.store.accounts_with_owners(**{f"{key}s": wanted})}
+    missing = [w for w in wanted if w not in found]
+    if missing:
+        raise InvalidInput(f"{unknown}: {', '.join(missing[:5])}")
+    for account in found.values():
+        perms.require_account_authority(requester, account, refused(account))
+    return found
+
+
+def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> list[dict]:
+    """The accounts named by controller user ids, checked for the requester's authority to grant them."""
+    wanted = list(dict.fromkeys(account_uuids(uuids)))
+    found = _with_authority(ctx, requester, "uuid", wanted, unknown="unknown user ids",
+                            refused=lambda a: f"you may not grant access to user id {a['uuid']}")
+    return [found[u] for u in wanted]
+
+
+def check_members(ctx: Context, requester: Requester, usernames: list[str]) -> list[str]:
+    """System usernames the requester is, owns, or (as superuser) any; else 400 (unknown) or 403."""
+    wanted = list(dict.fromkeys(check_username(u) for u in usernames))
+    _with_authority(ctx, requester, "username", wanted, unknown="no system account named",
+                    refused=lambda a: f"you may not add {a['username']}: the account is neither yours nor one "
+                                      "you manage")
+    return wanted
