@@ -117,7 +117,7 @@ def _read_capacity(ctx: Context, row: dict) -> HostCapacity:
 
 
 def _stale(ctx: Context, row: dict) -> bool:
-    max_age = ctx.config.get_int("hosts", "capacity_max_age_seconds")
+    max_age = ctx.config.hosts.capacity_max_age_seconds
     return row["vcpus"] is None or row["capacity_read_at"] is None or time.time() - row["capacity_read_at"] > max_age
 
 
@@ -212,7 +212,7 @@ def ensure_image_on_host(ctx: Context, image: dict, host_name: str, *, progress=
     the server makes every copy (a create), except `reconcile --fix`, which holds the
     host-change lock exclusive, so no create runs beside it.
     """
-    wait = ctx.config.get_int("hosts", "image_copy_wait_seconds")
+    wait = ctx.config.hosts.image_copy_wait_seconds
     busy = HostUnavailable(f"image {image['id']} is still being copied to host {host_name} after {wait} s; "
                            "try again later")
     with one_at_a_time("image-copy", f"{host_name}/{image['id']}", wait_seconds=wait, busy=busy):
@@ -304,8 +304,8 @@ def add_host(ctx: Context, *, name: str, uri: str, storage_pool: str | None = No
     if risks and not insecure:
         raise InvalidInput(f"host {name} not added: {'; '.join(risks)}. Whoever can reach that traffic controls "
                            "the host's guests; --insecure accepts it on a network only trusted machines reach")
-    spec = HostSpec(name=name, uri=uri, storage_pool=storage_pool or ctx.config.get("libvirt", "storage_pool"),
-                    network=network or ctx.config.get("network", "name"))
+    spec = HostSpec(name=name, uri=uri, storage_pool=storage_pool or ctx.config.libvirt.storage_pool,
+                    network=network or ctx.config.network.name)
     if ctx.store.get_host(name) is not None:
         raise Conflict(f"a hypervisor host named {name!r} exists")
     hv = ctx.adapters.hosts.hypervisor(spec)

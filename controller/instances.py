@@ -113,7 +113,7 @@ def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) 
     accounts = [a for a in ctx.store.accounts_with_owners(uuids=list(uuids)) if a["user_active"]]
     mounts = ctx.store.volume_mount_points([a["user_id"] for a in accounts])
     memberships = ctx.store.group_names_of_members([a["username"] for a in accounts])
-    sudo_owner = ctx.config.get("guest", "sudo") == "owner"
+    sudo_owner = ctx.config.guest.sudo == "owner"
     group_names = sorted({g for names in memberships.values() for g in names})
     groups = []
     for name in group_names:
@@ -147,7 +147,7 @@ def _on_host_network(ctx: Context, row: dict, nics):
     the NAT network of a single node, or a bridged one on the nodes)."""
     host = ctx.store.get_host(row["host"]) if row.get("host") else None
     network = host["network"] if host else None
-    if network is None or network == ctx.config.get("network", "name"):
+    if network is None or network == ctx.config.network.name:
         return nics
     return tuple(dataclasses.replace(n, network=network) if n.network else n for n in nics)
 
@@ -207,7 +207,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
     # there is left this way (HostUnreachable out of the image copy or the spawn: a spawn
     # that began and lost its host raises a HostError naming what may remain instead).
     failed: dict[str, str] = {}
-    for _attempt in range(ctx.config.get_int("hosts", "max_create_attempts")):
+    for _attempt in range(ctx.config.hosts.max_create_attempts):
         # Host capacities are read here if stale, before the transaction: a libvirt call must
         # not hold the database's write lock.
         place = hosts.placement(ctx, flavor, failed=failed)
@@ -251,7 +251,7 @@ def _ensure_image(ctx: Context, image: dict, host_name: str) -> None:
     """A host other than the config's gets the image on first use there. The config's own
     host keeps today's behaviour: its base disk is made by `image add` (a missing one is
     reconcile's business, or the sandbox's blank stand-in)."""
-    if host_name != ctx.config.get("libvirt", "host_name"):
+    if host_name != ctx.config.libvirt.host_name:
         hosts.ensure_image_on_host(ctx, image, host_name)
 
 

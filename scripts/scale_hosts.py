@@ -72,7 +72,7 @@ def main() -> None:
     values["capacity"] = {"cpu_allocation_ratio": "16", "ram_allocation_ratio": "1.5", "reserved_host_memory_mb": "0"}
     values["limits"] = {"instances": -1, "vcpus": -1, "memory_mb": -1, "groups": 10, "managed_users": 10}
     config = config_from_dict(values)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     calls: dict[str, Counter] = {}
