@@ -1,7 +1,9 @@
-"""The one INI configuration file and its defaults.
+"""The one INI configuration file, its defaults, and the typed object read from it.
 
 Keys named by CONTRACT.md section 6 keep their meaning; the rest are ours and
-are documented in etc/controller.ini.sample.
+are documented in etc/controller.ini.sample. `load_config` reads and checks
+every key once, at start; code reads `config.hosts.retry_seconds`, never a
+section and key by name (docs/architecture-config.md).
 """
 
 import configparser
