@@ -16,7 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from controller.errors import InvalidInput
-from controller.limits import SANDBOX_CAPACITY, SANDBOX_LIMITS, parse_limit, parse_ratio, parse_reserved_mb
+from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none, parse_limit, parse_ratio,
+                               parse_reserved_mb)
 
 DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
 CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
@@ -207,10 +208,7 @@ def _host_name(text: str, where: str) -> str:
 
 
 def _seconds(text: str, where: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
+    value = number_or_none(float, text)
     if value is None or not value >= 0:  # NaN is not >= 0
         raise InvalidInput(f"{where} must be a number of seconds, 0 or more")
     return value

@@ -47,23 +47,25 @@ def check_value(kind: str, value: object, *, where: str | None = None) -> int:
     return value
 
 
+def number_or_none(convert, raw: str):
+    """convert(raw) (int or float), or None where raw spells no such number."""
+    try:
+        return convert(raw)
+    except ValueError:
+        return None
+
+
 def parse_limit(raw: str, where: str) -> int:
     """A [limits] key's text (controller/config.py reads the section with it)."""
     raw = raw.strip()
-    try:
-        value = int(raw)
-    except ValueError:
-        value = raw
-    return check_value(where, value, where=where)
+    value = number_or_none(int, raw)
+    return check_value(where, raw if value is None else value, where=where)
 
 
 def parse_ratio(raw: str, where: str) -> float:
     """[capacity] cpu_allocation_ratio or ram_allocation_ratio: a number above 0."""
     raw = raw.strip()
-    try:
-        value = float(raw)
-    except ValueError:
-        value = None
+    value = number_or_none(float, raw)
     if value is None or not value > 0 or value == float("inf"):
         raise InvalidInput(f"{where} must be a number above 0, got {raw!r}")
     return value
