@@ -170,7 +170,7 @@ def audit(opts: Options, since, user, limit, prune, before):
 
 def _prune(opts: Options, before: str | None) -> None:
     if before is None:
-        days = opts.config().get_int("audit", "retention_days")
+        days = opts.config().audit.retention_days
         if days <= 0:
             raise click.UsageError("give --before (a time or a span like 90d), or set [audit] retention_days")
         cutoff = audit_trail.cutoff_for_days(days)

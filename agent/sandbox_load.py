@@ -116,7 +116,7 @@ def load(ctx: Context, shape: Shape = Shape(), *, progress=lambda _msg: None) ->
 
     progress("system accounts")
     usernames = [f"{kind[0]}{i:05d}{tag}" for i, kind in enumerate(kinds)]
-    home_root = config.get("volumes", "home_root")
+    home_root = config.volumes.home_root
     posix = local_directory.create_accounts(adapters.directory, [(name, adapters.homes.path(name))
                                                                  for name in usernames])
     made_accounts = [p.username for p in posix]
@@ -214,7 +214,7 @@ def _instances(ctx: Context, shape: Shape, *, image, flavor, owners, managed_of,
     used = store.used_addresses()
     free_ips = (str(a) for a in plan.subnet.hosts() if a != plan.gateway and str(a) not in used["private_ip"])
     # Every loaded instance runs on the config's own host (the sandbox has one).
-    host = config.get("libvirt", "host_name")
+    host = config.libvirt.host_name
     capacity = ctx.adapters.hypervisor.host_capacity()
     allocated = _usage(store, None)
     owned: dict[str, dict] = {}

@@ -23,7 +23,7 @@ def _ensure_network(config) -> str:
     """
     from host_adapters.factory import build_hypervisor
 
-    name = config.get("network", "name")
+    name = config.network.name
     try:
         made = build_hypervisor(config).ensure_network()
     except ControllerError as e:
@@ -43,7 +43,7 @@ def _record_config_host(config, store) -> None:
 
 def _prepare(config) -> tuple[str, bool]:
     """Create or migrate the database and make the secret key file if missing."""
-    key_file = config.get("auth", "secret_key_file")
+    key_file = config.auth.secret_key_file
     made_key = False
     if not Path(key_file).exists():
         generate_key_file(key_file)
@@ -89,7 +89,7 @@ def init(opts: Options, sandbox_dir):
     path, _ = _prepare(config)
     network = _ensure_network(config)
     emit(opts, {"database": str(Path(path).resolve())},
-         f"database ready: {path}\nnetwork {config.get('network', 'name')}: {network}")
+         f"database ready: {path}\nnetwork {config.network.name}: {network}")
 
 
 def _sd_notify(message: str) -> None:
@@ -149,21 +149,21 @@ def serve(opts: Options, host, port):
         for path in ctx.adapters.homes.list_retired():
             run_later(ctx, f"removing deleted home {path}", lambda p=path: purge_retired(ctx, p))
     app = create_app(ctx, interfaces=interfaces)
-    connection_limit = fit_open_files(config.get_int("server", "connection_limit"))
+    connection_limit = fit_open_files(config.server.connection_limit)
     server = create_server(
         app,
-        host=host or config.get("server", "host"),
-        port=port if port is not None else config.get_int("server", "port"),
+        host=host or config.server.host,
+        port=port if port is not None else config.server.port,
         threads=server_threads(config),  # reads keep [server] threads whatever host work holds
         **waitress_settings(config, connection_limit=connection_limit),
     )
-    RequestDeadline.attach(server, config.get_int("server", "request_timeout_seconds"))
+    RequestDeadline.attach(server, config.server.request_timeout_seconds)
     log.info("serving on http://%s:%s", server.effective_host, server.effective_port)
     from controller.audit import Housekeeper
 
     # Anonymous-failure counts on time, and [audit] retention_days applied hourly.
     housekeeper = Housekeeper(store=ctx.store, anonymous=ctx.anonymous_failures,
-                              retention_days=config.get_int("audit", "retention_days"))
+                              retention_days=config.audit.retention_days)
     housekeeper.start()
     # The first round of health checks is in before the first probe can arrive; later
     # rounds run on the monitor's own thread, never on a request thread.

@@ -60,11 +60,11 @@ class Gate:
 
 
 def gates_from(config) -> tuple[Gate, Gate]:
-    workers, queue = config.get_int("server", "host_workers"), config.get_int("server", "host_queue")
-    host = Gate(running=workers, waiting=queue, wait_seconds=config.get_int("server", "host_queue_seconds"),
+    workers, queue = config.server.host_workers, config.server.host_queue
+    host = Gate(running=workers, waiting=queue, wait_seconds=config.server.host_queue_seconds,
                 what="host operations")
     # Other requests are never refused at the door: there are never more of them than threads.
-    other = Gate(running=config.get_int("server", "threads"), waiting=server_threads(config),
+    other = Gate(running=config.server.threads, waiting=server_threads(config),
                  wait_seconds=_READ_WAIT_SECONDS, what="requests")
     return host, other
 
@@ -72,8 +72,8 @@ def gates_from(config) -> tuple[Gate, Gate]:
 def server_threads(config) -> int:
     """waitress's threads: `threads` for other requests plus every thread host work and password
     logins may hold."""
-    held = sum(config.get_int("server", k) for k in ("threads", "host_workers", "host_queue"))
-    return held + 2 * config.get_int("auth", "max_password_checks")
+    held = config.server.threads + config.server.host_workers + config.server.host_queue
+    return held + 2 * config.auth.max_password_checks
 
 
 def is_host_work(req, resource) -> bool:

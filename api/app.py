@@ -20,7 +20,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
     host_gate, other_gate = gates_from(ctx.config)
     app = falcon.App(
         middleware=[
-            BodyLimit(ctx.config.get_int("server", "max_body_bytes")),
+            BodyLimit(ctx.config.server.max_body_bytes),
             NoStore(),
             RefuseOptions(),
             AuditTrail(ctx),
@@ -45,7 +45,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
 
 
 def interfaces_of(config: Config) -> tuple[str, ...]:
-    wanted = tuple(i.strip() for i in config.get("server", "interfaces").split(",") if i.strip())
+    wanted = config.server.interfaces
     unknown = set(wanted) - set(INTERFACES)
     if unknown or not wanted:
         raise ValueError(f"[server] interfaces must name some of {', '.join(INTERFACES)}")

@@ -16,7 +16,7 @@ class _Resource:
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.limit = ctx.config.get_int("server", "max_body_bytes")
+        self.limit = ctx.config.server.max_body_bytes
 
     def body(self, req, schema: dict) -> dict:
         return validate(json_object(req, limit=self.limit), schema)

@@ -28,13 +28,13 @@ DESCRIPTORS_RESERVED = 256
 
 def waitress_settings(config: Config, *, connection_limit: int) -> dict:
     """waitress keyword arguments for the `[server]` connection keys."""
-    max_body = config.get_int("server", "max_body_bytes")
+    max_body = config.server.max_body_bytes
     return {
         "connection_limit": connection_limit,
-        "channel_timeout": config.get_int("server", "channel_timeout_seconds"),
-        "cleanup_interval": config.get_int("server", "cleanup_interval_seconds"),
-        "backlog": config.get_int("server", "backlog"),
-        "max_request_header_size": config.get_int("server", "max_header_bytes"),
+        "channel_timeout": config.server.channel_timeout_seconds,
+        "cleanup_interval": config.server.cleanup_interval_seconds,
+        "backlog": config.server.backlog,
+        "max_request_header_size": config.server.max_header_bytes,
         # Bodies a little over the limit reach the app, which refuses them with 413 in
         # the interface's envelope; waitress refuses far larger ones itself (plain 413)
         # before buffering them.

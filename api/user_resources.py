@@ -14,7 +14,7 @@ from controller.context import Context
 class _Resource:
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.limit = ctx.config.get_int("server", "max_body_bytes")
+        self.limit = ctx.config.server.max_body_bytes
 
     def params(self, req) -> dict:
         return user_params(req, limit=self.limit)
@@ -27,7 +27,7 @@ class Token(_Resource):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.trusted_proxies = ctx.config.trusted_proxies()
+        self.trusted_proxies = ctx.config.server.trusted_proxies
 
     def on_post(self, req, resp):
         p = self.params(req)

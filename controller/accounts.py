@@ -24,7 +24,7 @@ def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = N
         raise Conflict(f"{email} already has a system account on this controller")
     if ctx.store.get_account_by_username(username) is not None:
         raise Conflict(f"system account {username} is already recorded")
-    home = os.path.join(ctx.config.get("volumes", "home_root"), username)
+    home = os.path.join(ctx.config.volumes.home_root, username)
     with host_changes(ctx):
         return _create(ctx, user, username, home, uid)
 

@@ -39,35 +39,32 @@ def _bad(key: str, why: str) -> InvalidInput:
 
 def network_plan(config) -> NetworkPlan:
     """The [network] section, checked; InvalidInput names the bad key."""
-    get = lambda key: config.get("network", key).strip()  # noqa: E731
+    net = config.network  # typed and stripped by controller/config.py
     try:
-        subnet = ipaddress.IPv4Network(get("subnet"), strict=True)
+        subnet = ipaddress.IPv4Network(net.subnet, strict=True)
     except ValueError as e:
-        raise _bad("subnet", f"{get('subnet')!r} is not an IPv4 network in CIDR form ({e})") from None
+        raise _bad("subnet", f"{net.subnet!r} is not an IPv4 network in CIDR form ({e})") from None
     if subnet.prefixlen > 29:
         raise _bad("subnet", f"{subnet} is too small")
-    plan = dict(name=get("name"), subnet=subnet, gateway=subnet.network_address + 1)
+    plan = dict(name=net.name, subnet=subnet, gateway=subnet.network_address + 1)
     if not plan["name"]:
         raise _bad("name", "a libvirt network name is required")
-    isolate = get("isolate_guests").lower()
-    if isolate not in ("true", "false", "yes", "no", "1", "0", "on", "off"):
-        raise _bad("isolate_guests", f"{isolate!r} is not true or false")
-    plan["isolate_guests"] = isolate in ("true", "yes", "1", "on")
-    bridge = get("public_bridge")
+    plan["isolate_guests"] = net.isolate_guests
+    bridge = net.public_bridge
     if bridge:
         try:
-            first, _, last = get("public_pool").partition("-")
+            first, _, last = net.public_pool.partition("-")
             first, last = ipaddress.IPv4Address(first.strip()), ipaddress.IPv4Address(last.strip())
         except ValueError:
             raise _bad("public_pool", "must be FIRST-LAST, two IPv4 addresses") from None
         if last < first:
             raise _bad("public_pool", "LAST is before FIRST")
         try:
-            prefix = int(get("public_prefix"))
+            prefix = int(net.public_prefix)
             if not 1 <= prefix <= 32:
                 raise ValueError
-            gateway = ipaddress.IPv4Address(get("public_gateway")) if get("public_gateway") else None
-            dns = tuple(str(ipaddress.IPv4Address(d.strip())) for d in get("public_dns").split(",") if d.strip())
+            gateway = ipaddress.IPv4Address(net.public_gateway) if net.public_gateway else None
+            dns = tuple(str(ipaddress.IPv4Address(d.strip())) for d in net.public_dns.split(",") if d.strip())
         except ValueError:
             raise _bad("public_prefix", "public_prefix (1-32), public_gateway and public_dns must be valid") from None
         plan.update(public_bridge=bridge, public_first=first, public_last=last, public_prefix=prefix,

@@ -69,7 +69,7 @@ def issue_token(
 
     _purge_now_and_then(ctx)
     token = new_token()
-    expires_at = int(time.time()) + ctx.config.get_int("auth", "token_ttl_seconds")
+    expires_at = int(time.time()) + ctx.config.auth.token_ttl_seconds
     ctx.store.insert_token(token_hash=token_hash(token), user_id=user["id"], source=source, expires_at=expires_at)
     return {
         "token": token,

@@ -1,17 +1,23 @@
-"""The one INI configuration file and its defaults.
+"""The one INI configuration file, its defaults, and the typed object read from it.
 
 Keys named by CONTRACT.md section 6 keep their meaning; the rest are ours and
-are documented in etc/controller.ini.sample.
+are documented in etc/controller.ini.sample. `load_config` reads and checks
+every key once, at start; code reads `config.hosts.retry_seconds`, never a
+section and key by name (docs/architecture-config.md).
 """
 
 import configparser
+import ipaddress
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 
 from controller.errors import InvalidInput
-from controller.limits import SANDBOX_CAPACITY, SANDBOX_LIMITS
+from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none, parse_limit, parse_ratio,
+                               parse_reserved_mb)
 
 DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
 CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
@@ -177,125 +183,338 @@ DEFAULTS["audit"] = {
 }
 
 
-@dataclass
-class Config:
-    """Parsed configuration; `path` is the file it came from (None for defaults only)."""
+# -- the typed sections -------------------------------------------------------------------
+# One frozen dataclass per section, one field per key of DEFAULTS (same names). A field's
+# type says how its text is read; its metadata adds the check ("min", "choices", or a
+# "parse" function given the text and "config [section] key" for its message).
 
-    parser: configparser.ConfigParser
-    path: str | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
 
-    def get(self, section: str, key: str) -> str:
-        return self.parser.get(section, key, fallback=DEFAULTS.get(section, {}).get(key, ""))
+def _at_least(low: int, why: str | None = None):
+    return field(metadata={"min": low, "why": why})
 
-    def get_int(self, section: str, key: str) -> int:
-        raw = self.get(section, key)
+
+def _one_of(choices: tuple[str, ...]):
+    return field(metadata={"choices": choices})
+
+
+def _parsed(parse):
+    return field(metadata={"parse": parse})
+
+
+def _host_name(text: str, where: str) -> str:
+    if not HOST_NAME.fullmatch(text):
+        raise InvalidInput(f"{where} must match " + HOST_NAME.pattern)
+    return text
+
+
+def _seconds(text: str, where: str) -> float:
+    value = number_or_none(float, text)
+    if value is None or not value >= 0:  # NaN is not >= 0
+        raise InvalidInput(f"{where} must be a number of seconds, 0 or more")
+    return value
+
+
+def _networks(text: str, where: str) -> tuple:
+    """Comma-separated addresses or networks; a bare address is a /32 or /128."""
+    try:
+        return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in text.split(",") if p.strip())
+    except ValueError as e:
+        raise InvalidInput(f"{where}: {e}") from None
+
+
+def _names(text: str, where: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _name_prefix(text: str, where: str) -> str:
+    if text and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,30}", text):
+        raise InvalidInput(f"{where} must be the start of a POSIX name "
+                           "(lower-case letters, digits, _ and -, not first) and leave room for a name")
+    return text
+
+
+def _pattern(text: str, where: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise InvalidInput(f"{where} is not a regular expression: {e}") from None
+    return text
+
+
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    path: str
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str
+    port: int
+    threads: int = _at_least(1)
+    host_workers: int = _at_least(1)
+    host_queue: int = _at_least(0)
+    host_queue_seconds: int = _at_least(1)
+    max_body_bytes: int
+    interfaces: tuple[str, ...] = _parsed(_names)
+    connection_limit: int = _at_least(1)
+    channel_timeout_seconds: int = _at_least(1)
+    request_timeout_seconds: int = _at_least(1)
+    cleanup_interval_seconds: int = _at_least(1)
+    backlog: int = _at_least(1)
+    max_header_bytes: int = _at_least(1)
+    trusted_proxies: tuple = _parsed(_networks)  # ip_network objects
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    secret_key_file: str
+    token_ttl_seconds: int
+    max_failures: int
+    failure_window_seconds: int
+    lockout_seconds: int
+    argon2_time_cost: int
+    argon2_memory_kib: int
+    max_password_checks: int = _at_least(1)
+    max_password_checks_per_source: int = _at_least(0, "0 (no cap) or more")
+
+
+@dataclass(frozen=True)
+class LibvirtConfig:
+    uri: str
+    storage_pool: str
+    domain_prefix: str
+    virt_type: str = _one_of(VIRT_TYPES)
+    cpu_mode: str
+    host_name: str = _parsed(_host_name)
+    status_max_age_seconds: float = _parsed(_seconds)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """As written; controller.addresses.network_plan checks them together and gives addresses."""
+
+    name: str
+    subnet: str
+    public_bridge: str
+    public_pool: str
+    public_prefix: str
+    public_gateway: str
+    public_dns: str
+    isolate_guests: bool
+
+
+@dataclass(frozen=True)
+class GuestConfig:
+    sudo: str = _one_of(GUEST_SUDO)
+
+
+@dataclass(frozen=True)
+class VolumesConfig:
+    home_root: str
+    quota_backend: str = _one_of(QUOTA_BACKENDS)
+    max_size_gb: int
+    quota_mountpoint: str
+
+
+@dataclass(frozen=True)
+class UnixConfig:
+    root: str
+
+
+@dataclass(frozen=True)
+class DirectoryConfig:
+    """The keys every backend reads; the LDAP adapter reads its own from Config.raw_section."""
+
+    backend: str = _one_of(DIRECTORY_BACKENDS)
+    uri: str
+    base_dn: str
+    bind_dn: str
+    bind_password_file: str
+    default_shell: str
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    id: int
+    profile: str
+
+
+@dataclass(frozen=True)
+class GroupsConfig:
+    name_prefix: str = _parsed(_name_prefix)
+    name_pattern: str = _parsed(_pattern)
+    refused_names: tuple[str, ...] = _parsed(_names)
+    gid_min: int
+    gid_max: int
+
+    def __post_init__(self):
+        if not 1 <= self.gid_min <= self.gid_max <= 4294967294:
+            raise InvalidInput("config [groups] gid_min and gid_max must give a range within 1-4294967294")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    instances: int = _parsed(parse_limit)
+    vcpus: int = _parsed(parse_limit)
+    memory_mb: int = _parsed(parse_limit)
+    groups: int = _parsed(parse_limit)
+    managed_users: int = _parsed(parse_limit)
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    cpu_allocation_ratio: float = _parsed(parse_ratio)
+    ram_allocation_ratio: float = _parsed(parse_ratio)
+    reserved_host_memory_mb: int = _parsed(parse_reserved_mb)
+
+
+@dataclass(frozen=True)
+class HostsConfig:
+    retry_seconds: int = _at_least(1)
+    connect_timeout_seconds: int = _at_least(1)
+    capacity_max_age_seconds: int = _at_least(1)
+    max_create_attempts: int = _at_least(1)
+    image_copy_wait_seconds: int = _at_least(1)
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    refresh_seconds: int = _at_least(1)
+    check_timeout_seconds: int = _at_least(1)
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    retention_days: int = _at_least(0)
+    anonymous_interval_seconds: int = _at_least(0)
+
+
+# Section name -> its dataclass; the order is the order sections are checked in.
+SECTIONS: dict[str, type] = {
+    "volumes": VolumesConfig, "directory": DirectoryConfig, "libvirt": LibvirtConfig, "guest": GuestConfig,
+    "network": NetworkConfig, "limits": LimitsConfig, "capacity": CapacityConfig,
+    "controller": ControllerConfig, "database": DatabaseConfig, "server": ServerConfig, "auth": AuthConfig,
+    "unix": UnixConfig, "audit": AuditConfig, "hosts": HostsConfig, "health": HealthConfig,
+    "groups": GroupsConfig,
+}
+
+
+def _value(section: str, f, text: str):
+    where = f"config [{section}] {f.name}"
+    if "parse" in f.metadata:
+        return f.metadata["parse"](text, where)
+    if f.type is bool:
+        if text.lower() not in _TRUE + _FALSE:
+            raise InvalidInput(f"{where}: {text!r} is not true or false")
+        return text.lower() in _TRUE
+    if f.type is int:
         try:
-            return int(raw)
+            value = int(text)
         except ValueError:
-            raise InvalidInput(f"config [{section}] {key} must be an integer, got {raw!r}") from None
+            raise InvalidInput(f"{where} must be an integer, got {text!r}") from None
+        low = f.metadata.get("min")
+        if low is not None and value < low:
+            raise InvalidInput(f"{where} must be {f.metadata['why'] or f'{low} or more'}")
+        return value
+    if text not in f.metadata.get("choices", (text,)):
+        raise InvalidInput(f"{where} must be one of {', '.join(f.metadata['choices'])}")
+    return text
 
-    # Accessors for the keys the code reads most.
+
+def _section(name: str, texts: dict[str, str]):
+    cls = SECTIONS[name]
+    return cls(**{f.name: _value(name, f, texts[f.name].strip()) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The configuration, parsed and checked once: `config.hosts.retry_seconds` is an int.
+
+    `path` is the file it came from (None for one built in memory); `raw_section` gives a
+    section's keys as written, for readers that own keys of their own (the LDAP directory).
+    """
+
+    database: DatabaseConfig
+    server: ServerConfig
+    auth: AuthConfig
+    libvirt: LibvirtConfig
+    network: NetworkConfig
+    guest: GuestConfig
+    volumes: VolumesConfig
+    unix: UnixConfig
+    directory: DirectoryConfig
+    controller: ControllerConfig
+    groups: GroupsConfig
+    limits: LimitsConfig
+    capacity: CapacityConfig
+    hosts: HostsConfig
+    health: HealthConfig
+    audit: AuditConfig
+    path: str | None = None
+    written: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False, compare=False)
+
+    # Shortcuts for the keys the code reads most.
     @property
     def database_path(self) -> str:
-        return self.get("database", "path")
+        return self.database.path
 
     @property
     def controller_id(self) -> int:
-        return self.get_int("controller", "id")
-
-    def trusted_proxies(self) -> tuple:
-        """[server] trusted_proxies as ip_network objects (a bare address is a /32 or /128)."""
-        import ipaddress
-
-        raw = self.get("server", "trusted_proxies")
-        try:
-            return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in raw.split(",") if p.strip())
-        except ValueError as e:
-            raise InvalidInput(f"config [server] trusted_proxies: {e}") from None
+        return self.controller.id
 
     @property
     def is_sandbox(self) -> bool:
-        return self.get("controller", "profile") == "sandbox"
+        return self.controller.profile == "sandbox"
 
-    def validate(self) -> None:
-        backend = self.get("volumes", "quota_backend")
-        if backend not in QUOTA_BACKENDS:
-            raise InvalidInput(f"config [volumes] quota_backend must be one of {', '.join(QUOTA_BACKENDS)}")
-        directory = self.get("directory", "backend")
-        if directory not in DIRECTORY_BACKENDS:
-            raise InvalidInput(f"config [directory] backend must be one of {', '.join(DIRECTORY_BACKENDS)}")
-        if self.get("libvirt", "virt_type") not in VIRT_TYPES:
-            raise InvalidInput(f"config [libvirt] virt_type must be one of {', '.join(VIRT_TYPES)}")
-        if self.get("guest", "sudo") not in GUEST_SUDO:
-            raise InvalidInput(f"config [guest] sudo must be one of {', '.join(GUEST_SUDO)}")
-        self._validate_guest_root_quota(backend)
-        from controller.addresses import network_plan
+    def raw_section(self, section: str) -> dict[str, str]:
+        """A section's keys and text exactly as written (none of the defaults)."""
+        return dict(self.written.get(section, {}))
 
-        network_plan(self)  # raises InvalidInput naming the bad [network] key
-        from controller.limits import check_config
+    def with_values(self, values: dict[str, dict[str, object]]) -> "Config":
+        """A new Config, checked again, with these keys set over the ones written (tests)."""
+        merged = {s: dict(keys) for s, keys in self.written.items()}
+        for section, keys in values.items():
+            merged.setdefault(section, {}).update({k: str(v) for k, v in keys.items()})
+        return parse_config(merged, path=self.path)
 
-        check_config(self)  # raises InvalidInput naming the bad [limits] or [capacity] key
-        for section, key in (("controller", "id"), ("volumes", "max_size_gb"), ("server", "max_body_bytes")):
-            self.get_int(section, key)
-        for key in ("retention_days", "anonymous_interval_seconds"):
-            if self.get_int("audit", key) < 0:
-                raise InvalidInput(f"config [audit] {key} must be 0 or more")
-        for key in ("retry_seconds", "connect_timeout_seconds", "capacity_max_age_seconds", "max_create_attempts",
-                    "image_copy_wait_seconds"):
-            if self.get_int("hosts", key) < 1:
-                raise InvalidInput(f"config [hosts] {key} must be 1 or more")
-        if not HOST_NAME.fullmatch(self.get("libvirt", "host_name")):
-            raise InvalidInput("config [libvirt] host_name must match " + HOST_NAME.pattern)
-        try:
-            if not float(self.get("libvirt", "status_max_age_seconds")) >= 0:
-                raise ValueError
-        except ValueError:
-            raise InvalidInput("config [libvirt] status_max_age_seconds must be a number of seconds, 0 or more") \
-                from None
-        for section, key in [("server", k) for k in ("connection_limit", "channel_timeout_seconds",
-                                                     "request_timeout_seconds", "cleanup_interval_seconds",
-                                                     "backlog", "max_header_bytes", "threads", "host_workers",
-                                                     "host_queue_seconds")] + \
-                [("health", "refresh_seconds"), ("health", "check_timeout_seconds")]:
-            if self.get_int(section, key) < 1:
-                raise InvalidInput(f"config [{section}] {key} must be 1 or more")
-        if self.get_int("server", "host_queue") < 0:
-            raise InvalidInput("config [server] host_queue must be 0 or more")
-        if self.get_int("auth", "max_password_checks") < 1:
-            raise InvalidInput("config [auth] max_password_checks must be 1 or more")
-        if self.get_int("auth", "max_password_checks_per_source") < 0:
-            raise InvalidInput("config [auth] max_password_checks_per_source must be 0 (no cap) or more")
-        self.trusted_proxies()  # raises InvalidInput naming the bad address
-        self._validate_groups()
 
-    def _validate_guest_root_quota(self, backend: str) -> None:
-        from host_adapters.quota import guest_root_escapes
+def _defaults(section: str, profile: str) -> dict[str, str]:
+    # A sandbox, even one written before [limits] and [capacity] existed, gets the sandbox's.
+    sandbox = {"limits": SANDBOX_LIMITS, "capacity": SANDBOX_CAPACITY}
+    if profile == "sandbox" and section in sandbox:
+        return {k: str(v) for k, v in sandbox[section].items()}
+    return DEFAULTS[section]
 
-        # Guest root writes through a home's share as uid 0 on the head node: a per-uid
-        # limit never sees those files, so the owner's sudo would make the quota moot.
-        if self.get("guest", "sudo") == "owner" and guest_root_escapes(backend):
-            raise InvalidInput(
-                f"config [guest] sudo = owner cannot be used with [volumes] quota_backend = {backend}: "
-                f"{backend} limits the user's uid, and root in a guest writes into the homes shared with it "
-                "as root, past every user's quota; use quota_backend btrfs or xfs (they limit the home "
-                "whoever writes) or [guest] sudo = none")
 
-    def _validate_groups(self) -> None:
-        import re
+def parse_config(written: dict[str, dict[str, str]], path: str | None = None) -> Config:
+    """Every section read and checked from the text written (defaults for keys not written);
+    InvalidInput names the first bad section and key."""
+    profile = written.get("controller", {}).get("profile", DEFAULTS["controller"]["profile"]).strip()
+    sections = {name: _section(name, {**_defaults(name, profile), **written.get(name, {})}) for name in SECTIONS}
+    config = Config(**sections, path=path,
+                    written=MappingProxyType({s: MappingProxyType(dict(k)) for s, k in written.items()}))
+    _check_guest_root_quota(config)
+    from controller.addresses import network_plan
 
-        prefix = self.get("groups", "name_prefix")
-        if prefix and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,30}", prefix):
-            raise InvalidInput("config [groups] name_prefix must be the start of a POSIX name "
-                               "(lower-case letters, digits, _ and -, not first) and leave room for a name")
-        pattern = self.get("groups", "name_pattern")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise InvalidInput(f"config [groups] name_pattern is not a regular expression: {e}") from None
-        low, high = self.get_int("groups", "gid_min"), self.get_int("groups", "gid_max")
-        if not 1 <= low <= high <= 4294967294:
-            raise InvalidInput("config [groups] gid_min and gid_max must give a range within 1-4294967294")
+    network_plan(config)  # raises InvalidInput naming the bad [network] key
+    return config
+
+
+def _check_guest_root_quota(config: Config) -> None:
+    from host_adapters.quota import guest_root_escapes
+
+    # Guest root writes through a home's share as uid 0 on the head node: a per-uid
+    # limit never sees those files, so the owner's sudo would make the quota moot.
+    backend = config.volumes.quota_backend
+    if config.guest.sudo == "owner" and guest_root_escapes(backend):
+        raise InvalidInput(
+            f"config [guest] sudo = owner cannot be used with [volumes] quota_backend = {backend}: "
+            f"{backend} limits the user's uid, and root in a guest writes into the homes shared with it "
+            "as root, past every user's quota; use quota_backend btrfs or xfs (they limit the home "
+            "whoever writes) or [guest] sudo = none")
 
 
 def default_config_path() -> str:
@@ -309,19 +528,12 @@ def load_config(path: str | None = None) -> Config:
     if not Path(path).is_file():
         raise InvalidInput(f"config file not found: {path}")
     parser.read(path)
-    config = Config(parser=parser, path=str(path))
-    config.validate()
-    return config
+    return parse_config({s: dict(parser[s]) for s in parser.sections()}, path=str(path))
 
 
 def config_from_dict(values: dict[str, dict[str, object]], path: str | None = None) -> Config:
     """Build a Config in memory (tests, and `init --sandbox` before it writes the file)."""
-    parser = configparser.ConfigParser(interpolation=None)
-    for section, keys in values.items():
-        parser[section] = {k: str(v) for k, v in keys.items()}
-    config = Config(parser=parser, path=path)
-    config.validate()
-    return config
+    return parse_config({s: {k: str(v) for k, v in keys.items()} for s, keys in values.items()}, path=path)
 
 
 def write_config(values: dict[str, dict[str, object]], path: str) -> None:

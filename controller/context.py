@@ -28,7 +28,7 @@ class Context:
     def secret_box(self) -> SecretBox:
         # Loaded on first use so a missing key file shows up in /healthz instead of a crash.
         if self._secret_box is None:
-            self._secret_box = SecretBox(self.config.get("auth", "secret_key_file"))
+            self._secret_box = SecretBox(self.config.auth.secret_key_file)
         return self._secret_box
 
 
@@ -39,18 +39,18 @@ def build_context(config: Config, *, adapters=None, store: Store | None = None) 
         config=config,
         store=store,
         passwords=Passwords(
-            time_cost=config.get_int("auth", "argon2_time_cost"),
-            memory_kib=config.get_int("auth", "argon2_memory_kib"),
-            max_concurrent_checks=config.get_int("auth", "max_password_checks"),
-            max_checks_per_source=config.get_int("auth", "max_password_checks_per_source"),
+            time_cost=config.auth.argon2_time_cost,
+            memory_kib=config.auth.argon2_memory_kib,
+            max_concurrent_checks=config.auth.max_password_checks,
+            max_checks_per_source=config.auth.max_password_checks_per_source,
         ),
         throttle=FailureThrottle(
-            max_failures=config.get_int("auth", "max_failures"),
-            window_seconds=config.get_int("auth", "failure_window_seconds"),
-            lockout_seconds=config.get_int("auth", "lockout_seconds"),
+            max_failures=config.auth.max_failures,
+            window_seconds=config.auth.failure_window_seconds,
+            lockout_seconds=config.auth.lockout_seconds,
         ),
         adapters=adapters,
         anonymous_failures=AnonymousFailures(
-            store, interval_seconds=config.get_int("audit", "anonymous_interval_seconds")
+            store, interval_seconds=config.audit.anonymous_interval_seconds
         ),
     )

@@ -43,7 +43,7 @@ def get_group(ctx: Context, requester: Requester, group_id: str) -> dict:
 
 # -- the names a group made through the API may take (issue 8, finding 1) ------------------
 def _refused_names(ctx: Context) -> frozenset[str]:
-    return frozenset(n.strip() for n in ctx.config.get("groups", "refused_names").split(",") if n.strip())
+    return frozenset(ctx.config.groups.refused_names)
 
 
 def check_new_group_name(ctx: Context, name: object) -> str:
@@ -54,10 +54,10 @@ def check_new_group_name(ctx: Context, name: object) -> str:
     if privileged_group_name(name, _refused_names(ctx)):
         raise Forbidden(f"group name {name} is reserved: membership in a group of that name "
                         "grants privileges on hosts")
-    prefix = ctx.config.get("groups", "name_prefix")
+    prefix = ctx.config.groups.name_prefix
     if prefix and (not name.startswith(prefix) or name == prefix):
         raise InvalidInput(f"group name {name} must start with {prefix!r} ([groups] name_prefix)")
-    pattern = ctx.config.get("groups", "name_pattern")
+    pattern = ctx.config.groups.name_pattern
     if pattern and not re.fullmatch(pattern, name):
         raise InvalidInput(f"group name {name} must match {pattern} ([groups] name_pattern)")
     return name
@@ -67,7 +67,7 @@ def check_account_username(ctx: Context, username: str) -> None:
     """An account's username never meets an API group's name: with `[groups] name_prefix`
     set, usernames may not start with it (400); and no username may equal an existing
     API group's name (409), whose private group could not be made."""
-    prefix = ctx.config.get("groups", "name_prefix")
+    prefix = ctx.config.groups.name_prefix
     if prefix and username.startswith(prefix):
         raise InvalidInput(f"username {username} starts with {prefix!r}, the prefix of group names "
                            "([groups] name_prefix)")

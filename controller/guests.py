@@ -39,7 +39,7 @@ def guest_spec(ctx: Context, row: dict, account_uuids: list[str] | None = None) 
     accounts = [a for a in ctx.store.accounts_with_owners(uuids=list(uuids)) if a["user_active"]]
     mounts = ctx.store.volume_mount_points([a["user_id"] for a in accounts])
     memberships = ctx.store.group_names_of_members([a["username"] for a in accounts])
-    sudo_owner = ctx.config.get("guest", "sudo") == "owner"
+    sudo_owner = ctx.config.guest.sudo == "owner"
     group_names = sorted({g for names in memberships.values() for g in names})
     groups = []
     for name in group_names:
@@ -73,7 +73,7 @@ def _on_host_network(ctx: Context, row: dict, nics):
     the NAT network of a single node, or a bridged one on the nodes)."""
     host = ctx.store.get_host(row["host"]) if row.get("host") else None
     network = host["network"] if host else None
-    if network is None or network == ctx.config.get("network", "name"):
+    if network is None or network == ctx.config.network.name:
         return nics
     return tuple(dataclasses.replace(n, network=network) if n.network else n for n in nics)
 

@@ -36,12 +36,12 @@ def run_checks(ctx: Context, *, thorough: bool = False, runner: "CheckRunner | N
     QEMU starts a guest with the configured virt_type and cpu_mode; and, on a local
     QEMU host, whether its virtiofsd can confine a home's share to the home's owner.
     """
-    runner = runner or CheckRunner(ctx.config.get_int("health", "check_timeout_seconds"))
+    runner = runner or CheckRunner(ctx.config.health.check_timeout_seconds)
     checks: list[Check] = [
         ("database", ctx.store.ping),
         # Read the key file anew: a key deleted under a running service must show here,
         # not only at the next restart.
-        ("secret_key", lambda: SecretBox(ctx.config.get("auth", "secret_key_file"))),
+        ("secret_key", lambda: SecretBox(ctx.config.auth.secret_key_file)),
     ]
     if ctx.adapters is not None:
         checks.extend(ctx.adapters.checks())
@@ -227,7 +227,7 @@ def monitor_of(ctx: Context) -> HealthMonitor:
 def monitor_for(ctx: Context) -> HealthMonitor:
     """The service's monitor: the checks of run_checks under one CheckRunner, so a
     check that hangs is not started again while it runs."""
-    timeout = ctx.config.get_int("health", "check_timeout_seconds")
+    timeout = ctx.config.health.check_timeout_seconds
     runner = CheckRunner(timeout)
 
     def round_() -> list[dict]:
@@ -243,7 +243,7 @@ def monitor_for(ctx: Context) -> HealthMonitor:
             runner.run([(f"retry host {name}", lambda n=name: try_again(n)) for name in pool.in_back_off()])
         return run_checks(ctx, runner=runner)
 
-    return HealthMonitor(round_, refresh=ctx.config.get_int("health", "refresh_seconds"), check_timeout=timeout)
+    return HealthMonitor(round_, refresh=ctx.config.health.refresh_seconds, check_timeout=timeout)
 
 
 def _other_hosts(ctx: Context) -> list[dict]:
@@ -255,7 +255,7 @@ def _other_hosts(ctx: Context) -> list[dict]:
         rows = [r for r in ctx.store.list_hosts() if r["name"] != own]
     except (ControllerError, sqlite3.Error):
         return []  # no host records to read: the database check above says why
-    home_root = ctx.config.get("volumes", "home_root")
+    home_root = ctx.config.volumes.home_root
     answers = host_routing.each_host((r["name"] for r in rows),
                                      lambda name: host_routing.hypervisor_of_host(ctx, name).check())
     out = []

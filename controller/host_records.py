@@ -92,8 +92,8 @@ def add_host(ctx: Context, *, name: str, uri: str, storage_pool: str | None = No
     if risks and not insecure:
         raise InvalidInput(f"host {name} not added: {'; '.join(risks)}. Whoever can reach that traffic controls "
                            "the host's guests; --insecure accepts it on a network only trusted machines reach")
-    spec = HostSpec(name=name, uri=uri, storage_pool=storage_pool or ctx.config.get("libvirt", "storage_pool"),
-                    network=network or ctx.config.get("network", "name"))
+    spec = HostSpec(name=name, uri=uri, storage_pool=storage_pool or ctx.config.libvirt.storage_pool,
+                    network=network or ctx.config.network.name)
     if ctx.store.get_host(name) is not None:
         raise Conflict(f"a hypervisor host named {name!r} exists")
     hv = ctx.adapters.hosts.hypervisor(spec)

@@ -29,7 +29,7 @@ def ensure_image_on_host(ctx: Context, image: dict, host_name: str, *, progress=
     the server makes every copy (a create), except `reconcile --fix`, which holds the
     host-change lock exclusive, so no create runs beside it.
     """
-    wait = ctx.config.get_int("hosts", "image_copy_wait_seconds")
+    wait = ctx.config.hosts.image_copy_wait_seconds
     busy = HostUnavailable(f"image {image['id']} is still being copied to host {host_name} after {wait} s; "
                            "try again later")
     with one_at_a_time("image-copy", f"{host_name}/{image['id']}", wait_seconds=wait, busy=busy):

@@ -125,7 +125,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
     # there is left this way (HostUnreachable out of the image copy or the spawn: a spawn
     # that began and lost its host raises a HostError naming what may remain instead).
     failed: dict[str, str] = {}
-    for _attempt in range(ctx.config.get_int("hosts", "max_create_attempts")):
+    for _attempt in range(ctx.config.hosts.max_create_attempts):
         # Host capacities are read here if stale, before the transaction: a libvirt call must
         # not hold the database's write lock.
         place = placement(ctx, flavor, failed=failed)
@@ -169,7 +169,7 @@ def _ensure_image(ctx: Context, image: dict, host_name: str) -> None:
     """A host other than the config's gets the image on first use there. The config's own
     host keeps today's behaviour: its base disk is made by `image add` (a missing one is
     reconcile's business, or the sandbox's blank stand-in)."""
-    if host_name != ctx.config.get("libvirt", "host_name"):
+    if host_name != ctx.config.libvirt.host_name:
         ensure_image_on_host(ctx, image, host_name)
 
 

@@ -97,7 +97,7 @@ def host_warnings(ctx) -> list[str]:
 
     from controller.errors import ControllerError
 
-    uris = {"[libvirt] uri": ctx.config.get("libvirt", "uri")}
+    uris = {"[libvirt] uri": ctx.config.libvirt.uri}
     try:
         rows = ctx.store.list_hosts()
     except (ControllerError, sqlite3.Error):

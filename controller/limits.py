@@ -39,12 +39,6 @@ SANDBOX_LIMITS = {"instances": 10000, "vcpus": 20000, "memory_mb": 10000 * 2048,
 SANDBOX_CAPACITY = {"cpu_allocation_ratio": 1280.0, "ram_allocation_ratio": 7000.0, "reserved_host_memory_mb": 0}
 
 
-def _setting(config, section: str, key: str) -> str:
-    if config.is_sandbox and not config.parser.has_option(section, key):
-        return str((SANDBOX_LIMITS if section == "limits" else SANDBOX_CAPACITY)[key])
-    return config.get(section, key)
-
-
 def check_value(kind: str, value: object, *, where: str | None = None) -> int:
     """A limit: a whole number from 0, or -1 for no limit."""
     label = where or kind
@@ -53,17 +47,42 @@ def check_value(kind: str, value: object, *, where: str | None = None) -> int:
     return value
 
 
+def number_or_none(convert, raw: str):
+    """convert(raw) (int or float), or None where raw spells no such number."""
+    try:
+        return convert(raw)
+    except ValueError:
+        return None
+
+
+def parse_limit(raw: str, where: str) -> int:
+    """A [limits] key's text (controller/config.py reads the section with it)."""
+    raw = raw.strip()
+    value = number_or_none(int, raw)
+    return check_value(where, raw if value is None else value, where=where)
+
+
+def parse_ratio(raw: str, where: str) -> float:
+    """[capacity] cpu_allocation_ratio or ram_allocation_ratio: a number above 0."""
+    raw = raw.strip()
+    value = number_or_none(float, raw)
+    if value is None or not value > 0 or value == float("inf"):
+        raise InvalidInput(f"{where} must be a number above 0, got {raw!r}")
+    return value
+
+
+def parse_reserved_mb(raw: str, where: str) -> int:
+    """[capacity] reserved_host_memory_mb: a whole number of MB."""
+    raw = raw.strip()
+    reserved = as_decimal(raw)  # not str.isdigit(): "\u00b9" passed it and then failed int()
+    if reserved is None or reserved < 0:
+        raise InvalidInput(f"{where} must be a whole number of MB, got {raw!r}")
+    return reserved
+
+
 def defaults(config) -> dict[str, int]:
     """The [limits] section: what every user may hold unless overridden."""
-    out = {}
-    for kind in KINDS:
-        raw = _setting(config, "limits", kind).strip()
-        try:
-            value = int(raw)
-        except ValueError:
-            value = raw
-        out[kind] = check_value(kind, value, where=f"config [limits] {kind}")
-    return out
+    return {kind: getattr(config.limits, kind) for kind in KINDS}
 
 
 def in_force(config, overrides: dict[str, int]) -> dict[str, int]:
@@ -79,26 +98,10 @@ class Ratios:
 
 
 def ratios(config) -> Ratios:
-    """The [capacity] section, checked; InvalidInput names the bad key."""
-    values = {}
-    for key in ("cpu_allocation_ratio", "ram_allocation_ratio"):
-        raw = _setting(config, "capacity", key).strip()
-        try:
-            values[key] = float(raw)
-        except ValueError:
-            values[key] = None
-        if values[key] is None or not values[key] > 0 or values[key] == float("inf"):
-            raise InvalidInput(f"config [capacity] {key} must be a number above 0, got {raw!r}")
-    raw = _setting(config, "capacity", "reserved_host_memory_mb").strip()
-    reserved = as_decimal(raw)  # not str.isdigit(): "\u00b9" passed it and then failed int()
-    if reserved is None or reserved < 0:
-        raise InvalidInput(f"config [capacity] reserved_host_memory_mb must be a whole number of MB, got {raw!r}")
-    return Ratios(cpu=values["cpu_allocation_ratio"], ram=values["ram_allocation_ratio"], reserved_mb=reserved)
-
-
-def check_config(config) -> None:
-    defaults(config)
-    ratios(config)
+    """The [capacity] section."""
+    capacity = config.capacity
+    return Ratios(cpu=capacity.cpu_allocation_ratio, ram=capacity.ram_allocation_ratio,
+                  reserved_mb=capacity.reserved_host_memory_mb)
 
 
 def _reached(limit: int, used: int, wanted: int) -> bool:

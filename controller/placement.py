@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def capacity_stale(ctx: Context, row: dict) -> bool:
     """The host's recorded capacity is missing or older than [hosts] capacity_max_age_seconds."""
-    max_age = ctx.config.get_int("hosts", "capacity_max_age_seconds")
+    max_age = ctx.config.hosts.capacity_max_age_seconds
     return row["vcpus"] is None or row["capacity_read_at"] is None or time.time() - row["capacity_read_at"] > max_age
 
 

@@ -25,7 +25,7 @@ def volume_object(row: dict) -> dict:
 
 
 def check_size(ctx: Context, size_gb: object) -> int:
-    maximum = ctx.config.get_int("volumes", "max_size_gb")
+    maximum = ctx.config.volumes.max_size_gb
     if not isinstance(size_gb, int) or isinstance(size_gb, bool) or not 1 <= size_gb <= maximum:
         raise InvalidInput(f"volume-size must be an integer from 1 to {maximum} (GB)")
     return size_gb

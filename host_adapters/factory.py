@@ -50,30 +50,30 @@ class Adapters:
 def build_quota(config: "Config"):
     from host_adapters import quota
 
-    backend = config.get("volumes", "quota_backend")
-    mount_point = config.get("volumes", "quota_mountpoint")
+    backend = config.volumes.quota_backend
+    mount_point = config.volumes.quota_mountpoint
     # An explicit mount point wins; otherwise the filesystem holding home_root.
     if mount_point and backend == "xfs":
         return quota.XfsQuota(mount_point=mount_point)
     if mount_point and backend == "setquota":
         return quota.SetQuota(filesystem=mount_point)
-    return quota.make_quota_backend(backend, home_root=config.get("volumes", "home_root"))
+    return quota.make_quota_backend(backend, home_root=config.volumes.home_root)
 
 
 def build_directory(config: "Config") -> Directory:
-    if config.get("directory", "backend") == "ldap":
+    if config.directory.backend == "ldap":
         from host_adapters.ldap_directory import ldap_directory_from_config
 
-        return ldap_directory_from_config(dict(config.parser["directory"]) if config.parser.has_section("directory") else {})
+        return ldap_directory_from_config(config.raw_section("directory"))
     from host_adapters.local_directory import LocalDirectory
 
-    return LocalDirectory(config.get("unix", "root") or None, shell=config.get("directory", "default_shell"))
+    return LocalDirectory(config.unix.root or None, shell=config.directory.default_shell)
 
 
 def config_host(config: "Config") -> HostSpec:
     """The host the config names ([libvirt] uri, storage_pool, host_name; [network] name)."""
-    return HostSpec(name=config.get("libvirt", "host_name"), uri=config.get("libvirt", "uri"),
-                    storage_pool=config.get("libvirt", "storage_pool"), network=config.get("network", "name"))
+    return HostSpec(name=config.libvirt.host_name, uri=config.libvirt.uri,
+                    storage_pool=config.libvirt.storage_pool, network=config.network.name)
 
 
 def is_test_driver(uri: str) -> bool:
@@ -110,15 +110,15 @@ def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervis
     return LibvirtHypervisor(
         host.uri,
         storage_pool=host.storage_pool,
-        domain_prefix=config.get("libvirt", "domain_prefix"),
+        domain_prefix=config.libvirt.domain_prefix,
         network=host.network,
-        subnet=config.get("network", "subnet"),
-        virt_type=config.get("libvirt", "virt_type"),
-        cpu_mode=config.get("libvirt", "cpu_mode"),
+        subnet=config.network.subnet,
+        virt_type=config.libvirt.virt_type,
+        cpu_mode=config.libvirt.cpu_mode,
         volume_io=InProcessVolumeIO() if test_driver else StreamVolumeIO(),
         stand_in_base_images=test_driver,
-        connect_timeout=None if in_process else float(config.get("hosts", "connect_timeout_seconds")),
-        status_max_age=float(config.get("libvirt", "status_max_age_seconds")),
+        connect_timeout=None if in_process else float(config.hosts.connect_timeout_seconds),
+        status_max_age=float(config.libvirt.status_max_age_seconds),
         lean_definitions=test_driver,
     )
 
@@ -128,7 +128,7 @@ def build_hosts(config: "Config", default: Hypervisor) -> HostPool:
     other hosts are built from their records."""
     own = config_host(config)
     return HostPool(lambda spec: default if spec == own else build_hypervisor(config, spec),
-                    retry_seconds=float(config.get("hosts", "retry_seconds")))
+                    retry_seconds=float(config.hosts.retry_seconds))
 
 
 def build_adapters(config: "Config") -> Adapters:
@@ -137,14 +137,14 @@ def build_adapters(config: "Config") -> Adapters:
 
     hypervisor = build_hypervisor(config)
     return Adapters(
-        hypervisor_in_process=is_test_driver(config.get("libvirt", "uri")),
+        hypervisor_in_process=is_test_driver(config.libvirt.uri),
         hypervisor=hypervisor,
         hosts=build_hosts(config, hypervisor),
-        homes=DirectoryHomeVolumes(config.get("volumes", "home_root"), build_quota(config)),
-        groups=CommandUnixGroups(config.get("unix", "root") or None,
-                                 gid_range=(config.get_int("groups", "gid_min"), config.get_int("groups", "gid_max"))),
+        homes=DirectoryHomeVolumes(config.volumes.home_root, build_quota(config)),
+        groups=CommandUnixGroups(config.unix.root or None,
+                                 gid_range=(config.groups.gid_min, config.groups.gid_max)),
         directory=build_directory(config),
-        shares=LocalShareConfinement() if is_local_qemu(config.get("libvirt", "uri")) else None,
+        shares=LocalShareConfinement() if is_local_qemu(config.libvirt.uri) else None,
     )
 
 

@@ -89,7 +89,7 @@ def main() -> None:
     values["capacity"] = {"cpu_allocation_ratio": "16", "ram_allocation_ratio": "1.5", "reserved_host_memory_mb": "0"}
     values["limits"] = {"instances": -1, "vcpus": -1, "memory_mb": -1, "groups": 10, "managed_users": 10}
     config = config_from_dict(values)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     calls: dict[str, Counter] = {}
@@ -99,7 +99,7 @@ def main() -> None:
     # The pool build_hosts makes, with each host's Hypervisor counted.
     pool = HostPool(lambda spec: Counting(hypervisor if spec == own else build_hypervisor(config, spec),
                                           calls.setdefault(spec.name, Counter())),
-                    retry_seconds=float(config.get("hosts", "retry_seconds")))
+                    retry_seconds=config.hosts.retry_seconds)
     ctx = build_context(config, store=store, adapters=Adapters(
         hypervisor=hypervisor, homes=fakes.homes, groups=fakes.groups, directory=fakes.directory,
         hypervisor_in_process=True, hosts=pool))

@@ -66,7 +66,7 @@ def test_token_issued(ctx, user_client, alice, how):
     assert set(data) == {"token", "expires_at", "userid"}
     assert data["userid"] == alice.id
     expires = datetime.strptime(data["expires_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    ttl = ctx.config.get_int("auth", "token_ttl_seconds")
+    ttl = ctx.config.auth.token_ttl_seconds
     assert before + ttl <= expires.timestamp() <= time.time() + ttl
     # Only a hash of the token is stored, tagged with how it was obtained.
     row = ctx.store.conn.execute(
@@ -204,7 +204,7 @@ def test_expired_token_is_401(ctx, user_client, alice, monkeypatch):
 
 
 def test_token_ttl_comes_from_config(ctx, user_client, alice, monkeypatch):
-    ctx.config.parser["auth"]["token_ttl_seconds"] = "60"
+    ctx.config = ctx.config.with_values({"auth": {"token_ttl_seconds": "60"}})
     now = int(time.time())
     monkeypatch.setattr(auth, "time", types.SimpleNamespace(time=lambda: now))
     token = issued(token_by_key(user_client, alice))["token"]
@@ -284,12 +284,12 @@ def test_revocation_touches_only_that_user(ctx, user_client, admin, alice):
 
 # -- throttling ---------------------------------------------------------------
 def test_repeated_password_failures_give_429_with_retry_after(ctx, user_client, alice):
-    limit = ctx.config.get_int("auth", "max_failures")
+    limit = ctx.config.auth.max_failures
     for _ in range(limit):
         user_envelope(token_by_password(user_client, alice.email, "Wrong-password-1"), 401)
     resp = token_by_password(user_client, alice.email, "Wrong-password-1")
     user_envelope(resp, 429)
-    assert 0 < int(resp.headers["Retry-After"]) <= ctx.config.get_int("auth", "lockout_seconds") + 1
+    assert 0 < int(resp.headers["Retry-After"]) <= ctx.config.auth.lockout_seconds + 1
     # Locked out means locked out: the right password (in any letter case) waits too.
     user_envelope(token_by_password(user_client, alice.email.upper()), 429)
     # Another user, and alice's API key, are not affected.
@@ -299,7 +299,7 @@ def test_repeated_password_failures_give_429_with_retry_after(ctx, user_client, 
 
 
 def test_repeated_secret_failures_give_429(ctx, user_client, alice):
-    limit = ctx.config.get_int("auth", "max_failures")
+    limit = ctx.config.auth.max_failures
     for _ in range(limit):
         user_envelope(token_by_key(user_client, alice, secret="wrong"), 401)
     resp = token_by_key(user_client, alice)
@@ -364,7 +364,7 @@ def test_api_secret_encrypted_at_rest(ctx, user_client, admin, alice):
     data = _database_bytes(ctx)
     for secret in (alice.api_secret, new_secret):
         assert secret.encode() not in data
-    key_file = ctx.config.get("auth", "secret_key_file")
+    key_file = ctx.config.auth.secret_key_file
     assert key_file != ctx.config.database_path
     key = open(key_file, "rb").read().strip()
     assert key not in data

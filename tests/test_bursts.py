@@ -64,7 +64,7 @@ def burst_service(tmp_path, libvirt_dir_pool, libvirt_private_network, guest_vir
     config_path = tmp_path / "controller.ini"
     write_config(values, str(config_path))
     config = config_from_dict(values, path=str(config_path))
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))

@@ -145,4 +145,4 @@ def test_config_validation_at_start_refuses_guest_sudo_with_setquota(tmp_path, s
         with pytest.raises(InvalidInput, match=r"sudo = owner cannot be used with .* quota_backend = setquota"):
             config_from_dict(values)
     else:
-        assert config_from_dict(values).get("guest", "sudo") == sudo
+        assert config_from_dict(values).guest.sudo == sudo

@@ -42,7 +42,7 @@ def world(tmp_path, sysroot, libvirt_dir_pool, libvirt_private_network, guest_vi
     values["volumes"].update(home_root=str(home_root), quota_backend="none")
     values["unix"]["root"] = sysroot
     config = config_from_dict(values)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))

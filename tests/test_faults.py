@@ -132,7 +132,7 @@ class Deployment:
         self.config_path = tmp_path / "controller.ini"
         write_config(values, str(self.config_path))
         config = config_from_dict(values, path=str(self.config_path))
-        generate_key_file(config.get("auth", "secret_key_file"))
+        generate_key_file(config.auth.secret_key_file)
         self.store = Store(config.database_path, create=True)
         self.store.migrate()
         self.db = config.database_path

@@ -69,7 +69,7 @@ def test_other_posix_names_are_accepted_by_default(client, cctx, adapters, alice
 
 
 def test_refused_names_of_the_site(client, cctx, adapters, alice):
-    cctx.config.parser["groups"] = {"refused_names": "hpcadmin, gpu-admins"}
+    cctx.config = cctx.config.with_values({"groups": {"refused_names": "hpcadmin, gpu-admins"}})
     for name in ("hpcadmin", "gpu-admins", "sudo"):
         assert post_group(client, alice, name).status_code == 403
         nothing_made(cctx, adapters, name)
@@ -77,7 +77,7 @@ def test_refused_names_of_the_site(client, cctx, adapters, alice):
 
 
 def test_a_name_prefix_is_required_when_configured(client, cctx, adapters, alice):
-    cctx.config.parser["groups"] = {"name_prefix": "g-"}
+    cctx.config = cctx.config.with_values({"groups": {"name_prefix": "g-"}})
     for name in ("lab", "g-", "xg-lab"):
         r = post_group(client, alice, name)
         assert r.status_code == 400 and "'g-'" in r.json["msg"] and "name_prefix" in r.json["msg"], r.text
@@ -87,7 +87,7 @@ def test_a_name_prefix_is_required_when_configured(client, cctx, adapters, alice
 
 
 def test_a_name_pattern_is_required_when_configured(client, cctx, adapters, alice):
-    cctx.config.parser["groups"] = {"name_pattern": "proj-[a-z]+"}
+    cctx.config = cctx.config.with_values({"groups": {"name_pattern": "proj-[a-z]+"}})
     r = post_group(client, alice, "lab")
     assert r.status_code == 400 and "name_pattern" in r.json["msg"]
     nothing_made(cctx, adapters, "lab")
@@ -95,7 +95,7 @@ def test_a_name_pattern_is_required_when_configured(client, cctx, adapters, alic
 
 
 def test_the_pattern_never_lets_a_privileged_name_through(client, cctx, adapters, alice):
-    cctx.config.parser["groups"] = {"name_pattern": ".*"}
+    cctx.config = cctx.config.with_values({"groups": {"name_pattern": ".*"}})
     assert post_group(client, alice, "docker").status_code == 403
     nothing_made(cctx, adapters, "docker")
 
@@ -113,7 +113,7 @@ def test_without_a_prefix_an_account_cannot_take_an_api_groups_name(client, cctx
 
 
 def test_with_a_prefix_usernames_may_not_start_with_it(cctx, adapters):
-    cctx.config.parser["groups"] = {"name_prefix": "g-"}
+    cctx.config = cctx.config.with_values({"groups": {"name_prefix": "g-"}})
     carol = make_caller(cctx, "carol@example.org")
     with pytest.raises(InvalidInput, match="name_prefix"):
         enable_account(cctx, carol.email, username="g-carol")
@@ -137,7 +137,7 @@ def test_account_enable_refusal_from_the_agent_is_a_clean_usage_error(tmp_path):
     path = str(tmp_path / "controller.ini")
     write_config(values, path)
     config = config_from_dict(values, path=path)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store)

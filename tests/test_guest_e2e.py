@@ -118,7 +118,7 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
     config_path = tmp_path / "controller.ini"
     write_config(values, str(config_path))
     config = config_from_dict(values, path=str(config_path))
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))
@@ -232,7 +232,7 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     listed = {h["name"]: h for h in agent(config_path, "host", "list")["hosts"]}
     assert listed["remote"]["instances"] == 1 and listed["remote"]["allocated_memory_mb"] == 1024
     assert set(inst["users"]) == {accounts["alice"]["uuid"], accounts["bob"]["uuid"]}
-    domain = ctx.config.get("libvirt", "domain_prefix") + inst["id"]
+    domain = ctx.config.libvirt.domain_prefix + inst["id"]
     guest = Guest(uri, inst["private-ip"])
     guest.wait_for_ssh(keys["alice"], "alice", console_of(uri, domain))
 
@@ -284,5 +284,5 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     assert not any(inst["id"] in f for f in pool_files())
     # No reservation anywhere: the bridged network has none, and the NAT network of the config's host got none.
     net = ET.fromstring(run(["virsh", "-c", libvirt_dir_pool.uri, "net-dumpxml",
-                             ctx.config.get("network", "name")]).stdout)
+                             ctx.config.network.name]).stdout)
     assert inst["private-ip"] not in {h.get("ip") for h in net.findall("ip/dhcp/host")}

@@ -43,7 +43,7 @@ def world(tmp_path_factory):
     (tmp / "home").mkdir()
     make_sysroot(str(values["unix"]["root"]))
     config = config_from_dict(values)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     anchor = libvirt.open("test:///default")

@@ -41,8 +41,9 @@ def refused(r, status):
 
 
 def capacity(cctx, ram_ratio=1.0, cpu_ratio=1.0):
-    cctx.config.parser["capacity"] = {"cpu_allocation_ratio": str(cpu_ratio), "ram_allocation_ratio": str(ram_ratio),
-                                      "reserved_host_memory_mb": "0"}
+    cctx.config = cctx.config.with_values({"capacity": {
+        "cpu_allocation_ratio": str(cpu_ratio), "ram_allocation_ratio": str(ram_ratio),
+        "reserved_host_memory_mb": "0"}})
 
 
 @pytest.fixture
@@ -63,8 +64,9 @@ def alice(cctx, client):
     caller = make_caller(cctx, "alice@example.org")
     enable(cctx, caller, username="alice")
     give_volume(client, caller)
-    cctx.config.parser["limits"] = {"instances": "-1", "vcpus": "-1", "memory_mb": "-1", "groups": "5",
-                                    "managed_users": "5"}
+    cctx.config = cctx.config.with_values({"limits": {
+        "instances": "-1", "vcpus": "-1", "memory_mb": "-1", "groups": "5",
+        "managed_users": "5"}})
     return caller
 
 
@@ -324,7 +326,7 @@ def test_a_dead_host_with_the_only_room_is_503_and_leaves_nothing(client, cctx, 
 
 
 def test_the_number_of_placements_is_bounded(client, cctx, adapters, cluster, alice, catalog, flavor):
-    cctx.config.parser["hosts"] = {"max_create_attempts": "2"}
+    cctx.config = cctx.config.with_values({"hosts": {"max_create_attempts": "2"}})
     adapters.fake_hosts.kill("node-a")
     adapters.fake_hosts.kill("node-b")
     msg = refused(boot(client, alice, catalog, flavor), 503)
@@ -333,7 +335,7 @@ def test_the_number_of_placements_is_bounded(client, cctx, adapters, cluster, al
     assert cctx.store.all_instances() == []
     for name in ("node-a", "node-b"):
         nothing_on(cluster[name])
-    cctx.config.parser["hosts"] = {"max_create_attempts": "3"}
+    cctx.config = cctx.config.with_values({"hosts": {"max_create_attempts": "3"}})
     adapters.fake_hosts.revive("node-a")  # still in its back-off: not tried
     assert host_of(cctx, ok(boot(client, alice, catalog, flavor))[0]["id"]) == "default"
 
@@ -550,7 +552,7 @@ def libvirt_cluster(tmp_path):
     values["capacity"] = {"cpu_allocation_ratio": "1.0", "ram_allocation_ratio": "1.0",
                           "reserved_host_memory_mb": "0"}
     config = config_from_dict(values)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     # Real libvirt (test driver) hosts; homes, groups and the directory are fakes here.
@@ -581,8 +583,9 @@ def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cl
     alice = make_caller(ctx, "alice@example.org")
     enable(ctx, alice, username="alice")
     give_volume(client, alice)
-    ctx.config.parser["limits"] = {"instances": "-1", "vcpus": "-1", "memory_mb": "-1", "groups": "5",
-                                   "managed_users": "5"}
+    ctx.config = ctx.config.with_values({"limits": {
+        "instances": "-1", "vcpus": "-1", "memory_mb": "-1", "groups": "5",
+        "managed_users": "5"}})
     image = images.add_image(ctx, name="Debian", os_name="debian", os_major="12", os_minor="7", min_disk=1,
                              min_ram=256)
     flavor = images.add_flavor(ctx, name="half", memory=1024, disk=2, vcpu=1)
@@ -719,7 +722,7 @@ def test_check_reports_every_other_host_and_what_it_cannot_see(cctx, adapters, c
     checks = {c["name"]: c for c in run_checks(cctx, thorough=True)}
     assert checks["host node-a"]["ok"] is True
     assert "fake://node-a: reachable" in checks["host node-a"]["detail"]
-    assert f"{cctx.config.get('volumes', 'home_root')} not checked there" in checks["host node-a"]["detail"]
+    assert f"{cctx.config.volumes.home_root} not checked there" in checks["host node-a"]["detail"]
     assert checks["host node-b"]["ok"] is False and "cannot connect" in checks["host node-b"]["detail"]
     assert "host default" not in checks and checks["libvirt"]["ok"] is True  # the config's own host
 

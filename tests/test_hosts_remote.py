@@ -51,7 +51,7 @@ def cluster(tmp_path, libvirt_dir_pool, libvirt_private_network, remote_libvirtd
                           "reserved_host_memory_mb": "0"}
     values["limits"] = {"instances": -1, "vcpus": -1, "memory_mb": -1, "groups": 5, "managed_users": 5}
     config = config_from_dict(values, path=str(tmp_path / "controller.ini"))
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))
@@ -137,10 +137,10 @@ def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
     remote_inst = r.json["data"][0]
     [row] = ctx.store.list_instances(visible_to=None, instance_id=remote_inst["id"])
     assert row["host"] == "remote" and remote_inst["status"] == "running"
-    domain = ctx.config.get("libvirt", "domain_prefix") + remote_inst["id"]
+    domain = ctx.config.libvirt.domain_prefix + remote_inst["id"]
     info = subprocess.run(["virsh", "-c", remote_libvirtd.uri, "domstate", domain], capture_output=True, text=True)
     assert info.stdout.strip() == "running"
-    on_first = subprocess.run(["virsh", "-c", ctx.config.get("libvirt", "uri"), "dominfo", domain],
+    on_first = subprocess.run(["virsh", "-c", ctx.config.libvirt.uri, "dominfo", domain],
                               capture_output=True, text=True)
     assert on_first.returncode != 0  # on the remote host only
 
@@ -229,7 +229,7 @@ def test_reconcile_finds_and_removes_what_a_crash_mid_upload_left_on_the_remote_
     source = qcow2_source(tmp_path, mib=2)
     image = images.add_image(ctx, name="Data", os_name="debian", os_major="12", os_minor="0", min_disk=1,
                              min_ram=128, source=str(source))
-    prefix = ctx.config.get("libvirt", "domain_prefix")
+    prefix = ctx.config.libvirt.domain_prefix
     left = f"{prefix}part-0badc0de-{image['id']}.qcow2"
     conn = libvirt.open(remote_libvirtd.uri)
     try:  # what a crash half way through an upload leaves: the temporary volume, truncated
@@ -267,7 +267,7 @@ def test_a_create_placed_on_a_stopped_remote_host_lands_on_the_live_one(cluster,
     finally:
         remote_libvirtd.start()
     # Nothing of it on the host that did not answer: no domain, no volume.
-    domain = ctx.config.get("libvirt", "domain_prefix") + made[1]
+    domain = ctx.config.libvirt.domain_prefix + made[1]
     assert subprocess.run(["virsh", "-c", remote_libvirtd.uri, "dominfo", domain],
                           capture_output=True).returncode != 0
     assert remote_volumes(ctx, remote_libvirtd) == []
@@ -300,7 +300,7 @@ def test_a_dead_remote_host_is_evacuated_and_its_stale_domain_removed_when_it_an
     host_records.add_host(ctx, name="spare", uri=spare.uri, storage_pool=spare.pool, network=spare.network, insecure=True)
     [before] = ctx.store.list_instances(visible_to=None, instance_id=inst["id"])
     assert before["host"] == "remote"
-    domain = ctx.config.get("libvirt", "domain_prefix") + inst["id"]
+    domain = ctx.config.libvirt.domain_prefix + inst["id"]
     with pytest.raises(Conflict, match="host remote answers"):
         evacuate.evacuate(ctx, "remote", host_is_down=True)
     remote_libvirtd.stop()

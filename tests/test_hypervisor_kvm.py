@@ -378,7 +378,7 @@ def test_virt_type_qemu_with_the_default_cpu_mode_is_healthy_and_gets_qemus_cpu(
     values["network"].update(name=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
     config = config_from_dict(values)
     hv = build_hypervisor(config)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     adapters = fake_adapters()

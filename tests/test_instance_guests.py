@@ -33,7 +33,7 @@ def test_hostname_and_private_ip_are_in_the_201_and_every_get(client, cctx, peop
     owner = people["owner"]
     give_volume(client, owner)
     [inst] = ok(boot(client, owner, catalog), 201)
-    subnet = ipaddress.IPv4Network(cctx.config.get("network", "subnet"))
+    subnet = ipaddress.IPv4Network(cctx.config.network.subnet)
     assert ipaddress.IPv4Address(inst["private-ip"]) in subnet
     assert inst["private-ip"] != str(subnet.network_address + 1)  # the gateway is the host's
     assert inst["hostname"] == f"vm-{inst['id'].replace('-', '')[:8]}"
@@ -72,7 +72,7 @@ def test_addresses_are_unique_and_freed_at_delete(client, cctx, people, catalog)
 
 
 def test_an_exhausted_subnet_is_409_and_leaves_nothing(tmp_path, people, client, cctx, catalog):
-    cctx.config.parser["network"]["subnet"] = "10.99.0.0/29"  # 6 hosts, one of them the gateway
+    cctx.config = cctx.config.with_values({"network": {"subnet": "10.99.0.0/29"}})  # 6 hosts, one of them the gateway
     owner = people["owner"]
     give_volume(client, owner)
     for _ in range(5):
@@ -123,7 +123,7 @@ def test_public_addresses_when_configured(tmp_path, adapters):
     values["network"].update(public_bridge="br-pub", public_pool="198.51.100.10-198.51.100.11", public_prefix=24,
                              public_gateway="198.51.100.1", public_dns="198.51.100.53")
     config = config_from_dict(values)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=adapters)
@@ -192,7 +192,7 @@ def test_every_user_with_an_account_is_in_the_guest_with_uid_gid_groups_and_home
 
 
 def test_guest_sudo_owner_gives_the_owner_root_only(client, cctx, adapters, people, catalog):
-    cctx.config.parser["guest"]["sudo"] = "owner"
+    cctx.config = cctx.config.with_values({"guest": {"sudo": "owner"}})
     give_volume(client, people["owner"])
     [inst] = ok(boot(client, people["owner"], catalog, users=[people["accounts"]["managed"]["uuid"]]), 201)
     sudo = {u.username: u.sudo for u in guest_of(adapters, inst["id"]).users}
@@ -367,7 +367,7 @@ def test_each_nic_sends_only_from_its_address_and_isolation_follows_the_config(c
     [nic] = hv.describe(inst["id"]).nics
     assert nic.filter == FilterRef("clean-traffic", (("IP", inst["private-ip"]),))
 
-    cctx.config.parser["network"]["isolate_guests"] = "true"
+    cctx.config = cctx.config.with_values({"network": {"isolate_guests": "true"}})
     [isolated] = ok(boot(client, people["owner"], catalog), 201)
     [nic] = hv.describe(isolated["id"]).nics
     assert nic.filter == FilterRef("cloud-controller-isolated", (

@@ -29,7 +29,7 @@ def build(tmp_path, **sections):
     for section, keys in sections.items():
         values[section].update(keys)
     config = config_from_dict(values)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=build_adapters(config))
@@ -71,7 +71,7 @@ def kvm_service(tmp_path, libvirt_dir_pool, libvirt_private_network, guest_virt,
 
 
 def libvirt_network_name(ctx) -> str:
-    return ctx.config.get("network", "name")
+    return ctx.config.network.name
 
 
 def virsh(uri, *args, check=True):
@@ -93,7 +93,7 @@ def test_instance_lifecycle_on_kvm(kvm_service):
     assert inst["status"] == "running" and inst["users"] == [account["uuid"]]
     assert virsh(pool.uri, "domstate", domain).stdout.strip() == "running"
     xml = virsh(pool.uri, "dumpxml", domain).stdout
-    assert "<target dir='alice'/>" in xml and os.path.join(ctx.config.get("volumes", "home_root"), "alice") in xml
+    assert "<target dir='alice'/>" in xml and os.path.join(ctx.config.volumes.home_root, "alice") in xml
     assert "type='virtiofs'" in xml and inst["private-ip"] in virsh(pool.uri, "net-dumpxml",
                                                                     libvirt_network_name(ctx)).stdout
     disks = [f for f in os.listdir(pool.path) if inst["id"] in f]
@@ -136,7 +136,7 @@ def test_failed_start_on_kvm_leaves_nothing(kvm_service):
     assert ctx.store.all_instances() == []
     # ...and without limits (the host's memory times the config's ratio is enough on paper), QEMU refuses it.
     limits.set_limits(ctx, ctx.store.get_user(bob.id), {kind: -1 for kind in limits.KINDS})
-    ctx.config.parser["capacity"]["ram_allocation_ratio"] = "100000"
+    ctx.config = ctx.config.with_values({"capacity": {"ram_allocation_ratio": "100000"}})
     r = client.simulate_post("/v1/server-instance", headers=bob.headers, json=body)
     assert r.status_code == 503 and r.json["success"] is False, r.json
     assert ctx.store.all_instances() == []

@@ -71,7 +71,7 @@ def test_enable_two_accounts_search_by_username_and_disable(ldap_config):
     uid_ann = int(ann_entry.split("uidNumber: ")[1].split()[0])
     uid_ben = int(ben_entry.split("uidNumber: ")[1].split()[0])
     assert uid_ann != uid_ben and 40000 <= min(uid_ann, uid_ben) <= max(uid_ann, uid_ben) <= 40100
-    assert f"homeDirectory: {config.get('volumes', 'home_root')}/ann" in ann_entry
+    assert f"homeDirectory: {config.volumes.home_root}/ann" in ann_entry
     assert f"gidNumber: {uid_ann}" in ldapsearch(tree, "(&(objectClass=posixGroup)(cn=ann))")
 
     # The user interface finds users by their directory-backed username.

@@ -35,13 +35,14 @@ def refused(r, status=409) -> str:
 @pytest.fixture
 def limited(cctx):
     """The [limits] defaults made small (the sandbox's are generous)."""
-    cctx.config.parser["limits"] = {k: str(v) for k, v in SMALL.items()}
+    cctx.config = cctx.config.with_values({"limits": {k: str(v) for k, v in SMALL.items()}})
     return cctx
 
 
 def set_capacity(cctx, *, cpu_ratio=1.0, ram_ratio=1.0, reserved=0):
-    cctx.config.parser["capacity"] = {"cpu_allocation_ratio": str(cpu_ratio), "ram_allocation_ratio": str(ram_ratio),
-                                      "reserved_host_memory_mb": str(reserved)}
+    cctx.config = cctx.config.with_values({"capacity": {
+        "cpu_allocation_ratio": str(cpu_ratio), "ram_allocation_ratio": str(ram_ratio),
+        "reserved_host_memory_mb": str(reserved)}})
 
 
 @pytest.fixture

@@ -185,7 +185,7 @@ def request(remote, forwarded=None):
 
 def test_client_address_is_the_peer_unless_it_is_a_trusted_proxy(config_values):
     values = dict(config_values, server=dict(config_values["server"], trusted_proxies="127.0.0.1, 10.1.0.0/16"))
-    trusted = config_from_dict(values).trusted_proxies()
+    trusted = config_from_dict(values).server.trusted_proxies
     # Not a trusted peer: its X-Forwarded-For is whatever it wrote.
     assert client_address(request("203.0.113.9", "198.51.100.1"), trusted) == "203.0.113.9"
     assert client_address(request("203.0.113.9"), ()) == "203.0.113.9"

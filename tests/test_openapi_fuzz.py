@@ -29,7 +29,7 @@ from tests.fixtures.api import config_values_for, enable, make_caller
 
 def _app(tmp_path):
     config = config_from_dict(config_values_for(tmp_path))
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     ctx = build_context(config, store=store, adapters=fake_adapters())

@@ -40,7 +40,7 @@ def service(tmp_path, sysroot):
     config_path = str(tmp_path / "controller.ini")
     write_config(values, config_path)
     config = config_from_dict(values, path=config_path)
-    generate_key_file(config.get("auth", "secret_key_file"))
+    generate_key_file(config.auth.secret_key_file)
     store = Store(config.database_path, create=True)
     store.migrate()
     # The test driver forgets its state when its last connection closes.
@@ -93,7 +93,7 @@ def test_no_drift_after_normal_use(service):
 
 def test_drift_is_reported_then_fixed(service):
     ctx, conn, instance = service["ctx"], service["conn"], service["instance"]
-    prefix = ctx.config.get("libvirt", "domain_prefix")
+    prefix = ctx.config.libvirt.domain_prefix
     # A domain undefined behind the service's back (its disk goes with it: the test driver
     # cannot keep a disk without the domain here, so delete both).
     dom = conn.lookupByName(prefix + instance["id"])

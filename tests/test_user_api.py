@@ -511,13 +511,13 @@ def test_healthz_ok_without_auth(user_client):
 
 
 def test_healthz_names_a_missing_secret_key_file(ctx, user_client):
-    os.remove(ctx.config.get("auth", "secret_key_file"))
+    os.remove(ctx.config.auth.secret_key_file)
     resp = user_client.simulate_get("/healthz")
     assert resp.status_code == 503
     assert resp.json["status"] != "ok"
     assert resp.json["failed"] == [{"check": "secret_key"}]
     # The path of the key file is for the admin (`cloud-agent check`), not for anonymous callers.
-    assert ctx.config.get("auth", "secret_key_file") not in resp.text
+    assert ctx.config.auth.secret_key_file not in resp.text
 
 
 def test_healthz_names_an_unmigrated_database(ctx, user_client):

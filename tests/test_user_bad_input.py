@@ -99,7 +99,7 @@ def test_json_content_type_variants_are_accepted(ctx, user_client, admin, conten
 
 @pytest.mark.parametrize("path", ENDPOINTS)
 def test_oversize_body_is_413(ctx, user_client, admin, target, path):
-    limit = ctx.config.get_int("server", "max_body_bytes")
+    limit = ctx.config.server.max_body_bytes
     body = json.dumps({"name": "x" * limit}).encode()
     before = snapshot(ctx)
     resp = post(user_client, admin, url(path, target), body=body, headers=JSON)
@@ -108,7 +108,7 @@ def test_oversize_body_is_413(ctx, user_client, admin, target, path):
 
 
 def test_body_at_the_limit_is_read(ctx, user_client, admin, target):
-    limit = ctx.config.get_int("server", "max_body_bytes")
+    limit = ctx.config.server.max_body_bytes
     # Names are bounded (255 characters): an unknown parameter, which is ignored, fills the body.
     head = json.dumps({"name": "Target", "padding": ""}).encode()
     body = json.dumps({"name": "Target", "padding": "x" * (limit - len(head))}).encode()
@@ -123,7 +123,7 @@ def test_body_limit_comes_from_config(ctx, admin):
 
     from api.app import create_app
 
-    ctx.config.parser["server"]["max_body_bytes"] = "100"
+    ctx.config = ctx.config.with_values({"server": {"max_body_bytes": "100"}})
     client = testing.TestClient(create_app(ctx, interfaces=("user",)))
     user_envelope(post(client, admin, "/v1/user/list", body=b'{"a": "' + b"x" * 100 + b'"}', headers=JSON), 413)
     user_envelope(post(client, admin, "/v1/user/list", body=b'{"a": "' + b"x" * 80 + b'"}', headers=JSON), 200,
