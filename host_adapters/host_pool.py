@@ -6,7 +6,8 @@ connection per host). Every call through it is guarded: a host that did not
 answer (HostUnreachable) is marked unreachable for `retry_seconds`, during
 which calls to it fail at once instead of waiting on it again; the first
 call after the back-off tries it again. What is unreachable is known per
-process (the service's threads share it).
+process (the service's threads share it). Tests build a pool over fakes:
+FakeHosts in host_adapters/fake_hypervisor.py.
 """
 
 import threading

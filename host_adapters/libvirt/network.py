@@ -100,7 +100,6 @@ class NetworkPart:
         self._call("drop reservations", lambda conn: self._update_hosts(conn, remove=set(macs)))
 
     def _reservations(self, conn, macs: set[str]) -> list[Reservation]:
-        lv = _libvirt()
         net = self._network(conn, required=False)
         if net is None or not macs:
             return []
@@ -111,7 +110,6 @@ class NetworkPart:
         )
 
     def _reservations_all(self, conn) -> list[Reservation]:
-        lv = _libvirt()
         net = self._network(conn, required=False)
         if net is None:
             return []
