@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,28 +19,13 @@ from falcon import testing
 
 from controller.config import load_config
 from controller.context import build_context
+from tests.fixtures.agent import run_agent
 
-AGENT = Path(sys.executable).parent / "cloud-agent"
 ADMIN_EMAIL = "admin@example.org"
 ADMIN_PASSWORD = "Admin-pass-2026"
 USER_PASSWORD = "User-pass-2026!"
 BOB_EMAIL = "bob@example.org"
 UNKNOWN_UUID = "00000000-0000-4000-8000-000000000000"
-
-
-def run_agent(*args: str, config: str | None = None, env: dict | None = None, input: str | None = None,
-              timeout: float = 60):
-    """The real cloud-agent, stdin not a terminal, config from the environment."""
-    assert AGENT.is_file(), f"{AGENT} is missing: run scripts/setup-host.sh"
-    full_env = {k: v for k, v in os.environ.items() if k != "CLOUD_CONTROLLER_CONFIG"}
-    if config is not None:
-        full_env["CLOUD_CONTROLLER_CONFIG"] = config
-    full_env.update(env or {})
-    stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
-    proc = subprocess.run([str(AGENT), *args], capture_output=True, text=True, timeout=timeout, env=full_env,
-                          **stdin)
-    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    return proc
 
 
 def one_json_document(text: str):

@@ -3,19 +3,16 @@
 import json
 import os
 import subprocess
-import sys
 
 import pexpect
 import pytest
 
 from controller.config import load_config, write_config
+from tests.fixtures.agent import AGENT
 from tests.fixtures.api import config_values_for
 
-AGENT = os.path.join(os.path.dirname(sys.executable), "cloud-agent")
-
-
 def spawn(*args, env=None):
-    child = pexpect.spawn(AGENT, list(args), env=env or dict(os.environ), encoding="utf-8", timeout=60)
+    child = pexpect.spawn(str(AGENT), list(args), env=env or dict(os.environ), encoding="utf-8", timeout=60)
     child.expect(pexpect.EOF)
     child.close()
     return child.exitstatus, child.before

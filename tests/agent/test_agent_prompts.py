@@ -11,7 +11,8 @@ import os
 import pexpect
 import pytest
 
-from tests.agent.test_agent_controller import AGENT, BOB_EMAIL, Sandbox, copy_sandbox, make_sandbox
+from tests.agent.test_agent_controller import BOB_EMAIL, Sandbox, copy_sandbox, make_sandbox
+from tests.fixtures.agent import AGENT
 
 QUESTION = f"Remove the system account of {BOB_EMAIL}? [y/N]: "
 

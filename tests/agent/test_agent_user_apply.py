@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import pexpect
 import pytest
 
-from tests.agent.test_agent_controller import AGENT, BOB_EMAIL, USER_PASSWORD, Sandbox, add_image, login, make_sandbox
+from tests.agent.test_agent_controller import BOB_EMAIL, USER_PASSWORD, Sandbox, add_image, login, make_sandbox
+from tests.fixtures.agent import AGENT
 
 CAROL_EMAIL = "carol@example.org"
 

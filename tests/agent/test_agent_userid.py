@@ -23,7 +23,6 @@ from controller.context import build_context
 from controller.errors import Conflict, NotFound
 from tests.fixtures.api import user_envelope
 from tests.agent.test_agent_controller import (  # noqa: F401 (fixtures)
-    AGENT,
     BOB_EMAIL,
     UNKNOWN_UUID,
     USER_PASSWORD,
@@ -33,6 +32,7 @@ from tests.agent.test_agent_controller import (  # noqa: F401 (fixtures)
     sandbox,
     sandbox_template,
 )
+from tests.fixtures.agent import AGENT
 
 AGENT_ACTOR = f"cloud-agent:{getpass.getuser()}"
 

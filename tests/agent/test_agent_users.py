@@ -5,7 +5,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -19,11 +18,11 @@ from agent.cli import cli
 from controller import migrations
 from controller.config import load_config, write_config
 from controller.context import build_context
+from tests.fixtures.agent import AGENT
 from tests.fixtures.api import config_values_for as cheap_config_values
 from tests.fixtures.api import user_envelope
 
 PASSWORD = "Admin-pass-2026"
-AGENT = Path(sys.executable).parent / "cloud-agent"
 
 
 def agent(*args: str, input: str | None = None):

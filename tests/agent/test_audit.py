@@ -6,14 +6,8 @@ The API is the real `cloud-agent serve` on a sandbox, its log captured to a file
 
 import getpass
 import json
-import os
 import re
-import socket
 import sqlite3
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 
 import pytest
@@ -21,13 +15,13 @@ import pytest
 from tests.agent.test_agent_controller import (
     ADMIN_EMAIL,
     ADMIN_PASSWORD,
-    AGENT,
     BOB_EMAIL,
     USER_PASSWORD,
     Sandbox,
     copy_sandbox,
     make_sandbox,
 )
+from tests.fixtures.server import Server
 
 AGENT_ACTOR = f"cloud-agent:{getpass.getuser()}"
 CAROL_PASSWORD = "Carol-first-2026"
@@ -49,48 +43,6 @@ def sandbox(template, tmp_path) -> Sandbox:
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`cloud-agent serve` on a free loopback port; its stdout and stderr go to a log file."""
-
-    def __init__(self, sandbox, log_path):
-        self.port = _free_port()
-        self.log_path = log_path
-        env = dict(os.environ, CLOUD_CONTROLLER_CONFIG=sandbox.config)
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen([str(AGENT), "serve", "--host", "127.0.0.1", "--port", str(self.port)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if self.call("GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.05)
-
-    def call(self, method: str, path: str, body: dict | None = None, headers: dict | None = None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        return self.log_path.read_text()
 
 
 def token(server, body: dict) -> tuple[dict, str]:

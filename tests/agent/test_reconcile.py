@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 from falcon import testing
@@ -19,12 +18,10 @@ from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.factory import build_adapters
 from host_adapters.subp import run
+from tests.fixtures.agent import AGENT
 from tests.fixtures.api import config_values_for, make_caller
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
-
-AGENT = os.path.join(os.path.dirname(sys.executable), "cloud-agent")
-
 
 @pytest.fixture
 def service(tmp_path, sysroot):

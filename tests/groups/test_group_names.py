@@ -123,7 +123,7 @@ def test_with_a_prefix_usernames_may_not_start_with_it(cctx, adapters):
 
 def test_account_enable_refusal_from_the_agent_is_a_clean_usage_error(tmp_path):
     """The agent path: `account enable` of a username an API group has is one line, exit 1."""
-    from tests.agent.test_agent_controller import run_agent
+    from tests.fixtures.agent import run_agent
 
     from controller.config import write_config
     from controller.context import build_context

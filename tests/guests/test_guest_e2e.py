@@ -22,10 +22,8 @@ Its network lives in the test libvirtd's own network namespace
 (tests/fixtures/libvirtd.py); ssh runs there through nsenter.
 """
 
-import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -39,6 +37,7 @@ from controller.context import build_context
 from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.factory import build_adapters
+from tests.fixtures.agent import agent_ok
 from tests.fixtures.api import config_values_for, make_caller
 from tests.fixtures.libvirtd import GuestVirt, assert_same_image, in_netns
 
@@ -136,9 +135,7 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
 
 
 def agent(config_path, *args) -> dict:
-    out = run([str(Path(sys.executable).parent / "cloud-agent"), "--config", str(config_path), "--json", *args],
-              timeout=600)
-    return json.loads(out.stdout)
+    return agent_ok(config_path, *args, timeout=600)
 
 
 def ok(r, status=200):

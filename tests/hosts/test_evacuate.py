@@ -1,23 +1,20 @@
 """`cloud-agent host evacuate NAME --host-is-down` (CONTRACT.md section 9, issue 16 fault (c)).
 
-On fake hosts (tests/test_hosts.py's cluster: default 4 GiB, node-a 8 GiB, node-b
+On fake hosts (tests/hosts/test_hosts.py's cluster: default 4 GiB, node-a 8 GiB, node-b
 6 GiB): a dead host's instances are rebuilt elsewhere with the same identity, the
 command refuses a live host and a cluster without room, an evacuation cut short is
 finished by running it again or by reconcile, and the old host's stale copies are
 removed (never started) when it answers again. Then the agent's CLI.
 """
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from controller import evacuate, hosts, instances
 from controller.errors import Conflict, InvalidInput
 from controller.reconcile import reconcile
+from tests.fixtures.agent import AGENT, agent_call
 from tests.hosts.test_hosts import alice, boot, cluster, flavor, host_of, ok  # noqa: F401 (fixtures)
 
 IDENTITY = ("id", "hostname", "private_ip", "public_ip", "mac", "public_mac", "users", "owner_id", "image_id",
@@ -172,15 +169,6 @@ def test_the_old_host_answering_again_has_its_stale_copies_removed_never_started
 
 
 # -- the agent -----------------------------------------------------------------------------------------------------
-AGENT = Path(sys.executable).parent / "cloud-agent"
-
-
-def agent(config, *args):
-    env = {k: v for k, v in os.environ.items() if k != "CLOUD_CONTROLLER_CONFIG"}
-    proc = subprocess.run([str(AGENT), "--config", config, "--json", *args], capture_output=True, text=True,
-                          timeout=60, env=env, stdin=subprocess.DEVNULL)
-    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def test_agent_host_evacuate(tmp_path):
@@ -189,13 +177,13 @@ def test_agent_host_evacuate(tmp_path):
     from tests.hosts.test_hosts import node_file
 
     config = str(tmp_path / "controller.ini")
-    assert agent(config, "init", "--sandbox", str(tmp_path / "state"))[0] == 0
+    assert agent_call(config, "init", "--sandbox", str(tmp_path / "state"))[0] == 0
     uri = node_file(tmp_path, "node-9", cpus=8, memory_mb=16384)
-    assert agent(config, "host", "add", "node-9", "--uri", uri, "--storage-pool", "pool-node-9",
-                 "--network", "cc-private")[0] == 0
-    rc, doc = agent(config, "host", "evacuate", "node-9")
+    assert agent_call(config, "host", "add", "node-9", "--uri", uri, "--storage-pool", "pool-node-9",
+                      "--network", "cc-private")[0] == 0
+    rc, doc = agent_call(config, "host", "evacuate", "node-9")
     assert rc == 1 and "add --host-is-down" in doc["error"]
-    rc, doc = agent(config, "host", "evacuate", "node-9", "--host-is-down")
+    rc, doc = agent_call(config, "host", "evacuate", "node-9", "--host-is-down")
     assert rc == 1 and "host node-9 answers" in doc["error"]
     # A host that died holding an instance (recorded as the agent would find it).
     db = sqlite3.connect(tmp_path / "state" / "controller.db")
@@ -215,7 +203,7 @@ def test_agent_host_evacuate(tmp_path):
                "private_ip, mac) VALUES (?, 'u', ?, ?, 'running', 'x', 'gone', 'vm-0f8fad5b', '10.44.0.10', "
                "'52:54:00:0f:8f:ad')", (iid, image_id[0], fid))
     db.commit()
-    rc, doc = agent(config, "host", "evacuate", "gone", "--host-is-down")
+    rc, doc = agent_call(config, "host", "evacuate", "gone", "--host-is-down")
     # The sandbox's hosts live in each process (the test driver): this one has no base image
     # to rebuild from, so the rebuild fails, is undone, and the command exits 1.
     assert set(doc) == {"host", "rebuilt", "failed"} and doc["host"] == "gone" and doc["rebuilt"] == []
@@ -224,7 +212,7 @@ def test_agent_host_evacuate(tmp_path):
     assert db.execute("SELECT enabled FROM hosts WHERE name = 'gone'").fetchone()[0] == 0
     assert db.execute("SELECT host FROM instances WHERE id = ?", (iid,)).fetchone()[0] == "gone"
     assert db.execute("SELECT COUNT(*) FROM evacuations").fetchone()[0] == 0
-    rc, doc = agent(config, "host", "remove", "gone")
+    rc, doc = agent_call(config, "host", "remove", "gone")
     assert rc == 1 and "holds 1 instance" in doc["error"]
     # On a terminal, without --json: progress on stderr, then a line per instance.
     import pexpect

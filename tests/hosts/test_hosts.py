@@ -8,8 +8,6 @@ status and what is stored and on which host it is.
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from controller.reconcile import reconcile
 from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.hypervisor import HostCapacity
+from tests.fixtures.agent import agent_call
 from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
 
 BASE = "/v1/server-instance"
@@ -644,41 +643,32 @@ def test_a_test_driver_host_that_stops_answering(libvirt_cluster, tmp_path, monk
 
 
 # -- the agent -----------------------------------------------------------------------------------------------------
-AGENT = Path(sys.executable).parent / "cloud-agent"
 HOST_FIELDS = {"name", "uri", "enabled", "reachable", "vcpus", "memory_mb", "allocated_vcpus",
                "allocated_memory_mb", "instances"}
 
 
-def agent(config, *args):
-    env = {k: v for k, v in os.environ.items() if k != "CLOUD_CONTROLLER_CONFIG"}
-    proc = subprocess.run([str(AGENT), "--config", config, "--json", *args], capture_output=True, text=True,
-                          timeout=60, env=env, stdin=subprocess.DEVNULL)
-    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
-
-
 def test_agent_host_commands_print_the_contracts_shapes(tmp_path):
     config = str(tmp_path / "controller.ini")
-    assert agent(config, "init", "--sandbox", str(tmp_path / "state"))[0] == 0
-    rc, doc = agent(config, "host", "list")
+    assert agent_call(config, "init", "--sandbox", str(tmp_path / "state"))[0] == 0
+    rc, doc = agent_call(config, "host", "list")
     assert rc == 0 and set(doc) == {"hosts"} and [h["name"] for h in doc["hosts"]] == ["default"]
     assert set(doc["hosts"][0]) == HOST_FIELDS and doc["hosts"][0]["reachable"] is True
     uri = node_file(tmp_path, "node-9", cpus=8, memory_mb=16384)
-    rc, added = agent(config, "host", "add", "node-9", "--uri", uri, "--storage-pool", "pool-node-9",
-                       "--network", "cc-private")
+    rc, added = agent_call(config, "host", "add", "node-9", "--uri", uri, "--storage-pool", "pool-node-9",
+                            "--network", "cc-private")
     assert rc == 0 and added == {"name": "node-9", "uri": uri, "enabled": True, "reachable": True, "vcpus": 8,
                                  "memory_mb": 16384, "allocated_vcpus": 0, "allocated_memory_mb": 0, "instances": 0}
-    rc, doc = agent(config, "host", "disable", "node-9")
+    rc, doc = agent_call(config, "host", "disable", "node-9")
     assert rc == 0 and set(doc) == HOST_FIELDS and doc["enabled"] is False
-    rc, doc = agent(config, "host", "enable", "node-9")
+    rc, doc = agent_call(config, "host", "enable", "node-9")
     assert rc == 0 and doc["enabled"] is True
-    rc, doc = agent(config, "host", "add", "node-x", "--uri", "qemu+tcp://127.0.0.1:1/system", "--insecure")
+    rc, doc = agent_call(config, "host", "add", "node-x", "--uri", "qemu+tcp://127.0.0.1:1/system", "--insecure")
     assert rc == 1 and "host node-x not added: cannot connect to libvirt" in doc["error"]
-    rc, doc = agent(config, "host", "remove", "default")
+    rc, doc = agent_call(config, "host", "remove", "default")
     assert rc == 1 and "disable it instead" in doc["error"]
-    rc, doc = agent(config, "host", "list")
+    rc, doc = agent_call(config, "host", "list")
     assert [h["name"] for h in doc["hosts"]] == ["default", "node-9"]
-    rc, doc = agent(config, "host", "remove", "node-9")
+    rc, doc = agent_call(config, "host", "remove", "node-9")
     assert rc == 0 and doc["name"] == "node-9"
     # A host holding an instance: refused, exit 1, nothing changed.
     db = sqlite3_rows(tmp_path / "state" / "controller.db")
@@ -691,7 +681,7 @@ def test_agent_host_commands_print_the_contracts_shapes(tmp_path):
     db.execute("INSERT INTO instances (id, owner_id, image_id, flavor_id, status, creation_date, host) "
                "VALUES ('v', 'u', 'i', 1, 'running', 'x', 'busy')")
     db.commit()
-    rc, doc = agent(config, "host", "remove", "busy")
+    rc, doc = agent_call(config, "host", "remove", "busy")
     assert rc == 1 and "holds 1 instance" in doc["error"]
     assert db.execute("SELECT COUNT(*) FROM hosts WHERE name = 'busy'").fetchone()[0] == 1
 

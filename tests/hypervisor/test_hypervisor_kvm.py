@@ -11,6 +11,7 @@ import pytest
 from controller.errors import CommandError, HostError
 from host_adapters import subp
 from host_adapters.libvirt_hypervisor import LibvirtHypervisor
+from tests.fixtures.agent import AGENT
 from tests.fixtures.libvirtd import SYSTEM_URI, assert_same_image, cleanup_hypervisor, in_netns, unique_prefix
 from tests.hypervisor.test_hypervisor import HypervisorContract, guest_for, new_id
 
@@ -258,8 +259,6 @@ def test_check_names_a_network_whose_subnet_differs(libvirt_dir_pool, libvirt_pr
 
 def test_agent_init_creates_starts_and_autostarts_the_network_and_check_reports_it(
         tmp_path, libvirt_dir_pool, guest_virt):
-    import sys
-
     from controller.config import sandbox_values, write_config
     from tests.fixtures.libvirtd import remove_network
 
@@ -275,7 +274,7 @@ def test_agent_init_creates_starts_and_autostarts_the_network_and_check_reports_
     make_sysroot(str(values["unix"]["root"]))
     config = tmp_path / "controller.ini"
     write_config(values, str(config))
-    agent = [os.path.join(os.path.dirname(sys.executable), "cloud-agent"), "--config", str(config)]
+    agent = [str(AGENT), "--config", str(config)]
     try:
         out = subp.run([*agent, "init"]).stdout
         assert f"network {name}: created" in out

@@ -7,21 +7,19 @@ statuses come over the remote connection's lifecycle events.
 """
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from controller.config import config_from_dict, sandbox_values
 from host_adapters import factory
 from host_adapters.volume_io import InProcessVolumeIO, StreamVolumeIO
+from tests.fixtures.agent import agent_ok
 from tests.fixtures.libvirtd import cleanup_hypervisor, remove_network, unique_prefix
+from tests.fixtures.server import free_port, start_server
 from tests.store.test_scale_load import _token
 
-AGENT = Path(sys.executable).parent / "cloud-agent"
 
 
 def _config(tmp_path, uri):
@@ -141,13 +139,6 @@ def test_a_get_asks_the_host_nothing_until_the_connection_closes(test_driver_dae
     assert checks
 
 
-def _agent(config, *args, input=None):
-    proc = subprocess.run([str(AGENT), "--config", str(config), "--json", *args], capture_output=True, text=True,
-                          timeout=300, input=input)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
 def _call(port, method, path, token, userid, body=None):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
                                  data=None if body is None else json.dumps(body).encode(),
@@ -157,35 +148,18 @@ def _call(port, method, path, token, userid, body=None):
         return json.loads(resp.read())
 
 
-def _serve(config, log):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([str(AGENT), "--config", str(config), "serve", "--port", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
-            return server, port
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-
-
 @pytest.mark.real_commands
 def test_the_server_rebuilds_the_daemons_domains_at_every_start(tmp_path, test_driver_daemon):
     import libvirt
 
     state, config = tmp_path / "state", tmp_path / "state" / "controller.ini"
-    _agent(config, "init", "--sandbox", str(state))
+    agent_ok(config, "init", "--sandbox", str(state))
     config.write_text(config.read_text().replace("uri = test:///default", f"uri = {test_driver_daemon.uri}"))
-    admin = _agent(config, "user", "create-superuser", "--email", "admin@example.org", "--password-file", "-",
-                   input="Admin-pass-2026-x\n")
-    loaded = _agent(config, "sandbox", "load", "--users", "12", "--owners", "2", "--managed-per-owner", "2",
-                    "--instances", "6", "--owner-instances", "2", "--groups", "2", "--members-per-group", "2")
+    admin = agent_ok(config, "user", "create-superuser", "--email", "admin@example.org", "--password-file", "-",
+                     input="Admin-pass-2026-x\n")
+    loaded = agent_ok(config, "sandbox", "load", "--users", "12", "--owners", "2", "--managed-per-owner", "2",
+                      "--instances", "6", "--owner-instances", "2", "--groups", "2", "--members-per-group", "2",
+                      timeout=300)
     assert loaded["instances"] == 6
 
     def domains():
@@ -196,8 +170,8 @@ def test_the_server_rebuilds_the_daemons_domains_at_every_start(tmp_path, test_d
             conn.close()
 
     for start in (1, 2):
-        with open(tmp_path / f"serve{start}.log", "w") as log:
-            server, port = _serve(config, log)
+        port = free_port()
+        server, _ = start_server(config, tmp_path / f"serve{start}.log", port=port, timeout=120)
         try:
             token = _token(port, admin)
             listed = _call(port, "GET", "/v1/server-instance", token, admin["userid"])["data"]

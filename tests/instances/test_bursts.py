@@ -25,7 +25,7 @@ from controller.store import Store
 from host_adapters.factory import build_adapters
 from tests.fixtures.api import config_values_for, make_caller
 from tests.fixtures.libvirtd import cleanup_hypervisor, unique_prefix
-from tests.server.test_server import start_server, stop_server
+from tests.fixtures.server import start_server, stop_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 

@@ -20,7 +20,7 @@ from controller.config import config_from_dict
 from controller.errors import InvalidInput
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
 from tests.agent.test_agent_controller import sandbox, sandbox_template  # noqa: F401 (fixtures)
-from tests.agent.test_audit import Server
+from tests.fixtures.server import Server
 
 
 class SlowHasher:
@@ -51,7 +51,7 @@ def test_a_saturated_hash_pool_answers_429_at_once(ctx, user_client, monkeypatch
     slow = SlowHasher(ctx.passwords._hasher)
     monkeypatch.setattr(ctx.passwords, "_hasher", slow)
     results = []
-    # From two addresses: one address holds one slot at most (tests/test_login_sources.py).
+    # From two addresses: one address holds one slot at most (tests/security/test_login_sources.py).
     hashing = [threading.Thread(target=lambda a=address: results.append(
         password_login(user_client, "alice@example.org", address=a))) for address in ("192.0.2.1", "192.0.2.2")]
     for t in hashing:

@@ -14,10 +14,10 @@ from controller import store as store_module
 from controller.config import write_config
 from controller.security import token_hash
 from controller.write_mark import WriteMark
+from tests.fixtures.agent import AGENT
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
 from tests.security.test_auth_tokens import whoami
 
-AGENT = Path(sys.executable).parent / "cloud-agent"
 ROOT = Path(__file__).resolve().parents[2]
 
 

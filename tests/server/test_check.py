@@ -8,7 +8,8 @@ from falcon import testing
 
 from controller.config import load_config
 from controller.context import build_context
-from tests.agent.test_agent_controller import Sandbox, copy_sandbox, make_sandbox, run_agent
+from tests.agent.test_agent_controller import Sandbox, copy_sandbox, make_sandbox
+from tests.fixtures.agent import run_agent
 
 CHECKS = ["database", "secret_key", "libvirt", "directory", "quota_backend", "system_root", "guest_start"]
 

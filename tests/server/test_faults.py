@@ -39,7 +39,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import threading
 import time
 import uuid
@@ -58,7 +57,8 @@ from controller.store import Store
 from host_adapters.factory import build_adapters
 from tests.fixtures.api import config_values_for, enable, make_caller
 from tests.fixtures.slapd import ROOT_DN, SUFFIX
-from tests.server.test_server import AGENT, Http, free_port, start_server, stop_server
+from tests.fixtures.agent import run_agent
+from tests.fixtures.server import Http, free_port, start_server, stop_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -143,8 +143,7 @@ class Deployment:
         self.port = free_port()
 
     def agent(self, *args: str, check: bool = True) -> tuple[int, dict]:
-        done = subprocess.run([str(AGENT), "--config", str(self.config_path), "--json", *args],
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        done = run_agent("--config", str(self.config_path), "--json", *args, timeout=120)
         if check:
             assert done.returncode == 0, done.stderr
         return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {"stderr": done.stderr}

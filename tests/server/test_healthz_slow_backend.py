@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.agent.test_agent_controller import Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
-from tests.agent.test_audit import Server
+from tests.fixtures.server import Server
 from tests.server.test_slow_clients import set_config, timed_call
 
 pytestmark = [pytest.mark.integration]

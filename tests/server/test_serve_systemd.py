@@ -6,7 +6,8 @@ import socket
 import subprocess
 import time
 
-from tests.server.test_server import AGENT, free_port
+from tests.fixtures.agent import AGENT
+from tests.fixtures.server import free_port
 
 
 def test_serve_notifies_readiness_and_stops_on_sigterm(tmp_path):

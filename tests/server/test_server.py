@@ -1,102 +1,26 @@
 """The real server: `cloud-agent serve` on waitress over loopback HTTP, driven as the README does."""
 
 import configparser
-import json
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-AGENT = Path(sys.executable).parent / "cloud-agent"
+from tests.fixtures.agent import agent_ok
+from tests.fixtures.server import Http, start_server, stop_server
+
 ALICE_PASSWORD = "Alice-pass-2026"
-
-
-def agent(*args: str) -> dict:
-    proc = subprocess.run([str(AGENT), *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Http:
-    def __init__(self, base: str):
-        self.base = base
-
-    def call(self, method: str, path: str, body: dict | bytes | None = None, *, headers=None, timeout: float = 10):
-        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        sent = {"Content-Type": "application/json"} if data is not None else {}
-        sent.update(headers or {})
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=sent)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.status, dict(resp.headers), json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            raw = e.read()
-            return e.code, dict(e.headers), json.loads(raw) if raw.startswith(b"{") else raw
 
 
 @pytest.fixture
 def sandbox(tmp_path):
     """A sandbox config written by `cloud-agent init --sandbox` and its first superuser."""
-    assert AGENT.is_file(), f"{AGENT} is missing: run scripts/setup-host.sh"
     config = tmp_path / "controller.ini"
-    assert agent("--config", str(config), "--json", "init", "--sandbox", str(tmp_path / "state")) == {
+    assert agent_ok(config, "init", "--sandbox", str(tmp_path / "state")) == {
         "config": str(config.resolve())
     }
-    admin = agent("--config", str(config), "--json", "user", "create-superuser",
-                  "--email", "admin@example.org", "--password", "Admin-pass-2026")
+    admin = agent_ok(config, "user", "create-superuser",
+                     "--email", "admin@example.org", "--password", "Admin-pass-2026")
     return config, admin
-
-
-def start_server(config: Path, log_path: Path, *, port: int | None = None) -> tuple[subprocess.Popen, Http]:
-    """`cloud-agent serve` on 127.0.0.1 (a free port, or `port`), once /healthz answers 200;
-    its output is appended to log_path."""
-    port = port or free_port()
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(
-        [str(AGENT), "--config", str(config), "serve", "--host", "127.0.0.1", "--port", str(port)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-    )
-    log.close()
-    http = Http(f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"cloud-agent serve exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            status, _, body = http.call("GET", "/healthz")
-            if status == 200:
-                assert body == {"status": "ok"}
-                return proc, http
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        if time.monotonic() > deadline:
-            stop_server(proc)
-            pytest.fail(f"/healthz did not answer 200 within 30 s:\n{log_path.read_text()}")
-        time.sleep(0.1)
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    """Stop the server this test started, by its PID: SIGINT first (a clean stop), then SIGKILL."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    return proc.returncode
 
 
 def readme_walk_through(http: Http, admin: dict) -> None:

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from tests.agent.test_agent_controller import Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
-from tests.agent.test_audit import Server, token
+from tests.agent.test_audit import token
+from tests.fixtures.server import Server
 
 pytestmark = [pytest.mark.integration]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.test_agent_controller import AGENT
+from tests.fixtures.agent import AGENT
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
 INSTALLED_AGENT = "/opt/cloud-controller/.venv/bin/cloud-agent"

@@ -16,7 +16,7 @@ from controller.config import load_config, write_config
 from controller.context import build_context
 from controller.users import insert_user
 from tests.fixtures.api import config_values_for as cheap_config_values
-from tests.agent.test_agent_controller import run_agent
+from tests.fixtures.agent import run_agent
 
 WRITERS = 8
 PASSWORD = "Writer-pass-2026"

@@ -8,11 +8,9 @@ reconcile`, and by a real `cloud-agent serve` that must rebuild every domain.
 
 import json
 import os
-import socket
 import sqlite3
 import stat
 import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -28,9 +26,10 @@ from host_adapters.sysroot import make_sysroot
 from host_adapters.unix_groups import CommandUnixGroups
 from host_adapters.volume_io import InProcessVolumeIO
 from tests.api.test_controller_api import boot, ok, people  # noqa: F401 (people: a fixture)
+from tests.fixtures.agent import agent_ok
 from tests.fixtures.api import give_volume
+from tests.fixtures.server import free_port, start_server
 
-AGENT = Path(sys.executable).parent / "cloud-agent"
 
 
 # -- bulk writers of a scratch system root ----------------------------------------------
@@ -502,16 +501,7 @@ def test_a_batch_makes_the_reservations_together_at_its_end(libvirt_test_driver)
 
 # -- a real sandbox, loaded small ------------------------------------------------------------------
 def _agent(config, *args, input=None):
-    proc = subprocess.run([str(AGENT), "--config", str(config), "--json", *args], capture_output=True, text=True,
-                          timeout=300, input=input)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return agent_ok(config, *args, input=input, timeout=300)
 
 
 def _get(port, path, token, userid):
@@ -587,19 +577,9 @@ def test_a_small_load_keeps_every_invariant_and_serves(tmp_path):
 
     # The server makes every domain at start: all instances answer running, and an
     # owner sees its own and its managed users' instances.
-    port = _free_port()
-    log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen([str(AGENT), "--config", str(config), "serve", "--port", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT)
+    port = free_port()
+    server, _ = start_server(config, tmp_path / "serve.log", port=port, timeout=120)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
         listed = _get(port, "/v1/server-instance", _token(port, admin), admin["userid"])["data"]
         assert sorted(i["id"] for i in listed) == sorted(i["id"] for i in instances)
         assert {i["status"] for i in listed} == {"running"}

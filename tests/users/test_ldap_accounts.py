@@ -1,9 +1,7 @@
 """System accounts in LDAP through the agent and the user interface, against a real slapd."""
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 from falcon import testing
@@ -11,12 +9,10 @@ from falcon import testing
 from controller.config import load_config, write_config
 from controller.context import build_context
 from host_adapters.factory import build_adapters
+from tests.fixtures.agent import AGENT, run_agent
 from tests.fixtures.api import config_values_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
-
-AGENT = os.path.join(os.path.dirname(sys.executable), "cloud-agent")
-
 
 @pytest.fixture
 def ldap_config(tmp_path, ldap_tree, sysroot):
@@ -37,7 +33,7 @@ def ldap_config(tmp_path, ldap_tree, sysroot):
 
 
 def agent(path, *args, check=True):
-    proc = subprocess.run([AGENT, "--config", path, "--json", *args], capture_output=True, text=True)
+    proc = run_agent("--config", path, "--json", *args)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
