@@ -3,7 +3,7 @@
 On fake adapters whose spawn waits until the test lets it go, with one host
 worker and a queue of one: a second create waits, a third is answered 503 at
 once and makes nothing, and reads answer meanwhile. The burst on the real
-libvirtd is tests/test_bursts.py.
+libvirtd is tests/instances/test_bursts.py.
 """
 
 import threading

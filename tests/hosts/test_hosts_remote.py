@@ -6,7 +6,7 @@ it over the connection (a failure mid-stream leaves no volume there), an
 instance is placed there, and when its daemon stops: its instance shows
 `error`, its operations are 503, the other host keeps working and reconcile
 reports it and goes on. The real guest that boots on the remote host is in
-tests/test_guest_e2e.py (one boot serves both).
+tests/guests/test_guest_e2e.py (one boot serves both).
 """
 
 import subprocess
