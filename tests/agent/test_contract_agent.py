@@ -9,24 +9,9 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.fixtures.blackbox import (
-    AGENT,
-    FLAVOR_FIELDS,
-    SUPERUSER_FIELDS,
-    User,
-    cc_ok,
-    max_size_gb,
-    ui_ok,
-    unique,
-    user_obj,
+    AGENT, FLAVOR_FIELDS, SUPERUSER_FIELDS, User, cc_ok, max_size_gb, ui_ok, unique, user_obj,
 )
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
 
 
 # ===========================================================================

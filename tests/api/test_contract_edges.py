@@ -14,34 +14,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
-from tests.fixtures.blackbox import (  # noqa: F401 (ttl_service: a fixture)
-    PASSWORD,
-    User,
-    _seq,
-    boot,
-    cc_err,
-    cc_ok,
-    ids,
-    make_group,
-    ready_user,
-    ttl_service,
-    ui_err,
-    ui_ok,
-    unique,
-    user_obj,
+from tests.fixtures.blackbox import (
+    PASSWORD, User, _seq, boot, cc_err, cc_ok, ids, make_group, ready_user, ui_err, ui_ok, unique, user_obj,
 )
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
-
-
-@pytest.fixture
-def catalog(blackbox_catalog):
-    return blackbox_catalog
 
 
 # ===========================================================================
@@ -216,10 +191,10 @@ def test_volume_recreate_after_delete_and_managed_cannot_delete_owners(env):
     assert again["volume-id"] != vol["volume-id"] and env.home(owner.username).is_dir()
 
 
-def test_instance_access_grant_does_not_widen_visibility(env, catalog):
+def test_instance_access_grant_does_not_widen_visibility(env, contract_catalog):
     owner = ready_user(env)
     managed = env.user(owner=owner, account=True)
-    inst = cc_ok(boot(env, owner, catalog, users=[managed.account_uuid]), 201)[0]
+    inst = cc_ok(boot(env, owner, contract_catalog, users=[managed.account_uuid]), 201)[0]
     # spec 4.1: a requester with no managed users sees only own instances
     cc_err(env.call("GET", f"/v1/server-instance/{inst['id']}", who=managed), 404)
     assert cc_ok(env.call("GET", "/v1/server-instance", who=managed)) == []
@@ -284,13 +259,13 @@ def test_account_enable_uid_and_refusals(env):
     assert len(user_obj(env, env.admin, c)["system_accounts"]) == 1
 
 
-def test_instance_grants_between_manager_and_managed(env, catalog):
+def test_instance_grants_between_manager_and_managed(env, contract_catalog):
     manager = env.user(account=True)
     managed = ready_user(env, owner=manager)
-    inst = cc_ok(boot(env, managed, catalog), 201)[0]
+    inst = cc_ok(boot(env, managed, contract_catalog), 201)[0]
     path = f"/v1/server-instance/{inst['id']}"
     # a managed user may not grant its manager (neither is, owns, nor superuser)
-    cc_err(boot(env, managed, catalog, users=[manager.account_uuid]), 403)
+    cc_err(boot(env, managed, contract_catalog, users=[manager.account_uuid]), 403)
     cc_err(env.call("PUT", path, who=managed, json_body={"task": {"what": "modify-users", "how": "add",
                                                                   "users": [manager.account_uuid]}}), 403)
     # the owner's owner may mutate, and may grant itself
@@ -312,7 +287,7 @@ def test_image_add_that_fails_leaves_no_image(env, tmp_path):
     assert name not in {i["name"] for i in cc_ok(env.call("GET", "/v1/server-image", who=env.admin))}
 
 
-def test_image_add_from_a_source_file(env, catalog, tmp_path):
+def test_image_add_from_a_source_file(env, contract_catalog, tmp_path):
     qemu_img = shutil.which("qemu-img")
     assert qemu_img, "qemu-img is missing: run scripts/setup-host.sh"
     src = tmp_path / "base.qcow2"
@@ -322,13 +297,13 @@ def test_image_add_from_a_source_file(env, catalog, tmp_path):
     assert cc_ok(env.call("GET", f"/v1/server-image/{img['id']}", who=env.admin)) == [img]
     u = ready_user(env)
     inst = cc_ok(env.call("POST", "/v1/server-instance", who=u,
-                          json_body={"server-image": img["id"], "server-flavor": catalog["small"]["id"]}), 201)
+                          json_body={"server-image": img["id"], "server-flavor": contract_catalog["small"]["id"]}), 201)
     assert inst[0]["status"] == "running"
 
 
-def test_images_and_flavors_accept_no_other_method(env, catalog):
+def test_images_and_flavors_accept_no_other_method(env, contract_catalog):
     u = env.user()
-    for path in ("/v1/server-image", f"/v1/server-flavor/{catalog['small']['id']}"):
+    for path in ("/v1/server-image", f"/v1/server-flavor/{contract_catalog['small']['id']}"):
         for method in ("OPTIONS", "PATCH"):
             r = env.call(method, path, who=u)
             assert r.status == 405, (method, path, r.status)

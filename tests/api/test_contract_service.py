@@ -5,19 +5,7 @@ The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
 import json
 
-import pytest
-
-from tests.fixtures.blackbox import (
-    PASSWORD,
-    cc_err,
-    ui_err,
-    unique,
-)
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
+from tests.fixtures.blackbox import PASSWORD, cc_err, ui_err, unique
 
 
 # ===========================================================================

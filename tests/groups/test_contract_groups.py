@@ -2,22 +2,7 @@
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
-
-import pytest
-
-from tests.fixtures.blackbox import (
-    GROUP_FIELDS,
-    cc_err,
-    cc_ok,
-    is_uuid,
-    make_group,
-    unique,
-)
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
+from tests.fixtures.blackbox import GROUP_FIELDS, cc_err, cc_ok, is_uuid, make_group, unique
 
 
 # ===========================================================================

@@ -4,38 +4,19 @@ The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
 import uuid
 
-import pytest
-
-from tests.fixtures.blackbox import (
-    DATE_TIME,
-    FLAVOR_FIELDS,
-    IMAGE_FIELDS,
-    cc_err,
-    cc_ok,
-    unique,
-)
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
-
-
-@pytest.fixture
-def catalog(blackbox_catalog):
-    return blackbox_catalog
+from tests.fixtures.blackbox import DATE_TIME, FLAVOR_FIELDS, IMAGE_FIELDS, cc_err, cc_ok, unique
 
 
 # ===========================================================================
 # Images and flavors
 # ===========================================================================
 
-def test_images_visibility_and_fields(env, catalog):
+def test_images_visibility_and_fields(env, contract_catalog):
     u = env.user()
     listed = {i["id"]: i for i in cc_ok(env.call("GET", "/v1/server-image", who=u))}
-    assert catalog["public"]["id"] in listed
-    assert catalog["inactive"]["id"] in listed and listed[catalog["inactive"]["id"]]["active"] is False
-    assert catalog["private"]["id"] not in listed
+    assert contract_catalog["public"]["id"] in listed
+    assert contract_catalog["inactive"]["id"] in listed and listed[contract_catalog["inactive"]["id"]]["active"] is False
+    assert contract_catalog["private"]["id"] not in listed
     for img in listed.values():
         assert set(img) == IMAGE_FIELDS, img
         assert set(img["operating-system"]) == {"name", "major_version", "minor_version"}
@@ -43,17 +24,17 @@ def test_images_visibility_and_fields(env, catalog):
         assert isinstance(img["min-disk"], int) and isinstance(img["min-ram"], int)
         assert isinstance(img["public"], bool) and isinstance(img["active"], bool)
         assert DATE_TIME.match(img["creation-date"])
-    assert cc_ok(env.call("GET", f"/v1/server-image/{catalog['public']['id']}", who=u)) == [
-        listed[catalog["public"]["id"]]]
-    cc_err(env.call("GET", f"/v1/server-image/{catalog['private']['id']}", who=u), 404)
+    assert cc_ok(env.call("GET", f"/v1/server-image/{contract_catalog['public']['id']}", who=u)) == [
+        listed[contract_catalog["public"]["id"]]]
+    cc_err(env.call("GET", f"/v1/server-image/{contract_catalog['private']['id']}", who=u), 404)
     cc_err(env.call("GET", f"/v1/server-image/{uuid.uuid4()}", who=u), 404)
     cc_err(env.call("GET", "/v1/server-image/not-a-uuid", who=u), 404)
 
     admin_list = {i["id"] for i in cc_ok(env.call("GET", "/v1/server-image", who=env.admin))}
-    assert catalog["private"]["id"] in admin_list
+    assert contract_catalog["private"]["id"] in admin_list
 
 
-def test_image_grant_activate_deactivate_match_api(env, catalog):
+def test_image_grant_activate_deactivate_match_api(env, contract_catalog):
     u = env.user()
     img = env.agent("image", "add", "--name", unique("img-"), "--os-name", "rocky", "--os-major", "9",
                     "--os-minor", "3", "--min-disk", "1", "--min-ram", "256", "--private")
@@ -68,7 +49,7 @@ def test_image_grant_activate_deactivate_match_api(env, catalog):
     env.enable(u)
     env.volume(u)
     booted = cc_ok(env.call("POST", "/v1/server-instance", who=u,
-                            json_body={"server-image": img["id"], "server-flavor": catalog["small"]["id"]}), 201)
+                            json_body={"server-image": img["id"], "server-flavor": contract_catalog["small"]["id"]}), 201)
     assert booted[0]["server-image"] == img["id"]
 
     off = env.agent("image", "deactivate", img["id"])
@@ -77,10 +58,10 @@ def test_image_grant_activate_deactivate_match_api(env, catalog):
     assert on["active"] is True and on == cc_ok(env.call("GET", f"/v1/server-image/{img['id']}", who=env.admin))[0]
 
 
-def test_flavors(env, catalog):
+def test_flavors(env, contract_catalog):
     u = env.user()
     listed = {f["id"]: f for f in cc_ok(env.call("GET", "/v1/server-flavor", who=u))}
-    small = catalog["small"]
+    small = contract_catalog["small"]
     assert listed[small["id"]] == small
     for f in listed.values():
         assert set(f) == FLAVOR_FIELDS and isinstance(f["id"], str)
@@ -90,11 +71,11 @@ def test_flavors(env, catalog):
     cc_err(env.call("GET", "/v1/server-flavor/987654", who=u), 404)
 
 
-def test_images_and_flavors_are_read_only(env, catalog):
+def test_images_and_flavors_are_read_only(env, contract_catalog):
     u = env.user()
-    for method, path in (("POST", "/v1/server-image"), ("DELETE", f"/v1/server-image/{catalog['public']['id']}"),
-                         ("PUT", f"/v1/server-image/{catalog['public']['id']}"), ("POST", "/v1/server-flavor"),
-                         ("DELETE", f"/v1/server-flavor/{catalog['small']['id']}")):
+    for method, path in (("POST", "/v1/server-image"), ("DELETE", f"/v1/server-image/{contract_catalog['public']['id']}"),
+                         ("PUT", f"/v1/server-image/{contract_catalog['public']['id']}"), ("POST", "/v1/server-flavor"),
+                         ("DELETE", f"/v1/server-flavor/{contract_catalog['small']['id']}")):
         r = env.call(method, path, who=u, json_body={} if method != "DELETE" else None)
         cc_err(r, 405)
         # OPTIONS/HEAD are HTTP metadata methods; nothing that changes state may be offered

@@ -6,51 +6,31 @@ import ipaddress
 import re
 import uuid
 
-import pytest
-
 from tests.fixtures.blackbox import (
-    DATE_TIME,
-    INSTANCE_FIELDS,
-    INSTANCE_REQUIRED,
-    INSTANCE_STATUSES,
-    boot,
-    cc_err,
-    cc_ok,
-    is_uuid,
-    ready_user,
-    ready_users,
+    DATE_TIME, INSTANCE_FIELDS, INSTANCE_REQUIRED, INSTANCE_STATUSES, boot, cc_err, cc_ok, is_uuid,
+    ready_user, ready_users,
 )
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
-
-
-@pytest.fixture
-def catalog(blackbox_catalog):
-    return blackbox_catalog
 
 
 # ===========================================================================
 # Server-instances
 # ===========================================================================
 
-def test_instance_needs_account_and_volume(env, catalog):
+def test_instance_needs_account_and_volume(env, contract_catalog):
     bare, enabled = env.users({}, {"account": True})
-    cc_err(boot(env, bare, catalog), 409)
-    cc_err(boot(env, enabled, catalog), 409)
+    cc_err(boot(env, bare, contract_catalog), 409)
+    cc_err(boot(env, enabled, contract_catalog), 409)
 
 
-def test_instance_create_fields_and_get(env, catalog):
+def test_instance_create_fields_and_get(env, contract_catalog):
     u = ready_user(env)
-    inst = cc_ok(boot(env, u, catalog), 201)
+    inst = cc_ok(boot(env, u, contract_catalog), 201)
     assert len(inst) == 1
     inst = inst[0]
     assert INSTANCE_REQUIRED <= set(inst) <= INSTANCE_FIELDS, inst
     assert is_uuid(inst["id"]) and inst["cloudauth-id"] == u.id
     assert inst["users"] == [u.account_uuid]
-    assert inst["server-image"] == catalog["public"]["id"] and inst["server-flavor"] == catalog["small"]["id"]
+    assert inst["server-image"] == contract_catalog["public"]["id"] and inst["server-flavor"] == contract_catalog["small"]["id"]
     assert DATE_TIME.match(inst["creation-date"])
     assert inst["status"] == "running"  # 201 comes once the domain is started
     for key in ("public-ip", "private-ip"):
@@ -59,27 +39,27 @@ def test_instance_create_fields_and_get(env, catalog):
     if "hostname" in inst:
         assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", inst["hostname"]), inst["hostname"]
     assert cc_ok(env.call("GET", f"/v1/server-instance/{inst['id']}", who=u)) == [inst]
-    second = cc_ok(boot(env, u, catalog), 201)[0]  # several instances per user
+    second = cc_ok(boot(env, u, contract_catalog), 201)[0]  # several instances per user
     listed = {i["id"] for i in cc_ok(env.call("GET", "/v1/server-instance", who=u))}
     assert listed == {inst["id"], second["id"]}
 
 
-def instance_bad_body(catalog, case, u):
-    body = {"server-image": catalog["public"]["id"], "server-flavor": catalog["small"]["id"]}
+def instance_bad_body(contract_catalog, case, u):
+    body = {"server-image": contract_catalog["public"]["id"], "server-flavor": contract_catalog["small"]["id"]}
     if case == "unknown-image":
         body["server-image"] = str(uuid.uuid4())
     elif case == "non-uuid-image":
         body["server-image"] = "debian"
     elif case == "inactive-image":
-        body["server-image"] = catalog["inactive"]["id"]
+        body["server-image"] = contract_catalog["inactive"]["id"]
     elif case == "private-image":
-        body["server-image"] = catalog["private"]["id"]
+        body["server-image"] = contract_catalog["private"]["id"]
     elif case == "unknown-flavor":
         body["server-flavor"] = "987654"
     elif case == "small-flavor":
-        body["server-flavor"] = catalog["tiny"]["id"]
+        body["server-flavor"] = contract_catalog["tiny"]["id"]
     elif case == "image-needs-more-disk":
-        body["server-image"] = catalog["big-disk"]["id"]
+        body["server-image"] = contract_catalog["big-disk"]["id"]
     elif case == "extra-property":
         body["name"] = "vm"
     elif case == "missing-flavor":
@@ -89,40 +69,40 @@ def instance_bad_body(catalog, case, u):
     elif case == "image-not-string":
         body["server-image"] = 5
     elif case == "flavor-as-integer":  # spec 4.1: server-flavor is a string
-        body["server-flavor"] = int(catalog["small"]["id"])
+        body["server-flavor"] = int(contract_catalog["small"]["id"])
     return body
 
 
-def test_instance_bad_requests(env, catalog):
+def test_instance_bad_requests(env, contract_catalog):
     u = ready_user(env)
     for case in ("unknown-image", "non-uuid-image", "inactive-image", "private-image", "unknown-flavor",
                  "small-flavor", "image-needs-more-disk", "extra-property", "missing-flavor", "users-not-array",
                  "image-not-string", "flavor-as-integer"):
-        r = env.call("POST", "/v1/server-instance", who=u, json_body=instance_bad_body(catalog, case, u))
+        r = env.call("POST", "/v1/server-instance", who=u, json_body=instance_bad_body(contract_catalog, case, u))
         assert r.status == 400, (case, r.status, r.body)
         cc_err(r, 400)
     assert cc_ok(env.call("GET", "/v1/server-instance", who=u)) == []
 
 
-def test_instance_users_grants(env, catalog):
+def test_instance_users_grants(env, contract_catalog):
     owner = ready_user(env)
     managed, stranger = env.users({"owner": owner, "account": True, "login": False},
                                   {"account": True, "login": False})
-    cc_err(boot(env, owner, catalog, users=[str(uuid.uuid4())]), 400)
-    cc_err(boot(env, owner, catalog, users=[stranger.account_uuid]), 403)
-    inst = cc_ok(boot(env, owner, catalog, users=[managed.account_uuid]), 201)[0]
+    cc_err(boot(env, owner, contract_catalog, users=[str(uuid.uuid4())]), 400)
+    cc_err(boot(env, owner, contract_catalog, users=[stranger.account_uuid]), 403)
+    inst = cc_ok(boot(env, owner, contract_catalog, users=[managed.account_uuid]), 201)[0]
     assert sorted(inst["users"]) == sorted([owner.account_uuid, managed.account_uuid])
-    inst = cc_ok(boot(env, owner, catalog, users=[owner.account_uuid]), 201)[0]
+    inst = cc_ok(boot(env, owner, contract_catalog, users=[owner.account_uuid]), 201)[0]
     assert inst["users"] == [owner.account_uuid]
 
     admin_ready = ready_user(env, roles=["superuser"])
-    inst = cc_ok(boot(env, admin_ready, catalog, users=[stranger.account_uuid]), 201)[0]
+    inst = cc_ok(boot(env, admin_ready, contract_catalog, users=[stranger.account_uuid]), 201)[0]
     assert sorted(inst["users"]) == sorted([admin_ready.account_uuid, stranger.account_uuid])
 
 
-def test_instance_power_states(env, catalog):
+def test_instance_power_states(env, contract_catalog):
     u = ready_user(env)
-    inst = cc_ok(boot(env, u, catalog), 201)[0]
+    inst = cc_ok(boot(env, u, contract_catalog), 201)[0]
     path = f"/v1/server-instance/{inst['id']}"
 
     def task(what, status=200):
@@ -158,9 +138,9 @@ INSTANCE_BAD_PUTS = [
 ]
 
 
-def test_instance_put_bad_bodies(env, catalog):
+def test_instance_put_bad_bodies(env, contract_catalog):
     u = ready_user(env)
-    inst = cc_ok(boot(env, u, catalog), 201)[0]
+    inst = cc_ok(boot(env, u, contract_catalog), 201)[0]
     for body in INSTANCE_BAD_PUTS:
         r = env.call("PUT", f"/v1/server-instance/{inst['id']}", who=u, json_body=body)
         assert r.status == 400, (body, r.status, r.body)
@@ -168,12 +148,12 @@ def test_instance_put_bad_bodies(env, catalog):
     assert cc_ok(env.call("GET", f"/v1/server-instance/{inst['id']}", who=u)) == [inst]
 
 
-def test_instance_modify_users(env, catalog):
+def test_instance_modify_users(env, contract_catalog):
     owner = ready_user(env)
     m1, m2, stranger = env.users({"owner": owner, "account": True, "login": False},
                                  {"owner": owner, "account": True, "login": False},
                                  {"account": True, "login": False})
-    inst = cc_ok(boot(env, owner, catalog), 201)[0]
+    inst = cc_ok(boot(env, owner, contract_catalog), 201)[0]
     path = f"/v1/server-instance/{inst['id']}"
 
     def modify(how, users, status=200):
@@ -197,12 +177,12 @@ def test_instance_modify_users(env, catalog):
     assert sorted(cc_ok(env.call("GET", path, who=owner))[0]["users"]) == [o]
 
 
-def test_instance_visibility_and_delete(env, catalog):
+def test_instance_visibility_and_delete(env, contract_catalog):
     owner = ready_user(env)
     managed, stranger = ready_users(env, {"owner": owner}, {})
-    i_owner = cc_ok(boot(env, owner, catalog), 201)[0]
-    i_managed = cc_ok(boot(env, managed, catalog), 201)[0]
-    i_stranger = cc_ok(boot(env, stranger, catalog), 201)[0]
+    i_owner = cc_ok(boot(env, owner, contract_catalog), 201)[0]
+    i_managed = cc_ok(boot(env, managed, contract_catalog), 201)[0]
+    i_stranger = cc_ok(boot(env, stranger, contract_catalog), 201)[0]
 
     def listed(who, **query):
         return {i["id"] for i in cc_ok(env.call("GET", "/v1/server-instance", who=who, query=query or None))}

@@ -5,23 +5,7 @@ The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
 import uuid
 
-import pytest
-
-from tests.fixtures.blackbox import (
-    DATE_TIME,
-    PASSWORD,
-    User,
-    cc_err,
-    ui_err,
-    ui_ok,
-    unique,
-    user_obj,
-)
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
+from tests.fixtures.blackbox import DATE_TIME, PASSWORD, User, cc_err, ui_err, ui_ok, unique, user_obj
 
 
 # ===========================================================================

@@ -7,26 +7,9 @@ import configparser
 import json
 import uuid
 
-import pytest
-
 from tests.fixtures.blackbox import (
-    DATE_TIME,
-    PASSWORD,
-    SUPERUSER_FIELDS,
-    User,
-    cc_ok,
-    ids,
-    is_uuid,
-    ui_err,
-    ui_ok,
-    unique,
-    user_obj,
+    DATE_TIME, PASSWORD, SUPERUSER_FIELDS, User, cc_ok, ids, is_uuid, ui_err, ui_ok, unique, user_obj,
 )
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
 
 
 # ===========================================================================

@@ -4,22 +4,9 @@ The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
 import uuid
 
-import pytest
-
 from tests.fixtures.blackbox import (
-    DATE_TIME,
-    VOLUME_FIELDS,
-    VOLUME_REQUIRED,
-    cc_err,
-    cc_ok,
-    is_uuid,
-    max_size_gb,
+    DATE_TIME, VOLUME_FIELDS, VOLUME_REQUIRED, cc_err, cc_ok, is_uuid, max_size_gb,
 )
-
-
-@pytest.fixture
-def env(blackbox):
-    return blackbox
 
 
 # ===========================================================================
