@@ -12,11 +12,6 @@ from tests.fixtures.blackbox import PASSWORD, cc_err, ui_err, unique
 # Service endpoints
 # ===========================================================================
 
-def test_healthz(env):
-    r = env.call("GET", "/healthz")
-    assert r.status == 200 and r.body == {"status": "ok"}
-
-
 def test_openapi_document_lists_both_interfaces(env):
     r = env.call("GET", "/v1/openapi.json")
     assert r.status == 200

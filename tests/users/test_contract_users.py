@@ -54,29 +54,6 @@ def test_create_bad_input_and_duplicate_email(env):
                     content_type="application/json"), 400)
 
 
-PASSWORD_CASES = [
-    ("Abcdefghijkl1", False),                 # 13 characters
-    ("Abcdefghijkl12", True),                 # 14: letters + digits
-    ("Abcdefghijklmnopqrstuv12", True),       # 24
-    ("Abcdefghijklmnopqrstuv123", False),     # 25
-    ("abcdefghijklmnopq", False),             # letters only
-    ("12345678901234567", False),             # digits only
-    ("!@#$%^&*()-_=+[]{}", False),            # punctuation only
-    ("1234567890!@#$", True),                 # digits + punctuation
-    ("abcdefghijklm!", True),                 # letters + punctuation
-]
-
-
-def test_password_rule(env):
-    for password, ok in PASSWORD_CASES:
-        r = env.call("POST", "/v1/user/create", who=env.admin,
-                     json_body={"email": f"{unique('bb-')}@example.org", "password": password})
-        if ok:
-            ui_ok(r)
-        else:
-            ui_err(r, 400)
-
-
 def test_create_permission_and_ownership(env):
     plain = env.user()
     ui_err(env.call("POST", "/v1/user/create", who=plain,
@@ -183,11 +160,6 @@ def test_update(env):
     r = env.call("GET", f"/v1/user/update/{owner.id}", who=owner)
     ui_err(r, 405)
     assert "POST" in r.allow() and "GET" not in r.allow()
-
-
-def test_update_role_holder_does_not_reach_strangers(env):
-    updater, stranger = env.user(roles=["update_user"]), env.user(login=False)
-    ui_err(env.call("POST", f"/v1/user/update/{stranger.id}", who=updater, json_body={"name": "x"}), 403)
 
 
 def test_active_by_superuser_json_and_form(env):
