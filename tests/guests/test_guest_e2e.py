@@ -32,13 +32,8 @@ from pathlib import Path
 import pytest
 from falcon import testing
 
-from controller.config import config_from_dict, write_config
-from controller.context import build_context
-from controller.security import generate_key_file
-from controller.store import Store
-from host_adapters.factory import build_adapters
 from tests.fixtures.agent import agent_ok
-from tests.fixtures.api import config_values_for, make_caller
+from tests.fixtures.api import config_values_for, make_caller, new_context
 from tests.fixtures.libvirtd import GuestVirt, assert_same_image, in_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
@@ -115,12 +110,8 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
     values["volumes"].update(home_root=str(home_root), quota_backend="btrfs")
     values["unix"]["root"] = sysroot
     config_path = tmp_path / "controller.ini"
-    write_config(values, str(config_path))
-    config = config_from_dict(values, path=str(config_path))
-    generate_key_file(config.get("auth", "secret_key_file"))
-    store = Store(config.database_path, create=True)
-    store.migrate()
-    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    ctx = new_context(values, path=config_path, real_adapters=True)
+    store = ctx.store
     from api.app import create_app
 
     yield ctx, testing.TestClient(create_app(ctx)), config_path

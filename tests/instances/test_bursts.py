@@ -18,12 +18,7 @@ from falcon import testing
 
 from controller import images
 from controller.accounts import enable_account
-from controller.config import config_from_dict, write_config
-from controller.context import build_context
-from controller.security import generate_key_file
-from controller.store import Store
-from host_adapters.factory import build_adapters
-from tests.fixtures.api import config_values_for, make_caller
+from tests.fixtures.api import config_values_for, make_caller, new_context
 from tests.fixtures.libvirtd import cleanup_hypervisor, unique_prefix
 from tests.fixtures.server import start_server, stop_server
 
@@ -62,12 +57,8 @@ def burst_service(tmp_path, libvirt_dir_pool, libvirt_private_network, guest_vir
     values["volumes"].update({"home_root": str(home_root), "quota_backend": "none"})
     values["unix"]["root"] = sysroot
     config_path = tmp_path / "controller.ini"
-    write_config(values, str(config_path))
-    config = config_from_dict(values, path=str(config_path))
-    generate_key_file(config.get("auth", "secret_key_file"))
-    store = Store(config.database_path, create=True)
-    store.migrate()
-    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    ctx = new_context(values, path=config_path, real_adapters=True)
+    store = ctx.store
     try:
         from api.app import create_app
 

@@ -49,13 +49,8 @@ from pathlib import Path
 import pytest
 
 from controller import images
-from controller.config import config_from_dict, write_config
-from controller.context import build_context
 from controller.errors import ControllerError
-from controller.security import generate_key_file
-from controller.store import Store
-from host_adapters.factory import build_adapters
-from tests.fixtures.api import config_values_for, enable, make_caller
+from tests.fixtures.api import config_values_for, enable, make_caller, new_context
 from tests.fixtures.slapd import ROOT_DN, SUFFIX
 from tests.fixtures.agent import run_agent
 from tests.fixtures.server import Http, free_port, start_server, stop_server
@@ -130,13 +125,9 @@ class Deployment:
     def __init__(self, tmp_path: Path, values: dict):
         self.tmp = tmp_path
         self.config_path = tmp_path / "controller.ini"
-        write_config(values, str(self.config_path))
-        config = config_from_dict(values, path=str(self.config_path))
-        generate_key_file(config.get("auth", "secret_key_file"))
-        self.store = Store(config.database_path, create=True)
-        self.store.migrate()
-        self.db = config.database_path
-        self.ctx = build_context(config, store=self.store, adapters=build_adapters(config))
+        self.ctx = new_context(values, path=self.config_path, real_adapters=True)
+        self.store = self.ctx.store
+        self.db = self.ctx.config.database_path
         self.log = tmp_path / "serve.log"
         self.proc = None
         self.http: Http | None = None
