@@ -5,6 +5,7 @@ from host_adapters import subp
 # Fixtures that start or build real host parts live in their own modules.
 pytest_plugins = [
     "tests.fixtures.api",
+    "tests.fixtures.blackbox",
     "tests.fixtures.sysroot",
     "tests.fixtures.btrfs",
     "tests.fixtures.libvirtd",
