@@ -2,7 +2,7 @@
 
 What the libvirt adapter (host_adapters/libvirt/) does on a host, this does in
 dictionaries, with knobs to make steps fail, hang or a host die; the contract
-tests (tests/test_hypervisor.py) hold both to the same behaviour.
+tests (tests/hypervisor/test_hypervisor.py) hold both to the same behaviour.
 """
 
 import hashlib

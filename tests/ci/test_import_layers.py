@@ -5,7 +5,7 @@ module shares (guests, lookups) import none of them (docs/architecture-controlle
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("controller", "api")
 RESOURCES = {"controller.users", "controller.accounts", "controller.groups", "controller.images",
              "controller.instances", "controller.volumes"}
