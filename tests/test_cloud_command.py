@@ -9,12 +9,10 @@ Expected values come from the API itself (plain HTTP) or from what the test made
 
 import json
 import os
-import signal
 import sqlite3
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 import requests
 
 from controller.config import load_config
-from tests.test_server import free_port
+from tests.fixtures.served import sandbox_with_admin, served_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -70,44 +68,23 @@ class Service:
 
 @pytest.fixture(scope="module")
 def svc():
-    state = Path(tempfile.mkdtemp(prefix="cloud-cmd-"))
-    config = state / "controller.ini"
-    agent(config, "init", "--sandbox", str(state / "sandbox"))
-    admin = agent(config, "user", "create-superuser", "--email", "admin@example.org", "--password-file", "-",
-                  stdin=PASSWORD + "\n")
-    port = free_port()
-    server = subprocess.Popen([str(AGENT), "--config", str(config), "serve", "--port", str(port)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
+    state, config, admin = sandbox_with_admin(AGENT, "cloud-cmd-", PASSWORD)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(base + "/healthz", timeout=2)
-                break
-            except requests.ConnectionError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the server did not come up: {server.stderr.read().decode()[-2000:]}")
-                time.sleep(0.2)
-        s = Service(base, config, load_config(str(config)).database_path)
-        s.users["admin"] = {"email": "admin@example.org", "id": admin["userid"], "api_key": admin["api_key"],
-                            "api_secret": admin["api_secret"]}
-        s.add_user("alice")
-        agent(config, "user", "grant", "alice@example.org", "create_user")
-        s.add_user("bob", by="alice")
-        s.add_user("carol")
-        for name in ("Debian 12", "Dup", "Dup"):
-            agent(config, "image", "add", "--name", name, "--os-name", "debian", "--os-major", "12",
-                  "--os-minor", "7", "--min-disk", "1", "--min-ram", "256")
-        agent(config, "flavor", "add", "--name", "small", "--memory", "512", "--disk", "2", "--vcpu", "1")
-        agent(config, "flavor", "add", "--name", "big", "--memory", "1024", "--disk", "2", "--vcpu", "2")
-        yield s
+        with served_api(AGENT, config) as base:
+            s = Service(base, config, load_config(str(config)).database_path)
+            s.users["admin"] = {"email": "admin@example.org", "id": admin["userid"], "api_key": admin["api_key"],
+                                "api_secret": admin["api_secret"]}
+            s.add_user("alice")
+            agent(config, "user", "grant", "alice@example.org", "create_user")
+            s.add_user("bob", by="alice")
+            s.add_user("carol")
+            for name in ("Debian 12", "Dup", "Dup"):
+                agent(config, "image", "add", "--name", name, "--os-name", "debian", "--os-major", "12",
+                      "--os-minor", "7", "--min-disk", "1", "--min-ram", "256")
+            agent(config, "flavor", "add", "--name", "small", "--memory", "512", "--disk", "2", "--vcpu", "1")
+            agent(config, "flavor", "add", "--name", "big", "--memory", "1024", "--disk", "2", "--vcpu", "2")
+            yield s
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
         subprocess.run(["rm", "-rf", str(state)], check=False)
 
 
@@ -426,7 +403,8 @@ def test_user_commands_for_an_owner_and_their_refusals(svc, alice, bob, carol):
     api = svc.api("bob", "POST", f"/v1/user/update/{svc.users['bob']['id']}", json={"active": 0})
     assert api.status_code == 403 and bob.error("user", "update", "bob", "--inactive") == api.json()["message"]
     assert carol.error("user", "show", "Daniel") == "no user named 'Daniel' that you can see"
-    assert alice.error("user", "update", "Daniel") == "nothing to change: give --email, --new-name or --active/--inactive"
+    assert alice.error("user", "update", "Daniel") == \
+        "nothing to change: give --email, --new-name or --active/--inactive"
 
 
 def test_an_ambiguous_user_name_lists_both(svc, alice):

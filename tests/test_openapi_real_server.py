@@ -10,12 +10,8 @@ one the document describes (every schemathesis check is on but two, below).
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,7 +20,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
 from api.openapi import openapi_document
-from tests.test_server import Http, free_port
+from tests.fixtures.served import sandbox_with_admin, served_api
+from tests.test_server import Http
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -41,44 +38,27 @@ def _agent(config, *args, stdin=None):
 
 @pytest.fixture(scope="module")
 def real_server():
-    state = Path(tempfile.mkdtemp(prefix="openapi-real-"))
-    config = state / "controller.ini"
-    _agent(config, "init", "--sandbox", str(state / "sandbox"))
-    admin = _agent(config, "user", "create-superuser", "--email", "admin@example.org", "--password-file", "-",
-                   stdin="Admin-pass-2026\n")
-    port = free_port()
-    server = subprocess.Popen([str(AGENT), "--config", str(config), "serve", "--port", str(port)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    http = Http(base)
+    state, config, admin = sandbox_with_admin(AGENT, "openapi-real-", "Admin-pass-2026")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/healthz", timeout=2):
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the server did not come up: {server.stderr.read().decode()[-2000:]}")
-                time.sleep(0.2)
-        _, _, token = http.call("POST", "/v1/auth/token", {"api_key": admin["api_key"], "api_secret": admin["api_secret"]})
-        admin_headers = {"X-Auth-Token": token["data"]["token"], "X-Auth-Cloudauth-Id": admin["userid"]}
-        status, _, made = http.call("POST", "/v1/user/create", {"email": "alice@example.org",
-                                                                "password": "Alice-pass-2026"}, headers=admin_headers)
-        assert status == 200, made
-        _agent(config, "account", "enable", "alice@example.org", "--username", "alice")
-        _, _, alice = http.call("POST", "/v1/auth/token", {"email": "alice@example.org", "password": "Alice-pass-2026"})
-        alice_headers = {"X-Auth-Token": alice["data"]["token"], "X-Auth-Cloudauth-Id": alice["data"]["userid"]}
-        status, _, body = http.call("POST", "/v1/storage-volume",
-                                    {"volume-size": 1, "volume-type": {"visibility": "cluster"}}, headers=alice_headers)
-        assert status == 201, body
-        yield {"base": base, "superuser": admin_headers, "plain": alice_headers}
+        with served_api(AGENT, config) as base:
+            http = Http(base)
+            _, _, token = http.call("POST", "/v1/auth/token",
+                                    {"api_key": admin["api_key"], "api_secret": admin["api_secret"]})
+            admin_headers = {"X-Auth-Token": token["data"]["token"], "X-Auth-Cloudauth-Id": admin["userid"]}
+            status, _, made = http.call("POST", "/v1/user/create",
+                                        {"email": "alice@example.org", "password": "Alice-pass-2026"},
+                                        headers=admin_headers)
+            assert status == 200, made
+            _agent(config, "account", "enable", "alice@example.org", "--username", "alice")
+            _, _, alice = http.call("POST", "/v1/auth/token",
+                                    {"email": "alice@example.org", "password": "Alice-pass-2026"})
+            alice_headers = {"X-Auth-Token": alice["data"]["token"], "X-Auth-Cloudauth-Id": alice["data"]["userid"]}
+            status, _, body = http.call("POST", "/v1/storage-volume",
+                                        {"volume-size": 1, "volume-type": {"visibility": "cluster"}},
+                                        headers=alice_headers)
+            assert status == 201, body
+            yield {"base": base, "superuser": admin_headers, "plain": alice_headers}
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
         subprocess.run(["rm", "-rf", str(state)], check=False)
 
 

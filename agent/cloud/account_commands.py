@@ -6,7 +6,7 @@ import sys
 import click
 
 from agent.cloud import names, settings
-from agent.cloud.output import Run, cloud_command, fields, read_secret, table
+from agent.cloud.output import Run, cloud_command, fields, list_command, read_secret, table
 from common.client import Client, ClientError, Limits, User
 
 
@@ -114,17 +114,13 @@ def user_create(run: Run, email, name):
     run.emit(u.raw, lambda: _user_fields(u))
 
 
-@user.command("list")
-@cloud_command
-def user_list(run: Run):
-    """List the users you may view.
+list_command(user, "list", fetch=lambda c: c.list_users(), columns=[
+    ("ID", lambda u: u.id), ("EMAIL", lambda u: u.email), ("NAME", lambda u: u.name),
+    ("ACTIVE", lambda u: "yes" if u.active else "no"), ("USERNAME", lambda u: ",".join(u.usernames))], help="""
+    List the users you may view.
 
     Example: cloud user list --json
-    """
-    users = run.client.list_users()
-    run.emit([u.raw for u in users], lambda: table(users, [
-        ("ID", lambda u: u.id), ("EMAIL", lambda u: u.email), ("NAME", lambda u: u.name),
-        ("ACTIVE", lambda u: "yes" if u.active else "no"), ("USERNAME", lambda u: ",".join(u.usernames))]))
+    """)
 
 
 @user.command("show")

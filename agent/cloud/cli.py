@@ -1,13 +1,12 @@
 """cloud: the cluster user's command for the cloud controller (docs/client.md)."""
 
-import json
 import os
-import sys
 
 import click
 from click.shell_completion import get_completion_class
 
 from agent.cloud import account_commands, resource_commands, server_commands
+from agent.entry import run
 
 COMPLETE_VAR = "_CLOUD_COMPLETE"
 
@@ -44,17 +43,6 @@ for _command in (account_commands.login, account_commands.logout, account_comman
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
     if COMPLETE_VAR in os.environ:
         cli.main(prog_name="cloud", complete_var=COMPLETE_VAR)  # click answers the shell and exits
-    try:
-        cli.main(args=args, prog_name="cloud", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(1)
-    except click.ClickException as e:
-        # Usage errors too keep --json's promise of one JSON document on stdout.
-        if "--json" in args:
-            click.echo(json.dumps({"error": e.format_message()}))
-        e.show()
-        sys.exit(e.exit_code)
+    run(cli, "cloud", argv)

@@ -1,6 +1,7 @@
 """What every `cloud` command shares: --json, tables, one-line errors, confirmation."""
 
 import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterable
@@ -107,3 +108,43 @@ def read_secret(prompt: str) -> str:
     if not line:
         raise ClientError(f"{prompt.lower()}: none given on stdin")
     return line
+
+
+# -- commands of one shape, made once ----------------------------------------------------
+def list_command(parent: click.Group, name: str, *, help: str, fetch: Callable, columns: list[tuple[str, Callable]]):
+    """`PARENT list`: fetch(client) -> typed objects; a table, or with --json their API documents."""
+
+    @parent.command(name, help=inspect.cleandoc(help))
+    @cloud_command
+    def command(run: Run):
+        items = fetch(run.client)
+        run.emit([i.raw for i in items], lambda: table(items, columns))
+
+    return command
+
+
+def show_command(parent: click.Group, *, help: str, resolve: Callable, render: Callable):
+    """`PARENT show NAME`: resolve(client, name) -> an object; render(client, obj) for people."""
+
+    @parent.command("show", help=inspect.cleandoc(help))
+    @click.argument("name")
+    @cloud_command
+    def command(run: Run, name):
+        obj = resolve(run.client, name)
+        run.emit(obj.raw, lambda: render(run.client, obj))
+
+    return command
+
+
+def members_command(parent: click.Group, verb: str, *, help: str, apply: Callable, render: Callable):
+    """`PARENT VERB NAME MEMBER...` (`set` may give none): apply(client, name, members) -> the object."""
+
+    @parent.command(verb, help=inspect.cleandoc(help))
+    @click.argument("name")
+    @click.argument("members", nargs=-1, required=verb != "set")
+    @cloud_command
+    def command(run: Run, name, members):
+        obj = apply(run.client, name, members)
+        run.emit(obj.raw, lambda: render(run.client, obj))
+
+    return command

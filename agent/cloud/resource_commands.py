@@ -1,11 +1,9 @@
 """`cloud volume|group|image|flavor ...`: the home volume, UNIX groups and the catalogue."""
 
-import inspect
-
 import click
 
 from agent.cloud import names
-from agent.cloud.output import Run, cloud_command, confirm, fields, table
+from agent.cloud.output import Run, cloud_command, confirm, fields, list_command, members_command, show_command
 from common.client import ClientError, Flavor, Group, Image, Volume
 
 
@@ -101,49 +99,30 @@ def group_create(run: Run, name, members):
     run.emit(g.raw, lambda: _group_fields(g))
 
 
-@group.command("list")
-@cloud_command
-def group_list(run: Run):
-    """List the groups you see.
+list_command(group, "list", fetch=lambda c: c.list_groups(), columns=[
+    ("ID", lambda g: g.id), ("NAME", lambda g: g.name), ("MEMBERS", lambda g: ",".join(g.members))], help="""
+    List the groups you see.
 
     Example: cloud group list --json
-    """
-    groups = run.client.list_groups()
-    run.emit([g.raw for g in groups], lambda: table(groups, [
-        ("ID", lambda g: g.id), ("NAME", lambda g: g.name), ("MEMBERS", lambda g: ",".join(g.members))]))
-
-
-@group.command("show")
-@click.argument("name")
-@cloud_command
-def group_show(run: Run, name):
-    """Show a group (by id or name).
+    """)
+show_command(group, resolve=names.group, render=lambda c, g: _group_fields(g), help="""
+    Show a group (by id or name).
 
     Example: cloud group show lab
-    """
-    g = names.group(run.client, name)
-    run.emit(g.raw, lambda: _group_fields(g))
+    """)
 
 
-def _members_command(verb: str, action: str, what: str):
-    @group.command(verb)
-    @click.argument("name")
-    @click.argument("members", nargs=-1, required=verb != "set")
-    @cloud_command
-    def change(run: Run, name, members):
-        g = run.client.update_group(names.group(run.client, name).id, action, members)
-        run.emit(g.raw, lambda: _group_fields(g))
-
-    change.help = inspect.cleandoc(f"""{what} (UNIX user names).
+def _members(verb: str, action: str, what: str):
+    members_command(group, verb, render=lambda c, g: _group_fields(g), help=f"""
+    {what} (UNIX user names).
 
     Example: cloud group {verb} lab alice bob
-    """)
-    return change
+    """, apply=lambda c, name, members: c.update_group(names.group(c, name).id, action, members))
 
 
-_members_command("add", "add", "Add members to a group")
-_members_command("remove", "delete", "Remove members from a group")
-_members_command("set", "replace", "Make these the group's only members")
+_members("add", "add", "Add members to a group")
+_members("remove", "delete", "Remove members from a group")
+_members("set", "replace", "Make these the group's only members")
 
 
 @group.command("delete")
@@ -173,30 +152,18 @@ def _image_fields(i: Image) -> str:
                    ("min-ram", i.min_ram), ("public", i.public), ("active", i.active), ("created", i.created)])
 
 
-@image.command("list")
-@cloud_command
-def image_list(run: Run):
-    """List the images you may use.
+list_command(image, "list", fetch=lambda c: c.list_images(), columns=[
+    ("ID", lambda i: i.id), ("NAME", lambda i: i.name), ("OS", lambda i: i.os), ("MIN-DISK", lambda i: i.min_disk),
+    ("MIN-RAM", lambda i: i.min_ram), ("ACTIVE", lambda i: "yes" if i.active else "no")], help="""
+    List the images you may use.
 
     Example: cloud image list --json
-    """
-    images = run.client.list_images()
-    run.emit([i.raw for i in images], lambda: table(images, [
-        ("ID", lambda i: i.id), ("NAME", lambda i: i.name), ("OS", lambda i: i.os),
-        ("MIN-DISK", lambda i: i.min_disk), ("MIN-RAM", lambda i: i.min_ram),
-        ("ACTIVE", lambda i: "yes" if i.active else "no")]))
-
-
-@image.command("show")
-@click.argument("name")
-@cloud_command
-def image_show(run: Run, name):
-    """Show an image (by id or name).
+    """)
+show_command(image, resolve=names.image, render=lambda c, i: _image_fields(i), help="""
+    Show an image (by id or name).
 
     Example: cloud image show "Debian 12"
-    """
-    i = names.image(run.client, name)
-    run.emit(i.raw, lambda: _image_fields(i))
+    """)
 
 
 @click.group("flavor")
@@ -211,26 +178,15 @@ def _flavor_fields(f: Flavor) -> str:
     return fields([("id", f.id), ("name", f.name), ("vcpu", f.vcpu), ("memory-mb", f.memory), ("disk-gb", f.disk)])
 
 
-@flavor.command("list")
-@cloud_command
-def flavor_list(run: Run):
-    """List the flavors you may use.
+list_command(flavor, "list", fetch=lambda c: c.list_flavors(), columns=[
+    ("ID", lambda f: f.id), ("NAME", lambda f: f.name), ("VCPU", lambda f: f.vcpu),
+    ("MEMORY-MB", lambda f: f.memory), ("DISK-GB", lambda f: f.disk)], help="""
+    List the flavors you may use.
 
     Example: cloud flavor list
-    """
-    flavors = run.client.list_flavors()
-    run.emit([f.raw for f in flavors], lambda: table(flavors, [
-        ("ID", lambda f: f.id), ("NAME", lambda f: f.name), ("VCPU", lambda f: f.vcpu),
-        ("MEMORY-MB", lambda f: f.memory), ("DISK-GB", lambda f: f.disk)]))
-
-
-@flavor.command("show")
-@click.argument("name")
-@cloud_command
-def flavor_show(run: Run, name):
-    """Show a flavor (by id or name).
+    """)
+show_command(flavor, resolve=names.flavor, render=lambda c, f: _flavor_fields(f), help="""
+    Show a flavor (by id or name).
 
     Example: cloud flavor show small --json
-    """
-    f = names.flavor(run.client, name)
-    run.emit(f.raw, lambda: _flavor_fields(f))
+    """)

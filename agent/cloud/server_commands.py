@@ -10,7 +10,7 @@ import inspect
 import click
 
 from agent.cloud import names
-from agent.cloud.output import Run, cloud_command, fail, fields, table
+from agent.cloud.output import Run, cloud_command, fail, fields, members_command, show_command, table
 from agent.cloud.waiting import POLL_SECONDS, wait_for_guest
 from common.client import ApiError, Client, ClientError, Server
 
@@ -110,16 +110,11 @@ def list_(run: Run, owner):
     run.emit([s.raw for s in servers], lambda: _table(servers))
 
 
-@server.command("show")
-@click.argument("name")
-@cloud_command
-def show(run: Run, name):
-    """Show one server (by id, unique id prefix or hostname).
+show_command(server, resolve=names.server, render=_details, help="""
+    Show one server (by id, unique id prefix or hostname).
 
     Example: cloud server show vm-1a2b3c4d
-    """
-    s = names.server(run.client, name)
-    run.emit(s.raw, lambda: _details(run.client, s))
+    """)
 
 
 @server.command("delete")
@@ -168,27 +163,17 @@ def users():
     """
 
 
-def _users_command(verb: str, how: str, what: str):
-    @users.command(verb)
-    @click.argument("name")
-    @click.argument("who", nargs=-1, required=verb != "set")
-    @cloud_command
-    def change(run: Run, name, who):
-        s = names.server(run.client, name)
-        changed = run.client.modify_server_users(s.id, how, names.account_ids(run.client, who))
-        run.emit(changed.raw, lambda: _details(run.client, changed))
-
-    change.help = inspect.cleandoc(f"""{what} (by username, email, name or id); reaches a running guest at its next
-    reboot or stop/start.
+def _users(verb: str, how: str, what: str):
+    members_command(users, verb, render=_details, help=f"""
+    {what} (by username, email, name or id); reaches a running guest at its next reboot or stop/start.
 
     Example: cloud server users {verb} vm-1a2b3c4d bob carol
-    """)
-    return change
+    """, apply=lambda c, name, who: c.modify_server_users(names.server(c, name).id, how, names.account_ids(c, who)))
 
 
-_users_command("add", "add", "Give users access to a server")
-_users_command("remove", "delete", "Take users' access to a server away")
-_users_command("set", "replace", "Make these the server's only users")
+_users("add", "add", "Give users access to a server")
+_users("remove", "delete", "Take users' access to a server away")
+_users("set", "replace", "Make these the server's only users")
 
 
 @server.command("ssh", context_settings={"ignore_unknown_options": True})

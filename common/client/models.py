@@ -2,129 +2,115 @@
 
 Each object keeps the API's own document in `raw` (the API's field names and
 values), which is what `cloud --json` prints; the typed fields are for scripts.
+Each field names the API field it is read from (`_api`), so one `from_api`
+serves every type.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
-def _raw():
-    return field(default_factory=dict, repr=False, compare=False)
+def _api(key: str, convert=None):
+    """A field read from the API document's `key` (through `convert` when given)."""
+    return field(metadata={"api": key, "convert": convert})
 
 
-@dataclass(frozen=True)
-class Token:
-    token: str
-    userid: str
-    expires_at: str
-
-    @classmethod
-    def from_api(cls, d: dict) -> "Token":
-        return cls(token=d["token"], userid=d["userid"], expires_at=d["expires_at"])
+def _optional(key: str):
+    return field(default=None, metadata={"api": key, "convert": None, "optional": True})
 
 
-@dataclass(frozen=True)
-class Server:
-    id: str
-    owner: str
-    users: tuple[str, ...]
-    image: str
-    flavor: str
-    created: str
-    status: str
-    hostname: str | None = None
-    private_ip: str | None = None
-    public_ip: str | None = None
-    raw: dict = _raw()
+@dataclass(frozen=True, kw_only=True)
+class _Model:
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_api(cls, d: dict) -> "Server":
-        return cls(id=d["id"], owner=d["cloudauth-id"], users=tuple(d.get("users", ())), image=d["server-image"],
-                   flavor=d["server-flavor"], created=d["creation-date"], status=d["status"],
-                   hostname=d.get("hostname"), private_ip=d.get("private-ip"), public_ip=d.get("public-ip"), raw=d)
+    def from_api(cls, d: dict):
+        values = {}
+        for f in fields(cls):
+            if f.name == "raw":
+                continue
+            key, convert = f.metadata["api"], f.metadata["convert"]
+            value = d.get(key) if f.metadata.get("optional") else d[key]
+            values[f.name] = convert(value) if convert is not None and value is not None else value
+        return cls(**values, raw=d)
 
 
-@dataclass(frozen=True)
-class Image:
-    id: str
-    name: str
-    public: bool
-    os: str
-    min_disk: int
-    min_ram: int
-    active: bool
-    created: str
-    raw: dict = _raw()
-
-    @classmethod
-    def from_api(cls, d: dict) -> "Image":
-        o = d["operating-system"]
-        return cls(id=d["id"], name=d["name"], public=d["public"],
-                   os=f"{o['name']} {o['major_version']}.{o['minor_version']}", min_disk=d["min-disk"],
-                   min_ram=d["min-ram"], active=d["active"], created=d["creation-date"], raw=d)
+def _os_text(o: dict) -> str:
+    return f"{o['name']} {o['major_version']}.{o['minor_version']}"
 
 
-@dataclass(frozen=True)
-class Flavor:
-    id: str
-    name: str
-    memory: int
-    disk: int
-    vcpu: int
-    raw: dict = _raw()
-
-    @classmethod
-    def from_api(cls, d: dict) -> "Flavor":
-        return cls(id=str(d["id"]), name=d["name"], memory=d["memory"], disk=d["disk"], vcpu=d["vcpu"], raw=d)
+@dataclass(frozen=True, kw_only=True)
+class Token(_Model):
+    token: str = _api("token")
+    userid: str = _api("userid")
+    expires_at: str = _api("expires_at")
 
 
-@dataclass(frozen=True)
-class Volume:
-    id: str
-    owner: str
-    size: int
-    mount_point: str
-    created: str
-    name: str | None = None
-    raw: dict = _raw()
-
-    @classmethod
-    def from_api(cls, d: dict) -> "Volume":
-        return cls(id=d["volume-id"], owner=d["cloudauth-id"], size=d["volume-size"],
-                   mount_point=d["volume-type"].get("mount-point", ""), created=d["creation-date"],
-                   name=d.get("volume-name"), raw=d)
+@dataclass(frozen=True, kw_only=True)
+class Server(_Model):
+    id: str = _api("id")
+    owner: str = _api("cloudauth-id")
+    users: tuple[str, ...] = _api("users", tuple)
+    image: str = _api("server-image")
+    flavor: str = _api("server-flavor")
+    created: str = _api("creation-date")
+    status: str = _api("status")
+    hostname: str | None = _optional("hostname")
+    private_ip: str | None = _optional("private-ip")
+    public_ip: str | None = _optional("public-ip")
 
 
-@dataclass(frozen=True)
-class Group:
-    id: str
-    owner: str
-    name: str
-    members: tuple[str, ...]
-    raw: dict = _raw()
-
-    @classmethod
-    def from_api(cls, d: dict) -> "Group":
-        return cls(id=d["group-id"], owner=d["cloudauth-id"], name=d["group-name"],
-                   members=tuple(d["group-members"]), raw=d)
+@dataclass(frozen=True, kw_only=True)
+class Image(_Model):
+    id: str = _api("id")
+    name: str = _api("name")
+    public: bool = _api("public")
+    os: str = _api("operating-system", _os_text)  # "debian 12.7"
+    min_disk: int = _api("min-disk")
+    min_ram: int = _api("min-ram")
+    active: bool = _api("active")
+    created: str = _api("creation-date")
 
 
-@dataclass(frozen=True)
-class User:
-    id: str
-    email: str
-    name: str
-    active: bool
-    owner: str | None
-    usernames: tuple[str, ...]
-    account_ids: tuple[str, ...]
-    raw: dict = _raw()
+@dataclass(frozen=True, kw_only=True)
+class Flavor(_Model):
+    id: str = _api("id", str)  # an integer in the spec's object description, a string in answers
+    name: str = _api("name")
+    memory: int = _api("memory")  # MB
+    disk: int = _api("disk")  # GB
+    vcpu: int = _api("vcpu")
 
-    @classmethod
-    def from_api(cls, d: dict) -> "User":
-        accounts = d.get("system_accounts") or []
-        return cls(id=d["id"], email=d["email"], name=d.get("name") or "", active=bool(d.get("active")),
-                   owner=d.get("owner_userid"), usernames=tuple(a["username"] for a in accounts),
-                   account_ids=tuple(a["uuid"] for a in accounts), raw=d)
+
+@dataclass(frozen=True, kw_only=True)
+class Volume(_Model):
+    id: str = _api("volume-id")
+    owner: str = _api("cloudauth-id")
+    size: int = _api("volume-size")  # GB
+    name: str | None = _optional("volume-name")
+    mount_point: str = _api("volume-type", lambda t: t.get("mount-point", ""))
+    created: str = _api("creation-date")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group(_Model):
+    id: str = _api("group-id")
+    owner: str = _api("cloudauth-id")
+    name: str = _api("group-name")
+    members: tuple[str, ...] = _api("group-members", tuple)
+
+
+def _accounts(key: str):
+    return lambda accounts: tuple(a[key] for a in accounts or ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class User(_Model):
+    id: str = _api("id")
+    email: str = _api("email")
+    name: str | None = _optional("name")
+    active: bool = _api("active", bool)  # an integer in the API: above 0 is active
+    owner: str | None = _optional("owner_userid")
+    usernames: tuple[str, ...] = _api("system_accounts", _accounts("username"))
+    account_ids: tuple[str, ...] = _api("system_accounts", _accounts("uuid"))  # the controller's user ids
 
 
 @dataclass(frozen=True)
@@ -137,29 +123,23 @@ class Limit:
         return self.limit == -1
 
 
-@dataclass(frozen=True)
-class Limits:
-    userid: str
-    instances: Limit
-    vcpus: Limit
-    memory_mb: Limit
-    groups: Limit
-    managed_users: Limit
-    raw: dict = _raw()
+def _limit(d: dict) -> Limit:
+    return Limit(d["limit"], d["used"])
 
+
+@dataclass(frozen=True, kw_only=True)
+class Limits(_Model):
     KINDS = ("instances", "vcpus", "memory_mb", "groups", "managed_users")
 
-    @classmethod
-    def from_api(cls, d: dict) -> "Limits":
-        return cls(userid=d["cloudauth-id"], **{k: Limit(d[k]["limit"], d[k]["used"]) for k in cls.KINDS}, raw=d)
+    userid: str = _api("cloudauth-id")
+    instances: Limit = _api("instances", _limit)
+    vcpus: Limit = _api("vcpus", _limit)
+    memory_mb: Limit = _api("memory_mb", _limit)
+    groups: Limit = _api("groups", _limit)
+    managed_users: Limit = _api("managed_users", _limit)
 
 
-@dataclass(frozen=True)
-class Console:
-    text: str
-    ready: bool
-    raw: dict = _raw()
-
-    @classmethod
-    def from_api(cls, d: dict) -> "Console":
-        return cls(text=d["console"], ready=bool(d["ready"]), raw=d)
+@dataclass(frozen=True, kw_only=True)
+class Console(_Model):
+    text: str = _api("console")
+    ready: bool = _api("ready", bool)
