@@ -1,12 +1,10 @@
 """cloud-agent: the administrator's command for the cloud controller."""
 
-import json
-import sys
-
 import click
 
 from agent import controller_commands, host_commands, ops_commands, setup_commands, user_commands
 from agent.common import Options
+from agent.entry import run
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,15 +25,4 @@ for _module in (setup_commands, user_commands, controller_commands, host_command
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        cli.main(args=args, prog_name="cloud-agent", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(1)
-    except click.ClickException as e:
-        # Usage errors too must keep --json's promise of one JSON document on stdout.
-        if "--json" in args:
-            click.echo(json.dumps({"error": e.format_message()}))
-        e.show()
-        sys.exit(e.exit_code)
+    run(cli, "cloud-agent", argv)

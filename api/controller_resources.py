@@ -4,7 +4,7 @@ from api import schemas
 from api.envelopes import ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
-from controller import groups, images, instances, volumes
+from controller import groups, images, instances, limits, volumes
 from controller.context import Context
 from controller.errors import InvalidInput
 
@@ -127,6 +127,12 @@ class GroupItem(_Resource):
         ok_controller(resp, [])
 
 
+class Limits(_Resource):
+    def on_get(self, req, resp):
+        ok_controller(resp, [limits.usage_object(
+            self.ctx, req.context.requester, cloudauth_id=_query(req, "cloudauth-id"))])
+
+
 def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/server-instance", InstanceCollection(ctx))
     app.add_route("/v1/server-instance/{id}", InstanceItem(ctx))
@@ -138,3 +144,4 @@ def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/storage-volume/{id}", VolumeItem(ctx))
     app.add_route("/v1/group", GroupCollection(ctx))
     app.add_route("/v1/group/{id}", GroupItem(ctx))
+    app.add_route("/v1/limits", Limits(ctx))

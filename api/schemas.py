@@ -233,6 +233,22 @@ GROUP_OBJECT = {
     },
 }
 
+_LIMIT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["limit", "used"],
+    # limit -1: no limit (CONTRACT.md section 11).
+    "properties": {"limit": {"type": "integer", "minimum": -1}, "used": {"type": "integer", "minimum": 0}},
+}
+
+LIMITS_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["cloudauth-id", "instances", "vcpus", "memory_mb", "groups", "managed_users"],
+    "properties": {"cloudauth-id": UUID, **{k: _LIMIT for k in ("instances", "vcpus", "memory_mb", "groups",
+                                                                   "managed_users")}},
+}
+
 
 def controller_paths(*, envelope, errors, json, path) -> dict:
     """OpenAPI path items of the controller interface."""
@@ -285,5 +301,9 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
             "put": op("Change the members of a group", GROUP_OBJECT, body=GROUP_UPDATE, params=id_p,
                       errs=(400, 401, 403, 404, 413, 415, 503)),
             "delete": op("Delete a group", {}, params=id_p, errs=(401, 403, 404, 503)),
+        },
+        "/v1/limits": {
+            "get": op("A user's limits and what it holds now", LIMITS_OBJECT, params=[cloudauth_q],
+                      errs=(400, 401, 404)),
         },
     }

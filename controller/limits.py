@@ -22,8 +22,9 @@ concurrent requests can never pass a limit together.
 import logging
 from dataclasses import dataclass
 
+from controller import permissions as perms
 from controller.errors import Conflict, InvalidInput
-from controller.rules import as_decimal
+from controller.rules import as_decimal, as_uuid, find_or_404
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +184,24 @@ def set_limits(ctx, user: dict, changes: dict[str, int | None], *, reset: bool =
     if given or reset:
         ctx.store.set_limit_overrides(user["id"], given, reset=reset)
     return limits_object(ctx, user)
+
+
+# -- a user's own view (GET /v1/limits, CONTRACT.md section 11) --------------------
+def usage_object(ctx, requester, *, cloudauth_id: str | None = None) -> dict:
+    """The limits in force and what is held now, for the requester or a user it sees.
+
+    A user the requester does not see is 404, as for the controller's resources (never 403).
+    """
+    if cloudauth_id is None:
+        cloudauth_id = requester.id
+    elif as_uuid(cloudauth_id) is None:
+        raise InvalidInput("cloudauth-id must be a UUID")
+
+    def visible(user_id: str) -> dict | None:
+        user = ctx.store.get_user(user_id)
+        return user if user is not None and perms.can_view_user(requester, user) else None
+
+    user = find_or_404("user", cloudauth_id, visible)
+    limits = in_force(ctx.config, ctx.store.limit_overrides(user["id"]))
+    used = ctx.store.usage_of(user["id"])
+    return {"cloudauth-id": user["id"], **{k: {"limit": limits[k], "used": used[k]} for k in KINDS}}

@@ -1,0 +1,1 @@
+"""`cloud`: the cluster user's command, a thin layer over common.client (docs/client.md)."""

@@ -1,0 +1,96 @@
+"""Naming things on the command line: a server by id, unique id prefix or hostname; a group,
+image or flavor by id or name; a user by id, email or name; a system account by username.
+
+An ambiguous name is an error that lists the candidates (by id), never a guess.
+"""
+
+import re
+from collections.abc import Callable
+
+from common.client import ApiError, Client, ClientError, Flavor, Group, Image, Server, User
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+# A prefix shorter than this is more likely a typo than a choice.
+MIN_PREFIX = 4
+
+
+def _pick(kind: str, given: str, found: list, describe: Callable[[object], str]):
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ClientError(f"no {kind} named {given!r} that you can see")
+    listed = "; ".join(describe(x) for x in found)
+    raise ClientError(f"{kind} name {given!r} is ambiguous, use an id: {listed}")
+
+
+def server(client: Client, given: str) -> Server:
+    servers = client.list_servers()
+    exact = [s for s in servers if s.id == given.lower() or s.hostname == given]
+    if not exact and len(given) >= MIN_PREFIX:
+        exact = [s for s in servers if s.id.startswith(given.lower())]
+    return _pick("server", given, exact, lambda s: f"{s.id} ({s.hostname or '-'})")
+
+
+def _by_id_or_name(kind: str, items: list, given: str):
+    exact = [x for x in items if x.id == given]
+    return _pick(kind, given, exact or [x for x in items if x.name == given], lambda x: f"{x.id} ({x.name})")
+
+
+def image(client: Client, given: str) -> Image:
+    return _by_id_or_name("image", client.list_images(), given)
+
+
+def flavor(client: Client, given: str) -> Flavor:
+    return _by_id_or_name("flavor", client.list_flavors(), given)
+
+
+def group(client: Client, given: str) -> Group:
+    return _by_id_or_name("group", client.list_groups(), given)
+
+
+def user(client: Client, given: str) -> User:
+    """By id, email or name, among the users the caller may view (itself included)."""
+    users = {u.id: u for u in client.list_users()}
+    me = client.me()
+    users.setdefault(me.id, me)
+    found = [u for u in users.values() if u.id == given.lower()]
+    found = found or [u for u in users.values() if u.email.lower() == given.lower()]
+    found = found or [u for u in users.values() if u.name and u.name == given]
+    return _pick("user", given, found, lambda u: f"{u.id} ({u.email})")
+
+
+def account_ids(client: Client, given: tuple[str, ...]) -> list[str]:
+    """Controller user ids (system account uuids) for usernames, emails or ids of the users
+    the caller may name: a server's `users` are these, not cloud auth ids."""
+    out = []
+    for name in given:
+        try:
+            matches = [] if _UUID.match(name) or "@" in name else client.search_users(username=name)
+        except ApiError as e:
+            if e.status != 400:  # not a username at all: try it as an id, email or name
+                raise
+            matches = []
+        if matches:
+            ids = [a for u in matches for a, n in zip(u.account_ids, u.usernames) if n == name]
+            out.append(_pick("user", name, ids, str))
+            continue
+        try:
+            who = user(client, name)
+        except ClientError:
+            if _UUID.match(name):  # an account id itself; the service checks the caller may name it
+                out.append(name.lower())
+                continue
+            raise
+        if not who.account_ids:
+            raise ClientError(f"user {who.email} has no system account yet")
+        out.append(who.account_ids[0])
+    return out
+
+
+def usernames_by_account(client: Client) -> dict[str, str]:
+    """Account uuid -> username, for the users the caller sees (to show a server's users)."""
+    users = {u.id: u for u in client.list_users()}
+    me = client.me()
+    users.setdefault(me.id, me)
+    return {a: n for u in users.values() for a, n in zip(u.account_ids, u.usernames)}

@@ -1,0 +1,150 @@
+"""What every `cloud` command shares: --json, tables, one-line errors, confirmation."""
+
+import functools
+import inspect
+import json
+import sys
+from collections.abc import Callable, Iterable
+
+import click
+
+from agent.cloud import settings
+from common.client import ApiError, Client, ClientError
+
+
+class Run:
+    """One command's run: whether it prints JSON, and the client (made on first use)."""
+
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = settings.client()
+        return self._client
+
+    def emit(self, document, human: Callable[[], str] | str) -> None:
+        """Print the API's document with --json, else the text for people."""
+        if self.as_json:
+            click.echo(json.dumps(document, indent=1))
+        else:
+            text = human() if callable(human) else human
+            if text:
+                click.echo(text)
+
+    def progress(self, message: str) -> None:
+        """Progress goes to stderr, so that stdout keeps one document."""
+        click.echo(message, err=True)
+
+
+def fail(run: Run, message: str, *, status: int | None = None, code: int = 1):
+    if run.as_json:
+        click.echo(json.dumps({"error": message, **({"status": status} if status else {})}))
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def cloud_command(fn):
+    """Adds --json (also accepted before the command name) and turns every failure into one
+    line on stderr and a non-zero exit."""
+
+    @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
+    @click.pass_context
+    @functools.wraps(fn)
+    def wrapper(click_ctx, as_json, *args, **kwargs):
+        root = click_ctx.find_root().obj or {}
+        run = Run(as_json or root.get("as_json", False))
+        try:
+            return fn(run, *args, **kwargs)
+        except ApiError as e:
+            fail(run, e.message, status=e.status)
+        except ClientError as e:
+            fail(run, e.message)
+        except OSError as e:
+            fail(run, f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+
+    return wrapper
+
+
+def confirm(run: Run, yes: bool, question: str) -> None:
+    """A destructive command asks on a terminal; elsewhere it needs --yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail(run, "not on a terminal: add --yes to confirm", code=2)
+    if not click.confirm(question, default=False, err=True):
+        fail(run, "not confirmed", code=1)
+
+
+def table(rows: Iterable, columns: list[tuple[str, Callable]]) -> str:
+    """Aligned columns with a header line; an empty list says so."""
+    cells = [[h for h, _ in columns]]
+    for row in rows:
+        cells.append(["-" if (v := get(row)) is None or v == "" else str(v) for _, get in columns])
+    if len(cells) == 1:
+        return "(none)"
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def fields(pairs: list[tuple[str, object]]) -> str:
+    """One object as `name: value` lines."""
+    width = max(len(k) for k, _ in pairs)
+    shown = []
+    for k, v in pairs:
+        if isinstance(v, (list, tuple)):
+            v = ", ".join(map(str, v)) or "-"
+        shown.append(f"{k + ':':<{width + 1}} {'-' if v is None or v == '' else v}")
+    return "\n".join(shown)
+
+
+def read_secret(prompt: str) -> str:
+    """A secret: prompted without echo on a terminal, else the first line of stdin."""
+    if sys.stdin.isatty():
+        return click.prompt(prompt, hide_input=True)
+    line = sys.stdin.readline().rstrip("\n")
+    if not line:
+        raise ClientError(f"{prompt.lower()}: none given on stdin")
+    return line
+
+
+# -- commands of one shape, made once ----------------------------------------------------
+def list_command(parent: click.Group, name: str, *, help: str, fetch: Callable, columns: list[tuple[str, Callable]]):
+    """`PARENT list`: fetch(client) -> typed objects; a table, or with --json their API documents."""
+
+    @parent.command(name, help=inspect.cleandoc(help))
+    @cloud_command
+    def command(run: Run):
+        items = fetch(run.client)
+        run.emit([i.raw for i in items], lambda: table(items, columns))
+
+    return command
+
+
+def show_command(parent: click.Group, *, help: str, resolve: Callable, render: Callable):
+    """`PARENT show NAME`: resolve(client, name) -> an object; render(client, obj) for people."""
+
+    @parent.command("show", help=inspect.cleandoc(help))
+    @click.argument("name")
+    @cloud_command
+    def command(run: Run, name):
+        obj = resolve(run.client, name)
+        run.emit(obj.raw, lambda: render(run.client, obj))
+
+    return command
+
+
+def members_command(parent: click.Group, verb: str, *, help: str, apply: Callable, render: Callable):
+    """`PARENT VERB NAME MEMBER...` (`set` may give none): apply(client, name, members) -> the object."""
+
+    @parent.command(verb, help=inspect.cleandoc(help))
+    @click.argument("name")
+    @click.argument("members", nargs=-1, required=verb != "set")
+    @cloud_command
+    def command(run: Run, name, members):
+        obj = apply(run.client, name, members)
+        run.emit(obj.raw, lambda: render(run.client, obj))
+
+    return command

@@ -1,0 +1,71 @@
+"""`--wait`: from a created (or restarted) server to a guest that takes SSH logins.
+
+Bounded by --timeout. Done when port 22 at the server's address answers with
+an SSH banner; where the client cannot reach that address (no route, or the
+connection times out, as from a laptop outside the cluster), when the
+guest's console says its boot setup has finished (`ready`, CONTRACT.md
+section 10). A refused connection means the address is reachable and sshd
+is not up yet: keep waiting for SSH itself.
+"""
+
+import errno
+import socket
+import time
+from collections.abc import Callable
+
+from common.client import ApiError, Client, ClientError, Server
+
+POLL_SECONDS = 2.0
+_CONNECT_SECONDS = 3.0
+FAILED = ("error", "crashed")
+
+
+def ssh_answers(address: str, port: int = 22) -> bool | None:
+    """True: an SSH banner came; False: reachable but no SSH yet; None: not reachable from here."""
+    try:
+        with socket.create_connection((address, port), timeout=_CONNECT_SECONDS) as s:
+            s.settimeout(_CONNECT_SECONDS)
+            return s.recv(4).startswith(b"SSH-")
+    except ConnectionRefusedError:
+        return False
+    except (socket.timeout, TimeoutError):
+        return None
+    except OSError as e:
+        return None if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL) else False
+
+
+def console_ready(client: Client, server_id: str) -> bool:
+    try:
+        return client.console(server_id, size=1).ready
+    except ApiError as e:
+        if e.status in (404, 405, 503):  # no console (yet) on this service or host: rely on SSH
+            return False
+        raise
+
+
+def wait_for_guest(client: Client, server: Server, *, timeout: float,
+                   progress: Callable[[str], None]) -> Server:
+    deadline = time.monotonic() + timeout
+    said = None
+    while True:
+        server = client.get_server(server.id)
+        address = server.private_ip
+        if server.status in FAILED:
+            raise ClientError(f"server {server.id} is in status {server.status}")
+        if server.status == "running" and address:
+            reach = ssh_answers(address)
+            if reach:
+                return server
+            if reach is None and console_ready(client, server.id):
+                progress(f"{address} is not reachable from here; the console says the guest is ready")
+                return server
+            state = "booting: no SSH answer yet" if reach is False else f"booting ({address} not reachable from here)"
+        else:
+            state = server.status
+        if state != said:
+            progress(f"waiting for {server.hostname or server.id}: {state}")
+            said = state
+        if time.monotonic() + POLL_SECONDS > deadline:
+            raise ClientError(f"server {server.id} did not take SSH logins within {timeout:g} s "
+                              f"(last: {state}); see `cloud server console {server.hostname or server.id}`")
+        time.sleep(POLL_SECONDS)

@@ -1,0 +1,255 @@
+"""Client: one service URL and one user's credentials, a method per operation.
+
+The token is renewed when it has expired or the service refuses it (401),
+from the API key and secret (or email and password) the client was given;
+`on_token` is called with each new token so that a caller can keep it.
+"""
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from urllib.parse import quote
+
+import requests
+
+from common.client.errors import ApiError, ClientError, Unreachable
+from common.client.models import Console, Flavor, Group, Image, Limits, Server, Token, User, Volume
+
+DEFAULT_TIMEOUT = 60.0
+# A token this close to its end is renewed before the call rather than refused during it.
+_RENEW_MARGIN_SECONDS = 30
+
+
+def _expired(expires_at: str | None) -> bool:
+    if not expires_at:
+        return False
+    try:
+        end = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return False  # unknown form: let the service decide
+    return end.timestamp() - _RENEW_MARGIN_SECONDS <= time.time()
+
+
+def _seg(value: str) -> str:
+    """One path segment: whatever a caller passes never changes the path."""
+    return quote(str(value), safe="")
+
+
+class Client:
+    def __init__(self, url: str, *, token: str | None = None, userid: str | None = None,
+                 expires_at: str | None = None, api_key: str | None = None, api_secret: str | None = None,
+                 email: str | None = None, password: str | None = None,
+                 on_token: Callable[[Token], None] | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 session: requests.Session | None = None):
+        if not url:
+            raise ClientError("no service URL")
+        self.url = url.rstrip("/")
+        self.token, self.userid, self.expires_at = token, userid, expires_at
+        self._key, self._secret = api_key, api_secret
+        self._email, self._password = email, password
+        self.on_token = on_token
+        self.timeout = timeout
+        self.http = session or requests.Session()
+        self._lock = threading.Lock()
+
+    @property
+    def can_renew(self) -> bool:
+        return bool((self._key and self._secret) or (self._email and self._password))
+
+    # -- transport ------------------------------------------------------------
+    def _send(self, method: str, path: str, *, params=None, json=None, headers=None) -> requests.Response:
+        try:
+            return self.http.request(method, self.url + path, params=params, json=json, headers=headers,
+                                     timeout=self.timeout, allow_redirects=False)
+        except requests.Timeout:
+            raise Unreachable(f"{self.url} did not answer within {self.timeout:g} s") from None
+        except requests.RequestException as e:
+            raise Unreachable(f"cannot reach {self.url}: {type(e).__name__}") from None
+
+    @staticmethod
+    def _body(resp: requests.Response) -> dict:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            text = resp.text.strip().splitlines()[0][:200] if resp.text.strip() else resp.reason
+            raise ApiError(resp.status_code, f"unexpected answer: {text}",
+                           request_id=resp.headers.get("X-Request-Id"))
+        return body
+
+    def _checked(self, resp: requests.Response) -> dict:
+        body = self._body(resp)
+        if resp.status_code >= 400 or body.get("success") is False:
+            message = body.get("msg") or body.get("message") or resp.reason or "error"
+            raise ApiError(resp.status_code, message, request_id=resp.headers.get("X-Request-Id"))
+        return body
+
+    def login(self) -> Token:
+        """A new token from the kept API key and secret, or email and password."""
+        if self._key and self._secret:
+            creds = {"api_key": self._key, "api_secret": self._secret}
+        elif self._email and self._password:
+            creds = {"email": self._email, "password": self._password}
+        else:
+            raise ClientError("no credentials to get a token with: run `cloud login`")
+        token = Token.from_api(self._checked(self._send("POST", "/v1/auth/token", json=creds))["data"])
+        self.token, self.userid, self.expires_at = token.token, token.userid, token.expires_at
+        if self.on_token is not None:
+            self.on_token(token)
+        return token
+
+    def _ensure_token(self) -> None:
+        with self._lock:
+            if (not self.token or _expired(self.expires_at)) and self.can_renew:
+                self.login()
+        if not self.token or not self.userid:
+            raise ClientError("not logged in: run `cloud login`")
+
+    def call(self, method: str, path: str, *, params=None, json=None) -> dict:
+        """One authenticated call; the answer's envelope (ApiError on an error)."""
+        self._ensure_token()
+        sent = self.token
+        resp = self._send(method, path, params=params, json=json, headers=self._auth())
+        if resp.status_code == 401 and self.can_renew:
+            with self._lock:
+                if self.token == sent:  # another thread may have renewed it already
+                    self.login()
+            resp = self._send(method, path, params=params, json=json, headers=self._auth())
+        return self._checked(resp)
+
+    def _auth(self) -> dict:
+        return {"X-Auth-Token": self.token, "X-Auth-Cloudauth-Id": self.userid}
+
+    def _items(self, method: str, path: str, cls, **kw) -> list:
+        return [cls.from_api(d) for d in self.call(method, path, **kw)["data"]]
+
+    def _one(self, method: str, path: str, cls, **kw):
+        items = self._items(method, path, cls, **kw)
+        if not items:
+            raise ApiError(404, f"{path} answered nothing")
+        return items[0]
+
+    # -- server-instances ---------------------------------------------------------
+    def list_servers(self, *, owner: str | None = None) -> list[Server]:
+        return self._items("GET", "/v1/server-instance", Server, params={"cloudauth-id": owner} if owner else None)
+
+    def get_server(self, server_id: str) -> Server:
+        return self._one("GET", f"/v1/server-instance/{_seg(server_id)}", Server)
+
+    def create_server(self, *, image: str, flavor: str, users: Iterable[str] = ()) -> Server:
+        body = {"server-image": image, "server-flavor": flavor}
+        users = list(users)
+        if users:
+            body["users"] = users
+        return self._one("POST", "/v1/server-instance", Server, json=body)
+
+    def delete_server(self, server_id: str) -> None:
+        self.call("DELETE", f"/v1/server-instance/{_seg(server_id)}")
+
+    def _task(self, server_id: str, task: dict) -> Server:
+        return self._one("PUT", f"/v1/server-instance/{_seg(server_id)}", Server, json={"task": task})
+
+    def reboot_server(self, server_id: str) -> Server:
+        return self._task(server_id, {"what": "reboot"})
+
+    def start_server(self, server_id: str) -> Server:
+        return self._task(server_id, {"what": "power-on"})
+
+    def stop_server(self, server_id: str) -> Server:
+        return self._task(server_id, {"what": "power-off"})
+
+    def modify_server_users(self, server_id: str, how: str, users: Iterable[str]) -> Server:
+        """how: add, delete or replace; users: controller user ids (system account uuids)."""
+        return self._task(server_id, {"what": "modify-users", "how": how, "users": list(users)})
+
+    def console(self, server_id: str, *, size: int | None = None) -> Console:
+        """The last `size` bytes (default the service's, 64 KiB) of the guest's serial console
+        since its last start, and whether its boot setup has finished (CONTRACT.md section 10)."""
+        params = {"bytes": size} if size is not None else None
+        return self._one("GET", f"/v1/server-instance/{_seg(server_id)}/console", Console, params=params)
+
+    # -- images and flavors ----------------------------------------------------------
+    def list_images(self) -> list[Image]:
+        return self._items("GET", "/v1/server-image", Image)
+
+    def get_image(self, image_id: str) -> Image:
+        return self._one("GET", f"/v1/server-image/{_seg(image_id)}", Image)
+
+    def list_flavors(self) -> list[Flavor]:
+        return self._items("GET", "/v1/server-flavor", Flavor)
+
+    def get_flavor(self, flavor_id: str) -> Flavor:
+        return self._one("GET", f"/v1/server-flavor/{_seg(flavor_id)}", Flavor)
+
+    # -- volumes -----------------------------------------------------------------
+    def list_volumes(self, *, owner: str | None = None) -> list[Volume]:
+        return self._items("GET", "/v1/storage-volume", Volume, params={"cloudauth-id": owner} if owner else None)
+
+    def get_volume(self, volume_id: str) -> Volume:
+        return self._one("GET", f"/v1/storage-volume/{_seg(volume_id)}", Volume)
+
+    def create_volume(self, *, size: int, name: str | None = None) -> Volume:
+        body = {"volume-size": size, "volume-type": {"visibility": "cluster"}}
+        if name is not None:
+            body["volume-name"] = name
+        return self._one("POST", "/v1/storage-volume", Volume, json=body)
+
+    def delete_volume(self, volume_id: str) -> None:
+        self.call("DELETE", f"/v1/storage-volume/{_seg(volume_id)}")
+
+    # -- groups --------------------------------------------------------------------
+    def list_groups(self, *, name: str | None = None, owner: str | None = None) -> list[Group]:
+        params = {k: v for k, v in (("group-name", name), ("cloudauth-id", owner)) if v is not None}
+        return self._items("GET", "/v1/group", Group, params=params or None)
+
+    def get_group(self, group_id: str) -> Group:
+        return self._one("GET", f"/v1/group/{_seg(group_id)}", Group)
+
+    def create_group(self, name: str, members: Iterable[str] = ()) -> Group:
+        body = {"group-name": name}
+        members = list(members)
+        if members:
+            body["group-members"] = members
+        return self._one("POST", "/v1/group", Group, json=body)
+
+    def update_group(self, group_id: str, action: str, members: Iterable[str]) -> Group:
+        """action: add, delete or replace; members: UNIX user names."""
+        return self._one("PUT", f"/v1/group/{_seg(group_id)}", Group,
+                         json={"action": action, "group-members": list(members)})
+
+    def delete_group(self, group_id: str) -> None:
+        self.call("DELETE", f"/v1/group/{_seg(group_id)}")
+
+    # -- users (the cloud auth user interface) ---------------------------------------------
+    def list_users(self) -> list[User]:
+        return [User.from_api(u) for u in self.call("GET", "/v1/user/list")["data"]["users"]]
+
+    def get_user(self, userid: str) -> User:
+        return User.from_api(self.call("GET", f"/v1/user/view/{_seg(userid)}")["data"]["user"])
+
+    def search_users(self, *, email: str | None = None, username: str | None = None) -> list[User]:
+        params = {k: v for k, v in (("email", email), ("username", username)) if v is not None}
+        return [User.from_api(u) for u in self.call("GET", "/v1/user/search", params=params)["data"]["users"]]
+
+    def create_user(self, *, email: str, password: str, name: str | None = None) -> User:
+        """A user owned by the caller (it needs the create_user permission)."""
+        body = {"email": email, "password": password, **({"name": name} if name is not None else {})}
+        return self.get_user(self.call("POST", "/v1/user/create", json=body)["data"]["userid"])
+
+    def update_user(self, userid: str, *, email: str | None = None, name: str | None = None,
+                    active: bool | None = None) -> User:
+        body = {k: v for k, v in (("email", email), ("name", name)) if v is not None}
+        if active is not None:
+            body["active"] = int(active)
+        self.call("POST", f"/v1/user/update/{_seg(userid)}", json=body)
+        return self.get_user(userid)
+
+    def me(self) -> User:
+        self._ensure_token()
+        return self.get_user(self.userid)
+
+    # -- limits -----------------------------------------------------------------
+    def limits(self, *, owner: str | None = None) -> Limits:
+        return self._one("GET", "/v1/limits", Limits, params={"cloudauth-id": owner} if owner else None)
