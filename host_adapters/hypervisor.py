@@ -10,6 +10,7 @@ implementation is in host_adapters/libvirt_hypervisor.py.
 import contextlib
 import errno
 import hashlib
+import itertools
 import os
 import re
 import stat
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from common.errors import CleanupFailed, Conflict, HostError, HostUnreachable, InvalidInput, NotFound
 from host_adapters import seed as seeds
+from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes, start_of_tail
 from host_adapters.domain_xml import FilterRef
 from host_adapters.guest import GuestSpec, Reservation, Share
 from host_adapters.nic_filters import filter_for
@@ -279,6 +281,14 @@ class Hypervisor:
         guest runs, its live shares. NotFound if it has neither a domain nor a disk."""
         raise NotImplementedError
 
+    def console(self, instance_id: str, *, max_bytes: int, since: ConsoleMark | None = None) -> ConsoleOutput:
+        """The last max_bytes (0 to console.MAX_BYTES) of the serial console output of the
+        instance's last run (QEMU's last start; a reset keeps the run), after `since` when that
+        mark (of an earlier call) is of this run, with the mark where the output ends now
+        (None when no guest runs). The host keeps the output bounded; destroy deletes it.
+        Empty output where none is kept (no domain, a host that keeps none)."""
+        raise NotImplementedError
+
 
 # --- validation shared by the implementations -------------------------------
 
@@ -484,6 +494,7 @@ def nic_devices_for(guest: GuestSpec) -> tuple[NicDevice, ...]:
 
 # Statuses in which a guest exists (QEMU runs): its live shares are those it started with.
 _FAKE_ACTIVE = ("running", "paused", "building")
+_FAKE_RUNS = itertools.count(1)
 
 
 @dataclass
@@ -504,6 +515,10 @@ class FakeInstance:
     live_guest: GuestSpec | None = None
     seed: dict[str, str] | None = None
     nics: tuple[NicDevice, ...] = ()
+    # The serial console of the current run (`run`, counted per start); tests append what a
+    # guest prints.
+    console: bytearray = field(default_factory=bytearray)
+    run: int = 0
 
     @property
     def shares(self) -> tuple[Share, ...]:
@@ -516,6 +531,9 @@ class FakeInstance:
     def start(self) -> None:
         self.live_guest = self.guest
         self.status = "running"
+        # A new QEMU: its output starts afresh, as a real host's log file does.
+        self.run = next(_FAKE_RUNS)
+        self.console = bytearray(f"fake firmware: booting {self.guest.hostname}\r\n".encode())
 
 
 class FakeHypervisor(Hypervisor):
@@ -793,7 +811,14 @@ class FakeHypervisor(Hypervisor):
             self._step("reboot")
             if inst.status != "running":
                 raise Conflict(f"instance {instance_id} is not running")
+            # As the real one: a reset when the guest has its definition's devices (the same
+            # QEMU: its console goes on), else a power cycle.
+            reset = inst.live_guest is not None and inst.live_shares == inst.shares \
+                and nic_devices_for(inst.live_guest) == inst.nics
+            run, output = inst.run, inst.console
             inst.start()  # a reset or a power cycle: either way the guest boots its definition
+            if reset:
+                inst.run, inst.console = run, output + inst.console
 
     def status(self, instance_id: str) -> str:
         check_id(instance_id, "instance id")
@@ -853,3 +878,16 @@ class FakeHypervisor(Hypervisor):
             reservations=reservations,
             seed=self.seeds.get(instance_id),
         )
+
+    def console(self, instance_id: str, *, max_bytes: int, since: ConsoleMark | None = None) -> ConsoleOutput:
+        check_id(instance_id, "instance id")
+        check_max_bytes(max_bytes)
+        self._step("console")
+        with self._lock:
+            inst = self.instances.get(instance_id)
+            if inst is None:
+                return ConsoleOutput(data=b"", mark=None)
+            output = bytes(inst.console)
+            run = str(inst.run) if inst.status in _FAKE_ACTIVE and inst.run else None
+        start = start_of_tail(len(output), max_bytes, since, run)
+        return ConsoleOutput(data=output[start:], mark=ConsoleMark(run, len(output)) if run else None)

@@ -17,7 +17,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from common.errors import CleanupFailed, Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, NotFound
-from host_adapters import domain_xml
+from host_adapters import console_log, domain_xml
+from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes
 from host_adapters import seed as seeds
 from host_adapters.nic_filters import CLEAN_TRAFFIC, PROJECT_FILTERS, filter_for
 from host_adapters.guest import GuestSpec, Reservation, Share
@@ -993,6 +994,8 @@ class LibvirtHypervisor(Hypervisor):
         if dom is not None:
             macs |= {n.mac for n in domain_xml.interfaces_of(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))}
             self._remove_domain(dom)
+        if instance_id is not None:
+            console_log.remove(self._pool(conn), console_log.file_name(self._names.prefix, instance_id), lv)
         if macs:
             self._update_hosts(conn, remove=macs)
         volumes = list(volumes)
@@ -1040,6 +1043,8 @@ class LibvirtHypervisor(Hypervisor):
             cpu_mode=cpu_mode,
             cpu_model=cpu_model,
             serial_console=True,
+            serial_log=console_log.log_path(self._pool(conn), self._names.prefix, instance_id),
+            bios_serial=True,
         )
 
     @staticmethod
@@ -1412,3 +1417,11 @@ class LibvirtHypervisor(Hypervisor):
             )
 
         return self._call(f"describe instance {instance_id}", op)
+
+    def console(self, instance_id: str, *, max_bytes: int, since: ConsoleMark | None = None) -> ConsoleOutput:
+        check_id(instance_id, "instance id")
+        check_max_bytes(max_bytes)
+        name = console_log.file_name(self._names.prefix, instance_id)
+        return self._call(f"read the console of instance {instance_id}", lambda conn: console_log.read(
+            conn, self._pool(conn), self._domain(conn, instance_id), name=name, max_bytes=max_bytes, since=since,
+            lv=_libvirt()))
