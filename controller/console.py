@@ -7,6 +7,7 @@ starts a new run: the mark is of another run and counts no more.
 """
 
 import json
+import re
 
 from controller import permissions as perms
 from controller.context import Context
@@ -24,7 +25,7 @@ def parse_bytes(value: str | None) -> int:
     """The `bytes` query parameter: 1 to MAX_BYTES, DEFAULT_BYTES when absent."""
     if value is None:
         return DEFAULT_BYTES
-    if not value.isdecimal() or len(value) > 8 or not 1 <= int(value) <= MAX_BYTES:
+    if not re.fullmatch(r"[0-9]{1,8}", value) or not 1 <= int(value) <= MAX_BYTES:
         raise InvalidInput(f"bytes must be an integer from 1 to {MAX_BYTES}")
     return int(value)
 

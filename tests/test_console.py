@@ -70,6 +70,12 @@ def test_bytes_takes_the_end_of_the_output_and_ready_looks_further_back(client, 
     assert got["console"].startswith("fake firmware") and got["console"].endswith("END")
 
 
+def test_a_read_is_one_call_to_the_host(client, adapters, people, running):
+    before = adapters.hypervisor.host_calls
+    ok(console_of(client, people["owner"], running["id"]))
+    assert adapters.hypervisor.host_calls - before == 1, adapters.hypervisor.calls
+
+
 def test_the_default_is_the_last_64_kib(client, adapters, people, running):
     prints(adapters, running["id"], "a" * 70000 + "b" * 65536)
     [got] = ok(console_of(client, people["owner"], running["id"]))
@@ -82,7 +88,7 @@ def test_output_is_decoded_as_utf8_with_replacement(client, adapters, people, ru
     assert got["console"].endswith("café \ufffd\ufffd end")
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "1048577", "abc", "1.5", "", "99999999999999999999"])
+@pytest.mark.parametrize("value", ["0", "-1", "1048577", "abc", "1.5", "", "99999999999999999999", "\u0665", " 5"])
 def test_a_bad_bytes_is_400(client, adapters, people, running, value):
     calls = adapters.hypervisor.calls["console"]
     assert "bytes" in err(console_of(client, people["owner"], running["id"], f"bytes={value}"), 400)
