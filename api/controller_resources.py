@@ -4,7 +4,7 @@ from api import schemas
 from api.envelopes import ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
-from controller import groups, images, instances, limits, volumes
+from controller import console, groups, images, instances, limits, volumes
 from controller.context import Context
 from controller.errors import InvalidInput
 
@@ -54,6 +54,12 @@ class InstanceItem(_Resource):
     def on_delete(self, req, resp, id):
         instances.delete_instance(self.ctx, req.context.requester, id)
         ok_controller(resp, [])
+
+
+class InstanceConsole(_Resource):
+    def on_get(self, req, resp, id):
+        max_bytes = console.parse_bytes(_query(req, "bytes"))
+        ok_controller(resp, [console.get_console(self.ctx, req.context.requester, id, max_bytes=max_bytes)])
 
 
 class ImageCollection(_Resource):
@@ -136,6 +142,7 @@ class Limits(_Resource):
 def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/server-instance", InstanceCollection(ctx))
     app.add_route("/v1/server-instance/{id}", InstanceItem(ctx))
+    app.add_route("/v1/server-instance/{id}/console", InstanceConsole(ctx))
     app.add_route("/v1/server-image", ImageCollection(ctx))
     app.add_route("/v1/server-image/{id}", ImageItem(ctx))
     app.add_route("/v1/server-flavor", FlavorCollection(ctx))

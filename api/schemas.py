@@ -250,6 +250,17 @@ LIMITS_OBJECT = {
 }
 
 
+CONSOLE_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["console", "ready"],
+    "properties": {"console": {"type": "string"}, "ready": {"type": "boolean"}},
+}
+
+# The console endpoint's `bytes`: how much of the end of the output to answer.
+CONSOLE_BYTES = {"type": "integer", "minimum": 1, "maximum": 1024 * 1024, "default": 64 * 1024}
+
+
 def controller_paths(*, envelope, errors, json, path) -> dict:
     """OpenAPI path items of the controller interface."""
 
@@ -277,6 +288,11 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
             "put": op("Modify users or power state", INSTANCE_OBJECT, body=INSTANCE_TASK, params=id_p,
                       errs=(400, 401, 403, 404, 409, 413, 415, 503)),
             "delete": op("Delete a server-instance", {}, params=id_p, errs=(401, 403, 404, 503)),
+        },
+        "/v1/server-instance/{id}/console": {
+            "get": op("The guest's serial console since its last start, and whether it is ready", CONSOLE_OBJECT,
+                      params=[*id_p, {"name": "bytes", "in": "query", "required": False, "schema": CONSOLE_BYTES}],
+                      errs=(400, 401, 404, 503)),
         },
         "/v1/server-image": {"get": op("List usable images", IMAGE_OBJECT, errs=(401,))},
         "/v1/server-image/{id}": {"get": op("View an image", IMAGE_OBJECT, params=id_p, errs=(401, 404))},

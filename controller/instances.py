@@ -4,7 +4,7 @@ import json
 import logging
 from collections.abc import Iterator
 
-from controller import limits
+from controller import console, limits
 from controller import permissions as perms
 from controller.addresses import allocate, network_plan
 from controller.context import Context
@@ -251,7 +251,10 @@ def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -
         elif what == "reboot":
             if hypervisor.status(row["id"]) != "running":
                 raise Conflict("reboot needs a running server-instance")
+            # Where the console ended: a reset keeps the run's output, the console answers what follows.
+            mark = hypervisor.console(row["id"], max_bytes=0).mark
             hypervisor.reboot(row["id"])
+            ctx.store.set_console_since(row["id"], console.mark_text(mark))
     return get_instance(ctx, requester, row["id"])
 
 

@@ -300,9 +300,17 @@ _M12_EVACUATIONS = """
 """
 
 
+# Where the console output of an instance's run ended when the API last rebooted it (a reset
+# keeps the run, hence the output): the console endpoint answers what came after it. JSON
+# {"run": ..., "size": ...} (host_adapters/console.py ConsoleMark); NULL: from the start.
+_M13_CONSOLE_SINCE = """
+        ALTER TABLE instances ADD COLUMN console_since TEXT;
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
-    _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS,
+    _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -714,6 +714,11 @@ class Store:
             conn.executemany("UPDATE instances SET status = ? WHERE id = ?",
                              [(status, instance_id) for instance_id, status in statuses.items()])
 
+    def set_console_since(self, instance_id: str, mark: str | None) -> None:
+        """The instance's console answers the output after `mark` (JSON; None: all of its run)."""
+        with self.write() as conn:
+            conn.execute("UPDATE instances SET console_since = ? WHERE id = ?", (mark, instance_id))
+
     def delete_instance(self, instance_id: str) -> None:
         with self.write() as conn:
             conn.execute("DELETE FROM instances WHERE id = ?", (instance_id,))

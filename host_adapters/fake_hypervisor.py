@@ -6,14 +6,16 @@ tests (tests/hypervisor/test_hypervisor.py) hold both to the same behaviour.
 """
 
 import hashlib
+import itertools
 import os
 import threading
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.errors import CleanupFailed, Conflict, HostError, HostUnreachable, InvalidInput, NotFound
 from host_adapters import seed as seeds
+from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes, start_of_tail
 from host_adapters.guest import GuestSpec, Reservation, Share, check_guest, check_positive, reservations_for
 from host_adapters.host_pool import HostSpec
 from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress
@@ -23,6 +25,7 @@ from host_adapters.libvirt.nic_filters import nic_devices_for
 
 # Statuses in which a guest exists (QEMU runs): its live shares are those it started with.
 _FAKE_ACTIVE = ("running", "paused", "building")
+_FAKE_RUNS = itertools.count(1)
 
 
 @dataclass
@@ -43,6 +46,10 @@ class FakeInstance:
     live_guest: GuestSpec | None = None
     seed: dict[str, str] | None = None
     nics: tuple[NicDevice, ...] = ()
+    # The serial console of the current run (`run`, counted per start); tests append what a
+    # guest prints.
+    console: bytearray = field(default_factory=bytearray)
+    run: int = 0
 
     @property
     def shares(self) -> tuple[Share, ...]:
@@ -55,6 +62,9 @@ class FakeInstance:
     def start(self) -> None:
         self.live_guest = self.guest
         self.status = "running"
+        # A new QEMU: its output starts afresh, as a real host's log file does.
+        self.run = next(_FAKE_RUNS)
+        self.console = bytearray(f"fake firmware: booting {self.guest.hostname}\r\n".encode())
 
 
 class FakeHypervisor(Hypervisor):
@@ -332,7 +342,14 @@ class FakeHypervisor(Hypervisor):
             self._step("reboot")
             if inst.status != "running":
                 raise Conflict(f"instance {instance_id} is not running")
+            # As the real one: a reset when the guest has its definition's devices (the same
+            # QEMU: its console goes on), else a power cycle.
+            reset = inst.live_guest is not None and inst.live_shares == inst.shares \
+                and nic_devices_for(inst.live_guest) == inst.nics
+            run, output = inst.run, inst.console
             inst.start()  # a reset or a power cycle: either way the guest boots its definition
+            if reset:
+                inst.run, inst.console = run, output + inst.console
 
     def status(self, instance_id: str) -> str:
         check_id(instance_id, "instance id")
@@ -392,6 +409,19 @@ class FakeHypervisor(Hypervisor):
             reservations=reservations,
             seed=self.seeds.get(instance_id),
         )
+
+    def console(self, instance_id: str, *, max_bytes: int, since: ConsoleMark | None = None) -> ConsoleOutput:
+        check_id(instance_id, "instance id")
+        check_max_bytes(max_bytes)
+        self._step("console")
+        with self._lock:
+            inst = self.instances.get(instance_id)
+            if inst is None:
+                return ConsoleOutput(data=b"", mark=None)
+            output = bytes(inst.console)
+            run = str(inst.run) if inst.status in _FAKE_ACTIVE and inst.run else None
+        start = start_of_tail(len(output), max_bytes, since, run)
+        return ConsoleOutput(data=output[start:], mark=ConsoleMark(run, len(output)) if run else None)
 
 
 class FakeHosts:

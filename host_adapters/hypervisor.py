@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from host_adapters.console import ConsoleMark, ConsoleOutput
 from host_adapters.guest import GuestSpec, Reservation, Share
 
 STATUSES = ("building", "running", "paused", "shutoff", "crashed", "error")
@@ -274,4 +275,12 @@ class Hypervisor:
     def describe(self, instance_id: str) -> InstanceInfo:
         """What the host holds for the instance: the persistent definition and, while a
         guest runs, its live shares. NotFound if it has neither a domain nor a disk."""
+        raise NotImplementedError
+
+    def console(self, instance_id: str, *, max_bytes: int, since: ConsoleMark | None = None) -> ConsoleOutput:
+        """The last max_bytes (0 to console.MAX_BYTES) of the serial console output of the
+        instance's last run (QEMU's last start; a reset keeps the run), after `since` when that
+        mark (of an earlier call) is of this run, with the mark where the output ends now
+        (None when no guest runs). The host keeps the output bounded; destroy deletes it.
+        Empty output where none is kept (no domain, a host that keeps none)."""
         raise NotImplementedError

@@ -227,7 +227,14 @@ def _network_config(spec: GuestSpec) -> dict:
     return {"version": 1, "config": config}
 
 
-def _user_data(spec: GuestSpec) -> dict:
+def ready_marker(instance_id: str) -> str:
+    """The line cloud-init's final stage prints on the guest's console at the end of every boot
+    (`final_message`): the guest has finished its boot setup. Names the instance, so that the
+    output of another guest's image (a copied disk) is not taken for this one's."""
+    return f"cloud-controller: instance {instance_id} finished its boot setup"
+
+
+def _user_data(instance_id: str, spec: GuestSpec) -> dict:
     return {
         "hostname": spec.hostname,
         "preserve_hostname": False,
@@ -241,6 +248,9 @@ def _user_data(spec: GuestSpec) -> dict:
         "updates": {"network": {"when": ["boot"]}},
         # A string entry: cloud-init writes it after `#!/bin/sh` and runs it.
         "bootcmd": [bootcmd_script(spec)],
+        # Printed by the final stage at every boot, on the console too (controller/console.py
+        # reads it as `ready`). No `$`: cloud-init would take it for a variable.
+        "final_message": ready_marker(instance_id),
     }
 
 
@@ -257,7 +267,7 @@ def render(instance_id: str, spec: GuestSpec) -> dict[str, str]:
 
     return {
         "meta-data": dump({"instance-id": instance_id, "local-hostname": spec.hostname}),
-        "user-data": "#cloud-config\n" + dump(_user_data(spec)),
+        "user-data": "#cloud-config\n" + dump(_user_data(instance_id, spec)),
         "network-config": dump(_network_config(spec)),
     }
 

@@ -18,8 +18,10 @@ import logging
 from collections.abc import Iterable
 
 from common.errors import Conflict, HostError, InvalidInput, NotFound
+from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes
 from host_adapters.guest import GuestSpec, Share, check_guest, check_positive, reservations_for
 from host_adapters.hypervisor import GiB, Hypervisor, InstanceInfo, NicDevice
+from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.checks import ChecksPart
@@ -217,6 +219,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         if dom is not None:
             macs |= {n.mac for n in domain_xml.interfaces_of(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))}
             self._remove_domain(dom)
+        if instance_id is not None:
+            console_log.remove(self._pool(conn), console_log.file_name(self._names.prefix, instance_id), lv)
         if macs:
             self._update_hosts(conn, remove=macs)
         self._remove_volumes(conn, volumes)
@@ -252,6 +256,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             cpu_mode=cpu_mode,
             cpu_model=cpu_model,
             serial_console=True,
+            serial_log=console_log.log_path(self._pool(conn), self._names.prefix, instance_id),
+            bios_serial=True,
         )
 
     @staticmethod
@@ -438,3 +444,11 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             )
 
         return self._call(f"describe instance {instance_id}", op)
+
+    def console(self, instance_id: str, *, max_bytes: int, since: ConsoleMark | None = None) -> ConsoleOutput:
+        check_id(instance_id, "instance id")
+        check_max_bytes(max_bytes)
+        name = console_log.file_name(self._names.prefix, instance_id)
+        return self._call(f"read the console of instance {instance_id}", lambda conn: console_log.read(
+            conn, self._pool(conn), self._domain(conn, instance_id), name=name, max_bytes=max_bytes, since=since,
+            lv=_libvirt()))

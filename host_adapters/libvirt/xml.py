@@ -205,6 +205,10 @@ class Domain:
     cpu_mode: str | None = None
     cpu_model: str | None = None  # with cpu_mode "custom"
     serial_console: bool = False
+    # With serial_console: the file the serial port's output is kept in, started afresh at
+    # every start of QEMU (append='off'); and SeaBIOS writing to the serial port too.
+    serial_log: str | None = None
+    bios_serial: bool = False
 
     def to_element(self) -> ET.Element:
         dom = ET.Element("domain", type=self.virt_type)
@@ -219,6 +223,8 @@ class Domain:
         os_el = _sub(dom, "os")
         _sub(os_el, "type", self.os_type)
         _sub(os_el, "boot", dev="hd")
+        if self.bios_serial:
+            _sub(os_el, "bios", useserial="yes")
         if self.features:
             feats = _sub(dom, "features")
             for name in self.features:
@@ -236,7 +242,9 @@ class Domain:
         for nic in self.interfaces:
             devices.append(nic.to_element())
         if self.serial_console:
-            _sub(devices, "serial", type="pty")
+            serial = _sub(devices, "serial", type="pty")
+            if self.serial_log:
+                _sub(serial, "log", file=self.serial_log, append="off")
             _sub(devices, "console", type="pty")
         return dom
 

@@ -7,7 +7,9 @@ creates an instance with bob among its users. Both log in over SSH at the
 instance's private address as themselves, with their cluster uid, gid and
 groups and their home mounted by virtiofs. modify-users then takes bob out,
 and after a reboot he can no longer log in and his home is not in the guest.
-Delete leaves no domain, disk, seed or reservation.
+Delete leaves no domain, disk, seed, kept console or reservation. Throughout, the
+console endpoint (CONTRACT.md section 10) shows the guest's boot, and `ready` is
+false right after the create and after the reboot, true once cloud-init finished.
 
 Two hypervisor hosts (issue 10): the config's own (the test libvirtd) and a
 second real libvirtd reached over `qemu+tcp://` (tests/fixtures/remote_libvirtd.py),
@@ -168,10 +170,25 @@ class Guest:
         pytest.fail(f"no SSH as {user}@{self.address} after {BOOT_TIMEOUT} s: {last.stderr.strip()}\n{console}")
 
 
-def console_of(uri: str, domain: str) -> str:
-    """The end of the guest's console log, for failure messages."""
-    path = Path("/var/log/libvirt/qemu") / f"{domain}.log"
-    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+READY_TIMEOUT = 180  # seconds from SSH answering to cloud-init's final stage printing its marker
+
+
+def console(client, caller, instance_id) -> dict:
+    """GET .../console (CONTRACT.md section 10): {"console": text, "ready": bool}."""
+    return ok(client.simulate_get(f"/v1/server-instance/{instance_id}/console", headers=caller.headers,
+                                  query_string="bytes=1048576"))[0]
+
+
+def wait_until_ready(client, caller, instance_id) -> dict:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        got = console(client, caller, instance_id)
+        if got["ready"]:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"ready still false {READY_TIMEOUT} s after SSH answered; the console ends:\n"
+                        f"{got['console'][-3000:]}")
+        time.sleep(2)
 
 
 def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, libvirt_dir_pool, remote_libvirtd,
@@ -222,7 +239,19 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     assert set(inst["users"]) == {accounts["alice"]["uuid"], accounts["bob"]["uuid"]}
     domain = ctx.config.libvirt.domain_prefix + inst["id"]
     guest = Guest(uri, inst["private-ip"])
-    guest.wait_for_ssh(keys["alice"], "alice", console_of(uri, domain))
+    # Right after the create the guest is booting: not ready; its console shows the firmware.
+    booting = console(client, alice, inst["id"])
+    assert booting["ready"] is False
+    guest.wait_for_ssh(keys["alice"], "alice", console(client, alice, inst["id"])["console"][-3000:])
+    # Ready once cloud-init's final stage ran; the console shows the guest's boot, from the firmware on.
+    booted = wait_until_ready(client, alice, inst["id"])
+    assert "SeaBIOS" in booted["console"] and "Linux version" in booted["console"]
+    assert f"instance {inst['id']} finished its boot setup" in booted["console"]
+    # bob, a user of the instance, sees it too; the end only with ?bytes.
+    assert console(client, bob, inst["id"])["ready"] is True
+    tail = ok(client.simulate_get(f"/v1/server-instance/{inst['id']}/console", headers=alice.headers,
+                                  query_string="bytes=100"))[0]
+    assert len(tail["console"].encode()) <= 100 and booted["console"].endswith(tail["console"][-20:])
 
     # alice: her cluster identity, her home by virtiofs, files owned by her on the head node.
     home = volumes["alice"]["volume-type"]["mount-point"]
@@ -257,14 +286,18 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
                                           "users": [accounts["bob"]["uuid"]]}}))
     ok(client.simulate_put(f"/v1/server-instance/{inst['id']}", headers=alice.headers,
                            json={"task": {"what": "reboot"}}))
-    guest.wait_for_ssh(keys["alice"], "alice", console_of(uri, domain))
+    # A reboot clears ready; the console answers the new boot only.
+    rebooting = console(client, alice, inst["id"])
+    assert rebooting["ready"] is False and "finished its boot setup" not in rebooting["console"]
+    guest.wait_for_ssh(keys["alice"], "alice", console(client, alice, inst["id"])["console"][-3000:])
+    assert "finished its boot setup" in wait_until_ready(client, alice, inst["id"])["console"]
     assert guest.ssh(keys["bob"], "bob", "true", check=False).returncode != 0
     assert guest.ssh(keys["alice"], "alice", f"findmnt {bob_home} || echo not-mounted",
                      check=False).stdout.strip() == "not-mounted"
     assert guest.ssh(keys["alice"], "alice", "getent passwd bob || echo no-bob", check=False).stdout.strip() == "no-bob"
     assert (Path(bob_home) / ".ssh" / "authorized_keys").exists()  # his data stays on the head node
 
-    # Delete leaves no domain, disk, seed or reservation.
+    # Delete leaves no domain, disk, seed, console file or reservation.
     pool_files = lambda: sorted(os.listdir(remote.pool_path))  # noqa: E731
     assert any(inst["id"] in f for f in pool_files())
     ok(client.simulate_delete(f"/v1/server-instance/{inst['id']}", headers=alice.headers))
