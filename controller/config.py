@@ -3,7 +3,7 @@
 Keys named by CONTRACT.md section 6 keep their meaning; the rest are ours and
 are documented in etc/controller.ini.sample. `load_config` reads and checks
 every key once, at start; code reads `config.hosts.retry_seconds`, never a
-section and key by name (docs/architecture-config.md).
+section and key by name (docs/architecture.md).
 """
 
 import configparser

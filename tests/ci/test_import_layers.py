@@ -1,6 +1,6 @@
 """The service layer and the API import downwards only: no module imports itself back
 through others (late imports inside functions included), and the rooms every resource
-module shares (guests, lookups) import none of them (docs/architecture-controller.md)."""
+module shares (guests, lookups) import none of them (docs/architecture.md)."""
 
 import ast
 from pathlib import Path

@@ -1,9 +1,13 @@
-"""A real guest, end to end, through the API alone (issue: instances a user can log in to).
+"""A real guest, end to end (issue: instances a user can log in to; issue 18: the `cloud` command).
 
 A Debian 12 cloud image built from Debian's packages (tests/fixtures/guest_image.py)
 is registered with `cloud-agent image add --source`; alice (with a UNIX group
 made through the API) and bob get volumes holding their SSH keys; alice
-creates an instance with bob among its users. Both log in over SSH at the
+creates an instance with bob among its users. alice's side is the `cloud`
+command over HTTP: `cloud login`, `cloud volume create`, `cloud server create
+--wait` (which returns once the console says the guest is ready: its address is
+not reachable from the test's namespace), `cloud server console` and `cloud
+server ssh -- id`. Both log in over SSH at the
 instance's private address as themselves, with their cluster uid, gid and
 groups and their home mounted by virtiofs. modify-users then takes bob out,
 and after a reboot he can no longer log in and his home is not in the guest.
@@ -24,8 +28,13 @@ Its network lives in the test libvirtd's own network namespace
 (tests/fixtures/libvirtd.py); ssh runs there through nsenter.
 """
 
+import contextlib
+import json
 import os
+import shlex
 import subprocess
+import sys
+import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -35,7 +44,7 @@ import pytest
 from falcon import testing
 
 from tests.fixtures.agent import agent_ok
-from tests.fixtures.api import config_values_for, make_caller, new_context
+from tests.fixtures.api import PASSWORD, config_values_for, make_caller, new_context
 from tests.fixtures.libvirtd import GuestVirt, assert_same_image, in_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
@@ -116,7 +125,9 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
     store = ctx.store
     from api.app import create_app
 
-    yield ctx, testing.TestClient(create_app(ctx)), config_path
+    app = create_app(ctx)
+    with served(app) as base:
+        yield ctx, testing.TestClient(app), config_path, base
     from controller.host_routing import hypervisor_of_host
 
     for hv in [ctx.adapters.hypervisor] + ([hypervisor_of_host(ctx, "remote")] if ctx.store.get_host("remote") else []):
@@ -125,6 +136,49 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
         for image_id in hv.list_base_images():
             hv.delete_base_image(image_id)
     store.close()
+
+
+CLOUD = Path(sys.executable).parent / "cloud"
+
+
+@contextlib.contextmanager
+def served(app):
+    """The same app served over HTTP on a free loopback port, for the `cloud` command."""
+    from waitress.server import create_server
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=8)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.effective_port}"
+    finally:
+        server.close()
+        thread.join(timeout=5)
+
+
+class Cloud:
+    """`cloud` as a cluster user runs it: its own config folder, no CC_* variables, and an `ssh`
+    first on PATH that reaches the guest network's namespace with the user's key."""
+
+    def __init__(self, tmp_path: Path, uri: str, key: Path):
+        bin_dir = tmp_path / "cloud-bin"
+        bin_dir.mkdir()
+        ssh = in_netns(uri, ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                             "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"])
+        (bin_dir / "ssh").write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, ssh)) + ' "$@"\n')
+        (bin_dir / "ssh").chmod(0o755)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CC_")}
+        self.env.update(XDG_CONFIG_HOME=str(tmp_path / "cloud-config"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+    def start(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([str(CLOUD), *args], env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def ok(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
+        proc = subprocess.run([str(CLOUD), *args], env=self.env, input=input, capture_output=True, text=True,
+                              timeout=timeout)
+        assert proc.returncode == 0, (args, proc.stderr)
+        return proc.stdout
 
 
 def agent(config_path, *args) -> dict:
@@ -193,7 +247,7 @@ def wait_until_ready(client, caller, instance_id) -> dict:
 
 def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, libvirt_dir_pool, remote_libvirtd,
                                                        tmp_path):
-    ctx, client, config_path = service
+    ctx, client, config_path, base = service
     # The guest runs on the second host; the config's own is disabled.
     remote = remote_libvirtd
     uri = remote.uri
@@ -218,17 +272,37 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     def post(caller, path, body):
         return ok(client.simulate_post(path, headers=caller.headers, json=body), 201)[0]
 
-    volumes = {name: post(caller, "/v1/storage-volume", {"volume-size": 1, "volume-type": {"visibility": "cluster"}})
-               for name, caller in (("alice", alice), ("bob", bob))}
+    # alice with the `cloud` command, over HTTP; bob through the API.
+    volumes = {"bob": post(bob, "/v1/storage-volume", {"volume-size": 1, "volume-type": {"visibility": "cluster"}})}
+    login_dir = tmp_path / "alice-login"
+    login_dir.mkdir()
     keys = {}
+    alice_cloud = Cloud(login_dir, uri, tmp_path / "alice")  # her key is made once her home exists
+    alice_cloud.ok("login", "--url", base, "--email", "alice@example.org", input=PASSWORD + "\n")
+    volumes["alice"] = json.loads(alice_cloud.ok("--json", "volume", "create", "--size", "1"))
+    assert volumes["alice"]["volume-size"] == 1
     for name, volume in volumes.items():
         account = accounts[name]
         keys[name] = push_key(Path(volume["volume-type"]["mount-point"]), account["uid"], account["gid"],
                               tmp_path, name)
     post(alice, "/v1/group", {"group-name": "alab", "group-members": ["alice"]})
     lab_gid = ctx.adapters.groups.gid("alab")
-    inst = post(alice, "/v1/server-instance", {"server-image": image["id"], "server-flavor": flavor["id"],
-                                               "users": [accounts["bob"]["uuid"]]})
+    creating = alice_cloud.start("--json", "server", "create", "--image", "Debian 12", "--flavor", "e2e",
+                                 "--user", accounts["bob"]["uuid"], "--wait",
+                                 "--timeout", str(BOOT_TIMEOUT + READY_TIMEOUT))
+    try:
+        deadline = time.monotonic() + 300
+        while not (listed_now := ok(client.simulate_get("/v1/server-instance", headers=alice.headers))):
+            assert creating.poll() is None, creating.communicate()
+            assert time.monotonic() < deadline, "the create did not answer within 300 s"
+            time.sleep(1)
+        inst = listed_now[0]
+        # Right after the create the guest is booting: not ready; its console shows the firmware.
+        booting = console(client, alice, inst["id"])
+        assert booting["ready"] is False
+    except BaseException:
+        creating.kill()
+        raise
     assert inst["status"] == "running" and inst["private-ip"] and inst["hostname"]
     assert ctx.store.list_instances(visible_to=None, instance_id=inst["id"])[0]["host"] == "remote"
     base_volume = ctx.store.get_image(image["id"])["base_volume"]
@@ -239,12 +313,25 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     assert set(inst["users"]) == {accounts["alice"]["uuid"], accounts["bob"]["uuid"]}
     domain = ctx.config.libvirt.domain_prefix + inst["id"]
     guest = Guest(uri, inst["private-ip"])
-    # Right after the create the guest is booting: not ready; its console shows the firmware.
-    booting = console(client, alice, inst["id"])
-    assert booting["ready"] is False
     guest.wait_for_ssh(keys["alice"], "alice", console(client, alice, inst["id"])["console"][-3000:])
+    ssh_at = time.monotonic()
+    # `cloud server create --wait` returns once the guest is ready (from here the guest's address
+    # is not reachable: the console says when), and prints the created server.
+    try:
+        out, err = creating.communicate(timeout=READY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        creating.kill()
+        pytest.fail(f"cloud server create --wait still waiting {READY_TIMEOUT} s after SSH answered")
+    assert creating.returncode == 0, err
+    assert json.loads(out)["id"] == inst["id"]
+    print(f"cloud server create --wait returned {time.monotonic() - ssh_at:.1f} s after SSH answered")
     # Ready once cloud-init's final stage ran; the console shows the guest's boot, from the firmware on.
     booted = wait_until_ready(client, alice, inst["id"])
+    assert booted["ready"] is True
+    shown = json.loads(alice_cloud.ok("--json", "server", "console", inst["hostname"]))
+    assert shown["ready"] is True and "Linux version" in shown["console"]
+    # `cloud server ssh` logs her in as her own username at the private address.
+    assert alice_cloud.ok("server", "ssh", inst["id"][:8], "--", "id", "-u").strip() == str(accounts["alice"]["uid"])
     assert "SeaBIOS" in booted["console"] and "Linux version" in booted["console"]
     assert f"instance {inst['id']} finished its boot setup" in booted["console"]
     # bob, a user of the instance, sees it too; the end only with ?bytes.
