@@ -25,3 +25,13 @@ def _forbid_real_commands(request, monkeypatch):
         raise AssertionError(f"real command in a unit test: {argv!r}")
 
     monkeypatch.setattr(subp, "_run", refuse)
+
+
+@pytest.fixture
+def no_commands(monkeypatch):
+    """For a test among real_commands ones that must run no host binary at all."""
+
+    def refuse(argv, **kwargs):
+        raise AssertionError(f"a command ran: {argv!r}")
+
+    monkeypatch.setattr(subp, "_run", refuse)

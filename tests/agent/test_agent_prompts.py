@@ -11,20 +11,10 @@ import os
 import pexpect
 import pytest
 
-from tests.agent.test_agent_controller import BOB_EMAIL, Sandbox, copy_sandbox, make_sandbox
+from tests.agent.test_agent_controller import BOB_EMAIL, Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
 from tests.fixtures.agent import AGENT
 
 QUESTION = f"Remove the system account of {BOB_EMAIL}? [y/N]: "
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> Sandbox:
-    return make_sandbox(tmp_path_factory.mktemp("sandbox-template"))
-
-
-@pytest.fixture
-def sandbox(template, tmp_path) -> Sandbox:
-    return copy_sandbox(template, tmp_path)
 
 
 def spawn(sandbox, *args: str) -> pexpect.spawn:

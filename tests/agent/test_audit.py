@@ -19,7 +19,8 @@ from tests.agent.test_agent_controller import (
     USER_PASSWORD,
     Sandbox,
     copy_sandbox,
-    make_sandbox,
+    sandbox,
+    sandbox_template,
 )
 from tests.fixtures.server import Server
 
@@ -29,16 +30,6 @@ CAROL_NEW_PASSWORD = "Carol-second-2026"
 ROOT2_PASSWORD = "Second-admin-2026"
 WRONG_PASSWORD = "Wrong-guess-2026"
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> Sandbox:
-    return make_sandbox(tmp_path_factory.mktemp("sandbox-template"))
-
-
-@pytest.fixture
-def sandbox(template, tmp_path) -> Sandbox:
-    return copy_sandbox(template, tmp_path)
 
 
 def utc_now() -> str:
@@ -67,11 +58,11 @@ def last_id(sandbox) -> int:
 
 
 @pytest.fixture(scope="module")
-def session(template, tmp_path_factory):
+def session(sandbox_template, tmp_path_factory):
     """A run of API calls and agent commands, successful and failed, on a sandbox of its own
     (read by several tests); what it used and produced."""
     tmp_path = tmp_path_factory.mktemp("audited")
-    sandbox = copy_sandbox(template, tmp_path)
+    sandbox = copy_sandbox(sandbox_template, tmp_path)
     admin_id = sandbox.admin["userid"]
     began, first = utc_now(), last_id(sandbox)
     server = Server(sandbox, tmp_path / "serve.log")

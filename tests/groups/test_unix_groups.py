@@ -50,14 +50,6 @@ def write_account(root: str, name: str) -> None:
             f.write(line + "\n")
 
 
-@pytest.fixture
-def no_commands(monkeypatch):
-    def refuse(argv, **kwargs):
-        raise AssertionError(f"a command ran: {argv!r}")
-
-    monkeypatch.setattr(subp, "_run", refuse)
-
-
 class UnixGroupsContract:
     """Run against each implementation. Subclasses provide the fixtures
     `groups` (the adapter), `add_account(name)` (an account with its private

@@ -11,7 +11,7 @@ import pytest
 from controller import host_records
 from controller.errors import InvalidInput
 from controller.libvirt_uri import transport_risks
-from tests.agent.test_agent_controller import Sandbox, copy_sandbox, make_sandbox
+from tests.agent.test_agent_controller import Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
 
 SAFE = [
     "qemu:///system",
@@ -83,16 +83,6 @@ def test_the_service_refuses_an_unsafe_host_without_insecure(cctx, adapters, uri
 
 
 # -- the agent ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> Sandbox:
-    return make_sandbox(tmp_path_factory.mktemp("uri-sandbox"))
-
-
-@pytest.fixture
-def sandbox(template, tmp_path) -> Sandbox:
-    return copy_sandbox(template, tmp_path)
-
-
 def host_rows(sandbox) -> list[str]:
     return [r["name"] for r in sandbox.rows("SELECT name FROM hosts ORDER BY name")]
 

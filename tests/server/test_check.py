@@ -8,20 +8,10 @@ from falcon import testing
 
 from controller.config import load_config
 from controller.context import build_context
-from tests.agent.test_agent_controller import Sandbox, copy_sandbox, make_sandbox
+from tests.agent.test_agent_controller import Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
 from tests.fixtures.agent import run_agent
 
 CHECKS = ["database", "secret_key", "libvirt", "directory", "quota_backend", "system_root", "guest_start"]
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> Sandbox:
-    return make_sandbox(tmp_path_factory.mktemp("sandbox-template"))
-
-
-@pytest.fixture
-def sandbox(template, tmp_path) -> Sandbox:
-    return copy_sandbox(template, tmp_path)
 
 
 def check(sandbox) -> tuple[int, dict]:

@@ -35,14 +35,6 @@ def append_line(root: str, file: str, line: str) -> None:
         f.write(line + "\n")
 
 
-@pytest.fixture
-def no_commands(monkeypatch):
-    def refuse(argv, **kwargs):
-        raise AssertionError(f"a command ran: {argv!r}")
-
-    monkeypatch.setattr(subp, "_run", refuse)
-
-
 class DirectoryContract:
     """Run against each implementation. Subclasses provide the fixtures
     `directory`, `host_account(name)` -> (uid, gid, home, shell) or None,
