@@ -96,8 +96,9 @@ def test_instance_lifecycle_on_kvm(kvm_service):
     assert "<target dir='alice'/>" in xml and os.path.join(ctx.config.volumes.home_root, "alice") in xml
     assert "type='virtiofs'" in xml and inst["private-ip"] in virsh(pool.uri, "net-dumpxml",
                                                                     libvirt_network_name(ctx)).stdout
-    disks = [f for f in os.listdir(pool.path) if inst["id"] in f]
-    assert len(disks) == 2  # the overlay and the seed
+    files = [f for f in os.listdir(pool.path) if inst["id"] in f]
+    assert len([f for f in files if "console-" not in f]) == 2  # the overlay and the seed
+    assert [f for f in files if "console-" in f]  # and the guest's console output, kept beside them
 
     def task(what):
         [r] = ok(client.simulate_put(f"/v1/server-instance/{inst['id']}", headers=alice.headers,
