@@ -338,6 +338,20 @@ def test_server_delete_ssh_and_wait(svc, alice, tmp_path):
     assert svc.api("alice", "GET", f"/v1/server-instance/{made['id']}").status_code == 404
 
 
+
+def test_server_console_shows_what_the_api_answers(svc, alice, carol):
+    made = alice.ok("--json", "server", "create", "--image", "Debian 12", "--flavor", "small")
+    host, sid = made["hostname"], made["id"]
+    try:
+        api = svc.api("alice", "GET", f"/v1/server-instance/{sid}/console").json()["data"][0]
+        assert alice.ok("--json", "server", "console", host) == api and set(api) == {"console", "ready"}
+        assert len(alice.ok("--json", "server", "console", sid[:8], "--bytes", "1")["console"].encode()) <= 1
+        shown = alice.ok("server", "console", host)
+        assert shown.rstrip("\n").endswith("-- ready: " + ("yes" if api["ready"] else "no"))
+        assert carol.error("server", "console", host) == f"no server named {host!r} that you can see"
+    finally:
+        svc.api("alice", "DELETE", f"/v1/server-instance/{sid}")
+
 def test_a_refused_create_names_the_limit_and_what_is_in_use(svc, tmp_path):
     svc.add_user("grace")
     grace = login(svc, tmp_path, "grace")
