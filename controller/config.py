@@ -504,7 +504,7 @@ def parse_config(written: dict[str, dict[str, str]], path: str | None = None) ->
 
 
 def _check_guest_root_quota(config: Config) -> None:
-    from host_adapters.quota import guest_root_escapes
+    from host_adapters.quota_backends import guest_root_escapes
 
     # Guest root writes through a home's share as uid 0 on the head node: a per-uid
     # limit never sees those files, so the owner's sudo would make the quota moot.

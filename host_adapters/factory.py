@@ -48,16 +48,10 @@ class Adapters:
 
 
 def build_quota(config: "Config"):
-    from host_adapters import quota
+    from host_adapters.quota_backends import make_quota_backend
 
-    backend = config.volumes.quota_backend
-    mount_point = config.volumes.quota_mountpoint
-    # An explicit mount point wins; otherwise the filesystem holding home_root.
-    if mount_point and backend == "xfs":
-        return quota.XfsQuota(mount_point=mount_point)
-    if mount_point and backend == "setquota":
-        return quota.SetQuota(filesystem=mount_point)
-    return quota.make_quota_backend(backend, home_root=config.volumes.home_root)
+    return make_quota_backend(config.volumes.quota_backend, home_root=config.volumes.home_root,
+                              mount_point=config.volumes.quota_mountpoint)
 
 
 def build_directory(config: "Config") -> Directory:

@@ -2,8 +2,8 @@
 
 `DirectoryHomeVolumes` makes `<home_root>/<username>` owned by the account's
 uid and primary gid, mode 0700, and limits it through a quota backend
-(host_adapters/quota.py: none, btrfs, xfs, setquota). `FakeHomeVolumes` keeps
-the same state in memory for fast tests. One GB is one GiB (2**30 bytes).
+(the interface in host_adapters/quota.py, one file per backend: none, btrfs,
+xfs, setquota). `FakeHomeVolumes` keeps the same state in memory for fast tests. One GB is one GiB (2**30 bytes).
 """
 
 import logging

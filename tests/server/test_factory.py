@@ -3,11 +3,15 @@
 import pytest
 
 from controller.config import config_from_dict, sandbox_values
-from host_adapters import factory, quota
+from host_adapters import factory
+from host_adapters.btrfs_quota import BtrfsQuota
 from host_adapters.homes import DirectoryHomeVolumes
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from host_adapters.local_directory import LocalDirectory
+from host_adapters.quota import NoQuota
+from host_adapters.setquota import SetQuota
 from host_adapters.unix_groups import CommandUnixGroups
+from host_adapters.xfs_quota import XfsQuota
 
 
 def config(tmp_path, **sections):
@@ -39,7 +43,7 @@ def test_the_test_driver_gets_in_process_volumes_and_stand_in_base_disks(tmp_pat
 
 
 @pytest.mark.parametrize("backend,cls", [
-    ("none", quota.NoQuota), ("btrfs", quota.BtrfsQuota), ("xfs", quota.XfsQuota), ("setquota", quota.SetQuota),
+    ("none", NoQuota), ("btrfs", BtrfsQuota), ("xfs", XfsQuota), ("setquota", SetQuota),
 ])
 def test_quota_backends(tmp_path, backend, cls):
     built = factory.build_quota(config(tmp_path, volumes={"quota_backend": backend}))

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import pytest
 
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
-from host_adapters import quota as q
+from host_adapters.btrfs_quota import BtrfsQuota, parse_qgroups
+from host_adapters.fake_quota import FakeQuota
 from host_adapters.homes import DirectoryHomeVolumes, FakeHomeVolumes, HomeInfo, HomeVolumes
+from host_adapters.quota import NoQuota
 
 GIB = 1 << 30
 UID, GID = 12345, 12345
@@ -39,12 +41,12 @@ def _make(kind, request, tmp_path) -> Setup:
     _needs_root()
     if kind == "btrfs":
         root = request.getfixturevalue("btrfs_home_root")
-        return Setup(DirectoryHomeVolumes(root, q.BtrfsQuota()), True)
+        return Setup(DirectoryHomeVolumes(root, BtrfsQuota()), True)
     root = tmp_path / "home"
     root.mkdir()
     if kind == "noquota":
-        return Setup(DirectoryHomeVolumes(str(root), q.NoQuota()), False)
-    return Setup(DirectoryHomeVolumes(str(root), q.FakeQuota()), True)
+        return Setup(DirectoryHomeVolumes(str(root), NoQuota()), False)
+    return Setup(DirectoryHomeVolumes(str(root), FakeQuota()), True)
 
 
 @pytest.fixture(params=["fake", "noquota", "fakequota", BTRFS])
@@ -311,11 +313,11 @@ def test_delete_refuses_while_something_is_mounted_inside(real):
 
 def test_check_refuses_a_missing_root(tmp_path):
     with pytest.raises(HostUnavailable, match="does not exist"):
-        DirectoryHomeVolumes(str(tmp_path / "missing"), q.NoQuota()).check()
+        DirectoryHomeVolumes(str(tmp_path / "missing"), NoQuota()).check()
 
 
 def test_check_reports_an_unusable_quota_backend(tmp_path):
-    backend = q.FakeQuota()
+    backend = FakeQuota()
     backend.fail_on["check"] = HostError("no quota on this filesystem")
     with pytest.raises(HostUnavailable, match="no quota on this filesystem"):
         DirectoryHomeVolumes(str(tmp_path), backend).check()
@@ -323,7 +325,7 @@ def test_check_reports_an_unusable_quota_backend(tmp_path):
 
 def test_home_root_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert DirectoryHomeVolumes("home", q.NoQuota()).path("a") == str(tmp_path / "home" / "a")
+    assert DirectoryHomeVolumes("home", NoQuota()).path("a") == str(tmp_path / "home" / "a")
 
 
 @pytest.fixture
@@ -331,7 +333,7 @@ def fake_quota_homes(tmp_path):
     _needs_root()
     root = tmp_path / "home"
     root.mkdir()
-    backend = q.FakeQuota()
+    backend = FakeQuota()
     return DirectoryHomeVolumes(str(root), backend), backend
 
 
@@ -415,7 +417,7 @@ def test_inspect_takes_nested_subvolumes_from_the_backend(fake_quota_homes):
 def test_plain_directories_have_no_nested_subvolumes(tmp_path):
     _needs_root()
     (tmp_path / "home").mkdir()
-    volumes = DirectoryHomeVolumes(str(tmp_path / "home"), q.NoQuota())
+    volumes = DirectoryHomeVolumes(str(tmp_path / "home"), NoQuota())
     path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
     os.mkdir(os.path.join(path, "d"))
     assert volumes.inspect("alice").nested_subvolumes == ()
@@ -447,13 +449,13 @@ def _subvolume_ids(path) -> set[int]:
 
 
 def _qgroup_ids(path) -> set[str]:
-    return set(q.parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path)))
+    return set(parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path)))
 
 
 @pytest.fixture
 def btrfs_homes(btrfs_home_root):
     _needs_root()
-    return DirectoryHomeVolumes(btrfs_home_root, q.BtrfsQuota())
+    return DirectoryHomeVolumes(btrfs_home_root, BtrfsQuota())
 
 
 @pytest.mark.real_commands
@@ -490,7 +492,7 @@ def test_btrfs_quota_stops_the_user_and_resize_lifts_it(btrfs_homes):
     volumes.resize("alice", uid=UID, size_gb=2)
     os.sync()  # settle the qgroup numbers of the failed write
     assert volumes.inspect("alice").limit_gb == 2
-    assert q.parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path))[f"0/{sid}"] == 2 * GIB
+    assert parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path))[f"0/{sid}"] == 2 * GIB
     more = _dd(UID, os.path.join(path, "more"), 256)
     assert more.returncode == 0, more.stderr
 
@@ -654,7 +656,7 @@ def test_btrfs_purge_of_a_home_chowned_to_another_uid_leaves_that_uids_quota(btr
     retired = volumes.retire("alice", token="vol-1", uid=UID)
     volumes.purge(retired)
     assert not os.path.lexists(retired)
-    table = q.parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", volumes.home_root))
+    table = parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", volumes.home_root))
     assert mine_q not in table
     assert table[theirs_q] == 2 * GIB
     assert volumes.inspect("carol").limit_gb == 2

@@ -8,8 +8,13 @@ import subprocess
 import pytest
 
 from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
-from host_adapters import quota as q
 from host_adapters import subp
+from host_adapters.btrfs_quota import BtrfsQuota, parse_qgroups
+from host_adapters.fake_quota import FakeQuota
+from host_adapters.quota import NoQuota, QuotaBackend, find_mount_point, mounts_below, remove_tree
+from host_adapters.quota_backends import make_quota_backend
+from host_adapters.setquota import SetQuota
+from host_adapters.xfs_quota import XfsQuota
 
 GIB = 1 << 30
 
@@ -53,11 +58,11 @@ def _public_methods(cls):
     }
 
 
-@pytest.mark.parametrize("impl", [q.NoQuota, q.FakeQuota, q.BtrfsQuota, q.XfsQuota, q.SetQuota])
+@pytest.mark.parametrize("impl", [NoQuota, FakeQuota, BtrfsQuota, XfsQuota, SetQuota])
 def test_backend_public_methods_match_the_interface(impl):
-    interface = _public_methods(q.QuotaBackend)
+    interface = _public_methods(QuotaBackend)
     methods = _public_methods(impl)
-    extra = {"project_id"} if impl is q.XfsQuota else set()
+    extra = {"project_id"} if impl is XfsQuota else set()
     assert set(methods) - extra == set(interface)
     for name, signature in interface.items():
         assert methods[name] == signature, name
@@ -67,20 +72,20 @@ def test_backend_public_methods_match_the_interface(impl):
 
 
 def test_make_quota_backend_maps_each_config_value(tmp_path):
-    assert isinstance(q.make_quota_backend("none", home_root=str(tmp_path)), q.NoQuota)
-    assert isinstance(q.make_quota_backend("btrfs", home_root=str(tmp_path)), q.BtrfsQuota)
-    xfs = q.make_quota_backend("xfs", home_root=str(tmp_path / "not-yet"))
-    assert isinstance(xfs, q.XfsQuota)
-    assert xfs.mount_point == q.find_mount_point(str(tmp_path))
-    setq = q.make_quota_backend("setquota", home_root=str(tmp_path))
-    assert isinstance(setq, q.SetQuota) and setq.filesystem == q.find_mount_point(str(tmp_path))
+    assert isinstance(make_quota_backend("none", home_root=str(tmp_path)), NoQuota)
+    assert isinstance(make_quota_backend("btrfs", home_root=str(tmp_path)), BtrfsQuota)
+    xfs = make_quota_backend("xfs", home_root=str(tmp_path / "not-yet"))
+    assert isinstance(xfs, XfsQuota)
+    assert xfs.mount_point == find_mount_point(str(tmp_path))
+    setq = make_quota_backend("setquota", home_root=str(tmp_path))
+    assert isinstance(setq, SetQuota) and setq.filesystem == find_mount_point(str(tmp_path))
     with pytest.raises(InvalidInput, match="quota_backend"):
-        q.make_quota_backend("zfs", home_root=str(tmp_path))
+        make_quota_backend("zfs", home_root=str(tmp_path))
 
 
 def test_find_mount_point_walks_up_to_a_mount():
-    assert q.find_mount_point("/proc/self/no/such/dir") == "/proc"
-    assert q.find_mount_point("/") == "/"
+    assert find_mount_point("/proc/self/no/such/dir") == "/proc"
+    assert find_mount_point("/") == "/"
 
 
 # --- XfsQuota: exact argv --------------------------------------------------
@@ -91,7 +96,7 @@ def _xfs(command, mount="/srv"):
 
 
 def test_xfs_make_home_sets_up_the_project_of_the_uid(runner, tmp_path):
-    backend = q.XfsQuota(mount_point=str(tmp_path))
+    backend = XfsQuota(mount_point=str(tmp_path))
     home = str(tmp_path / "alice")
     backend.make_home(home, uid=12345)
     assert runner.calls == [_xfs(f"project -s -p {home} 12345", str(tmp_path))]
@@ -99,7 +104,7 @@ def test_xfs_make_home_sets_up_the_project_of_the_uid(runner, tmp_path):
 
 
 def test_xfs_make_home_removes_the_directory_when_the_project_fails(runner, tmp_path):
-    backend = q.XfsQuota(mount_point=str(tmp_path))
+    backend = XfsQuota(mount_point=str(tmp_path))
     home = str(tmp_path / "alice")
     # xfs_quota reports this on stderr and still exits 0.
     runner.answer(
@@ -112,13 +117,13 @@ def test_xfs_make_home_removes_the_directory_when_the_project_fails(runner, tmp_
 
 
 def test_xfs_set_limit_and_offset(runner):
-    q.XfsQuota(mount_point="/srv").set_limit("/srv/home/alice", uid=12345, size_gb=5)
-    q.XfsQuota(mount_point="/srv", project_id_offset=1000000).set_limit("/srv/home/alice", uid=7, size_gb=1)
+    XfsQuota(mount_point="/srv").set_limit("/srv/home/alice", uid=12345, size_gb=5)
+    XfsQuota(mount_point="/srv", project_id_offset=1000000).set_limit("/srv/home/alice", uid=7, size_gb=1)
     assert runner.calls == [_xfs("limit -p bhard=5g 12345"), _xfs("limit -p bhard=1g 1000007")]
 
 
 def test_xfs_get_limit_reads_kib(runner):
-    backend = q.XfsQuota(mount_point="/srv")
+    backend = XfsQuota(mount_point="/srv")
     runner.answer(
         _xfs("quota -p -N -n -v -b 12345"),
         stdout="/dev/sdb1                   4    5242880    5242880   00 [--------] /srv\n",
@@ -128,7 +133,7 @@ def test_xfs_get_limit_reads_kib(runner):
 
 
 def test_xfs_get_limit_of_a_wrapped_line_and_of_no_limit(runner):
-    backend = q.XfsQuota(mount_point="/srv")
+    backend = XfsQuota(mount_point="/srv")
     runner.answer(
         _xfs("quota -p -N -n -v -b 1"),
         stdout="/dev/mapper/very-long-volume-name\n                    0          0    1048576   00 [------] /srv\n",
@@ -140,7 +145,7 @@ def test_xfs_get_limit_of_a_wrapped_line_and_of_no_limit(runner):
 
 
 def test_xfs_remove_deletes_the_tree_then_clears_the_limit(runner, tmp_path):
-    backend = q.XfsQuota(mount_point=str(tmp_path))
+    backend = XfsQuota(mount_point=str(tmp_path))
     home = tmp_path / "alice"
     (home / "sub").mkdir(parents=True)
     backend.remove(str(home), uid=12345)
@@ -150,7 +155,7 @@ def test_xfs_remove_deletes_the_tree_then_clears_the_limit(runner, tmp_path):
 
 
 def test_xfs_check(runner):
-    backend = q.XfsQuota(mount_point="/srv")
+    backend = XfsQuota(mount_point="/srv")
     state = "Project quota state on /srv (/dev/sdb1)\n  Accounting: ON\n  Enforcement: {}\n"
     runner.answer(_xfs("state -p"), stdout=state.format("ON"))
     backend.check("/srv/home")
@@ -163,7 +168,7 @@ def test_xfs_check(runner):
 
 
 def test_xfs_refuses_paths_xfs_quota_would_split(runner):
-    backend = q.XfsQuota(mount_point="/srv")
+    backend = XfsQuota(mount_point="/srv")
     with pytest.raises(HostUnavailable):
         backend.check("/srv/my homes")
     with pytest.raises(HostError):
@@ -174,20 +179,20 @@ def test_xfs_refuses_paths_xfs_quota_would_split(runner):
 @pytest.mark.parametrize("uid", [-1, True, "12", 4294967295])
 def test_xfs_refuses_bad_uids(runner, uid):
     with pytest.raises(InvalidInput):
-        q.XfsQuota(mount_point="/srv").set_limit("/srv/a", uid=uid, size_gb=1)
+        XfsQuota(mount_point="/srv").set_limit("/srv/a", uid=uid, size_gb=1)
     assert runner.calls == []
 
 
 def test_xfs_refuses_project_zero(runner):
     with pytest.raises(InvalidInput, match="project id 0"):
-        q.XfsQuota(mount_point="/srv").set_limit("/srv/a", uid=0, size_gb=1)
+        XfsQuota(mount_point="/srv").set_limit("/srv/a", uid=0, size_gb=1)
 
 
 # --- SetQuota: exact argv --------------------------------------------------
 
 
 def test_setquota_set_limit_in_kib(runner):
-    backend = q.SetQuota(filesystem="/home")
+    backend = SetQuota(filesystem="/home")
     backend.set_limit("/home/alice", uid=12345, size_gb=1)
     backend.set_limit("/home/alice", uid=12345, size_gb=10)
     assert runner.calls == [
@@ -198,7 +203,7 @@ def test_setquota_set_limit_in_kib(runner):
 
 def test_setquota_remove_deletes_the_tree_and_leaves_the_uid_no_space(runner, tmp_path):
     """Not 0 0 0 0, which means unlimited: the account outlives its volume (issue 8, finding 11)."""
-    backend = q.SetQuota(filesystem="/home")
+    backend = SetQuota(filesystem="/home")
     home = tmp_path / "alice"
     home.mkdir()
     (home / "f").write_text("x")
@@ -208,7 +213,7 @@ def test_setquota_remove_deletes_the_tree_and_leaves_the_uid_no_space(runner, tm
 
 
 def test_setquota_a_new_volume_after_a_delete_lifts_the_inode_limit(runner, tmp_path):
-    backend = q.SetQuota(filesystem="/home")
+    backend = SetQuota(filesystem="/home")
     backend.remove(str(tmp_path / "gone"), uid=12345)
     backend.set_limit("/home/alice", uid=12345, size_gb=2)
     assert runner.calls[-1] == ["setquota", "-u", "12345", "0", "2097152", "0", "0", "/home"]
@@ -218,7 +223,7 @@ QUOTA_ARGV = ["quota", "-u", "-v", "-w", "-p", "--filesystem=/home", "12345"]
 
 
 def test_setquota_get_limit(runner):
-    backend = q.SetQuota(filesystem="/home")
+    backend = SetQuota(filesystem="/home")
     runner.answer(
         QUOTA_ARGV,
         stdout=(
@@ -232,7 +237,7 @@ def test_setquota_get_limit(runner):
 
 
 def test_setquota_get_limit_when_over_or_none(runner):
-    backend = q.SetQuota(filesystem="/home")
+    backend = SetQuota(filesystem="/home")
     over = (
         "Disk quotas for user #12345 (uid 12345): \n"
         "     Filesystem  blocks   quota   limit   grace   files   quota   limit   grace\n"
@@ -245,7 +250,7 @@ def test_setquota_get_limit_when_over_or_none(runner):
 
 
 def test_setquota_check(runner):
-    backend = q.SetQuota(filesystem="/home")
+    backend = SetQuota(filesystem="/home")
     argv = ["quotaon", "-p", "-u", "/home"]
     runner.answer(argv, rc=1, stdout="user quota on /home (/dev/sda2) is on\n")
     backend.check("/home")
@@ -256,7 +261,7 @@ def test_setquota_check(runner):
 
 
 def test_setquota_make_home_runs_nothing(runner, tmp_path):
-    q.SetQuota(filesystem=str(tmp_path)).make_home(str(tmp_path / "a"), uid=5)
+    SetQuota(filesystem=str(tmp_path)).make_home(str(tmp_path / "a"), uid=5)
     assert (tmp_path / "a").is_dir() and runner.calls == []
 
 
@@ -273,14 +278,14 @@ Qgroupid    Referenced    Exclusive  Max referenced  Max exclusive   Path
 
 
 def test_parse_qgroups():
-    assert q.parse_qgroups(QGROUPS) == {"0/5": None, "0/256": GIB, "0/258": None}
+    assert parse_qgroups(QGROUPS) == {"0/5": None, "0/256": GIB, "0/258": None}
 
 
 def test_parse_qgroups_refuses_a_forged_row():
     # A directory named "x\n0/256 0 0 none none" would print this.
     forged = QGROUPS + "0/256 0 0 none none\n"
     with pytest.raises(HostError, match="twice"):
-        q.parse_qgroups(forged)
+        parse_qgroups(forged)
 
 
 def test_btrfs_destroys_qgroups_the_kernel_left_behind(runner):
@@ -288,7 +293,7 @@ def test_btrfs_destroys_qgroups_the_kernel_left_behind(runner):
     before = "0/5 16384 16384 none none <toplevel>\n0/300 0 0 1073741824 none <stale>\n"
     runner.answer(show, stdout=before)
     runner.answer(show, stdout="0/5 16384 16384 none none <toplevel>\n", then=True)
-    q.BtrfsQuota()._destroy_qgroups("/mnt/homes", [300, 301])
+    BtrfsQuota()._destroy_qgroups("/mnt/homes", [300, 301])
     assert runner.calls == [
         show,
         ["btrfs", "filesystem", "sync", "/mnt/homes"],
@@ -302,33 +307,33 @@ def test_btrfs_reports_a_qgroup_that_will_not_go(runner):
     runner.answer(show, stdout="0/300 16384 16384 1073741824 none <stale>\n")
     runner.answer(["btrfs", "qgroup", "destroy", "0/300", "/mnt/homes"], rc=1, stderr="ERROR: Device or resource busy")
     with pytest.raises(HostError, match="0/300 remain"):
-        q.BtrfsQuota()._destroy_qgroups("/mnt/homes", [300])
+        BtrfsQuota()._destroy_qgroups("/mnt/homes", [300])
 
 
 def test_btrfs_with_quotas_disabled_has_no_qgroups_to_destroy(runner):
     show = ["btrfs", "qgroup", "show", "-re", "--raw", "/mnt/homes"]
     runner.answer(show, rc=1, stderr="ERROR: can't list qgroups: quotas not enabled\n")
-    q.BtrfsQuota()._destroy_qgroups("/mnt/homes", [300])
+    BtrfsQuota()._destroy_qgroups("/mnt/homes", [300])
     assert runner.calls == [show]
 
 
 def test_btrfs_set_limit_refuses_a_plain_directory(runner, tmp_path):
     # A qgroup limit on a plain directory would land on the whole parent subvolume.
     with pytest.raises(HostError, match="not a btrfs subvolume"):
-        q.BtrfsQuota().set_limit(str(tmp_path), uid=1, size_gb=1)
+        BtrfsQuota().set_limit(str(tmp_path), uid=1, size_gb=1)
     assert runner.calls == []
 
 
 def test_btrfs_remove_of_a_plain_directory_removes_the_tree(runner, tmp_path):
     home = tmp_path / "alice"
     (home / "d").mkdir(parents=True)
-    q.BtrfsQuota().remove(str(home), uid=1)
+    BtrfsQuota().remove(str(home), uid=1)
     assert not home.exists() and runner.calls == []
 
 
 def test_btrfs_nested_subvolumes_of_a_plain_directory_or_nothing(runner, tmp_path):
     (tmp_path / "alice" / "d").mkdir(parents=True)
-    backend = q.BtrfsQuota()
+    backend = BtrfsQuota()
     assert backend.nested_subvolumes(str(tmp_path / "alice")) == ()
     assert backend.nested_subvolumes(str(tmp_path / "missing")) == ()
     (tmp_path / "link").symlink_to(tmp_path / "alice")
@@ -336,7 +341,7 @@ def test_btrfs_nested_subvolumes_of_a_plain_directory_or_nothing(runner, tmp_pat
     assert runner.calls == []
 
 
-@pytest.mark.parametrize("backend", [q.NoQuota(), q.XfsQuota(mount_point="/srv"), q.SetQuota(filesystem="/srv")])
+@pytest.mark.parametrize("backend", [NoQuota(), XfsQuota(mount_point="/srv"), SetQuota(filesystem="/srv")])
 def test_backends_without_subvolumes_have_none_nested(runner, backend, tmp_path):
     assert backend.nested_subvolumes(str(tmp_path)) == ()
     assert runner.calls == []
@@ -346,7 +351,7 @@ def test_btrfs_check_maps_a_failure_to_unavailable(runner):
     argv = ["btrfs", "filesystem", "df", "/srv/home"]
     runner.answer(argv, rc=1, stderr="ERROR: not a btrfs filesystem: /srv/home\n")
     with pytest.raises(HostUnavailable, match="not on a usable btrfs"):
-        q.BtrfsQuota().check("/srv/home")
+        BtrfsQuota().check("/srv/home")
     assert runner.calls == [argv]
 
 
@@ -354,7 +359,7 @@ def test_btrfs_check_maps_a_failure_to_unavailable(runner):
 
 
 def test_noquota_makes_and_removes_plain_directories(tmp_path):
-    backend = q.NoQuota()
+    backend = NoQuota()
     home = str(tmp_path / "alice")
     backend.make_home(home, uid=12345)
     assert os.path.isdir(home) and os.stat(home).st_mode & 0o777 == 0o700
@@ -369,7 +374,7 @@ def test_noquota_makes_and_removes_plain_directories(tmp_path):
 
 def test_make_home_in_a_missing_root_is_a_host_error(tmp_path):
     with pytest.raises(HostError, match="No such file"):
-        q.NoQuota().make_home(str(tmp_path / "missing" / "alice"), uid=1)
+        NoQuota().make_home(str(tmp_path / "missing" / "alice"), uid=1)
 
 
 def test_remove_tree_does_not_follow_symlinks(tmp_path):
@@ -381,7 +386,7 @@ def test_remove_tree_does_not_follow_symlinks(tmp_path):
     (home / "d" / "to-outside").symlink_to(outside)
     (home / "to-etc").symlink_to("/etc")
     (home / "to-file").symlink_to(outside / "keep")
-    q.remove_tree(str(home))
+    remove_tree(str(home))
     assert not os.path.lexists(home)
     assert (outside / "keep").read_text() == "precious"
     assert os.path.exists("/etc/passwd")
@@ -393,17 +398,17 @@ def test_remove_tree_of_a_symlink_removes_only_the_link(tmp_path):
     (outside / "keep").write_text("x")
     link = tmp_path / "home"
     link.symlink_to(outside)
-    q.remove_tree(str(link))
+    remove_tree(str(link))
     assert not os.path.lexists(link) and (outside / "keep").exists()
 
 
 def test_mounts_below_reads_mountinfo():
-    assert "/proc" in q.mounts_below("/proc")
-    assert q.mounts_below("/proc/self/no-such-dir") == []
+    assert "/proc" in mounts_below("/proc")
+    assert mounts_below("/proc/self/no-such-dir") == []
 
 
 def test_fake_quota_keeps_limits_and_fails_on_demand(tmp_path):
-    fake = q.FakeQuota()
+    fake = FakeQuota()
     home = str(tmp_path / "alice")
     fake.make_home(home, uid=1)
     fake.set_limit(home, uid=1, size_gb=2)
@@ -434,7 +439,7 @@ def btrfs(*args) -> str:
 
 
 def qgroups(path) -> dict:
-    return q.parse_qgroups(btrfs("qgroup", "show", "-re", "--raw", path))
+    return parse_qgroups(btrfs("qgroup", "show", "-re", "--raw", path))
 
 
 def subvolume_id(path) -> int:
@@ -445,7 +450,7 @@ def subvolume_id(path) -> int:
 @pytest.mark.real_commands
 @pytest.mark.integration
 def test_btrfs_backend_lifecycle(btrfs_home_root):
-    backend = q.BtrfsQuota()
+    backend = BtrfsQuota()
     backend.check(btrfs_home_root)
     home = os.path.join(btrfs_home_root, "alice")
     backend.make_home(home, uid=12345)
@@ -468,7 +473,7 @@ def test_btrfs_backend_lifecycle(btrfs_home_root):
 @pytest.mark.integration
 def test_btrfs_backend_enables_quotas_when_needed(btrfs_home_root):
     btrfs("quota", "disable", btrfs_home_root)
-    backend = q.BtrfsQuota()
+    backend = BtrfsQuota()
     home = os.path.join(btrfs_home_root, "bob")
     backend.make_home(home, uid=12346)
     assert backend.get_limit(home, uid=12346) is None  # quotas are off
@@ -481,7 +486,7 @@ def test_btrfs_backend_enables_quotas_when_needed(btrfs_home_root):
 @pytest.mark.integration
 def test_btrfs_check_refuses_a_non_btrfs_root(tmp_path):
     with pytest.raises(HostUnavailable, match="btrfs"):
-        q.BtrfsQuota().check(str(tmp_path))
+        BtrfsQuota().check(str(tmp_path))
 
 
 # --- removal acts on the recorded uid, never on the tree's owner (issue 16, finding 10) ----
@@ -508,7 +513,7 @@ def _chown_tree(path, uid) -> None:
 
 @pytest.mark.parametrize("kind", ["setquota", "xfs"])
 def test_purge_of_a_home_chowned_to_another_uid_changes_only_the_recorded_uid(runner, tmp_path, kind):
-    backend = q.SetQuota(filesystem=str(tmp_path)) if kind == "setquota" else q.XfsQuota(mount_point=str(tmp_path))
+    backend = SetQuota(filesystem=str(tmp_path)) if kind == "setquota" else XfsQuota(mount_point=str(tmp_path))
     homes = _homes_on(tmp_path, backend)
     path = homes.create("bob", uid=BOB, gid=BOB, size_gb=1)
     (tmp_path / "home" / "bob" / "f").write_text("x")
@@ -526,7 +531,7 @@ def test_purge_of_a_home_chowned_to_another_uid_changes_only_the_recorded_uid(ru
 
 def test_purge_of_a_home_retired_without_a_uid_changes_no_quota(runner, tmp_path):
     """A home retired before uids were recorded: its tree goes, nobody's quota changes."""
-    homes = _homes_on(tmp_path, q.SetQuota(filesystem=str(tmp_path)))
+    homes = _homes_on(tmp_path, SetQuota(filesystem=str(tmp_path)))
     homes.create("bob", uid=BOB, gid=BOB, size_gb=1)
     runner.calls.clear()
     retired = homes.retire("bob", token="vol-1", uid=None)
@@ -543,7 +548,7 @@ def test_deleting_a_volume_whose_home_guest_root_chowned_removes_only_the_owners
 
     bob = make_caller(cctx, "bob@example.org")
     account = enable(cctx, bob, "bob")
-    adapters.homes = _homes_on(tmp_path, q.SetQuota(filesystem=str(tmp_path)))
+    adapters.homes = _homes_on(tmp_path, SetQuota(filesystem=str(tmp_path)))
     vol = give_volume(client, bob)
     assert cctx.store.volume_of_user(bob.id)["uid"] == account["uid"]
     _chown_tree(adapters.homes.path("bob"), OTHER)
@@ -592,7 +597,7 @@ def test_a_volume_made_while_the_old_home_is_removed_keeps_its_limit(runner, tmp
     cctx.background = Background()
     bob = make_caller(cctx, "bob@example.org")
     uid = str(enable(cctx, bob, "bob")["uid"])
-    adapters.homes = _homes_on(tmp_path, q.SetQuota(filesystem=str(tmp_path)))
+    adapters.homes = _homes_on(tmp_path, SetQuota(filesystem=str(tmp_path)))
     old = give_volume(client, bob, size=1)
     release, purging = hold_purges(adapters.homes)
     assert client.simulate_delete(f"/v1/storage-volume/{old['volume-id']}", headers=bob.headers).status_code == 200
