@@ -10,6 +10,7 @@ import configparser
 import ipaddress
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -22,7 +23,7 @@ from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none,
 DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
 CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
 
-QUOTA_BACKENDS = ("none", "btrfs", "xfs", "setquota")
+QUOTA_BACKENDS = ("none", "btrfs", "xfs", "setquota", "command")
 DIRECTORY_BACKENDS = ("local", "ldap")
 VIRT_TYPES = ("kvm", "qemu")
 # Hypervisor host names: a DNS-like label, as operators name their nodes.
@@ -108,6 +109,10 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "quota_backend": "none",
         "max_size_gb": "1024",
         "quota_mountpoint": "",
+        # quota_backend = command: the site program that sets, reads and removes a home's
+        # quota (host_adapters/command_quota.py), and how long one run of it may take.
+        "quota_command": "",
+        "quota_command_timeout_seconds": "60",
     },
     "unix": {"root": ""},
     "directory": {
@@ -233,6 +238,29 @@ def _name_prefix(text: str, where: str) -> str:
     return text
 
 
+# One run of the quota program may take at most this long (every wait is bounded).
+QUOTA_COMMAND_TIMEOUT_MAX = 600
+
+
+def _program(text: str, where: str) -> str:
+    """A program root runs: an absolute path to an executable regular file that only its
+    owner (root, or the user this runs as) can change. Empty: none."""
+    if not text:
+        return text
+    if not text.startswith("/"):
+        raise InvalidInput(f"{where} must be an absolute path, got {text!r}")
+    try:
+        st = os.stat(text)
+    except OSError as e:
+        raise InvalidInput(f"{where}: cannot use {text}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode) or not os.access(text, os.X_OK):
+        raise InvalidInput(f"{where}: {text} is not an executable file")
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        raise InvalidInput(f"{where}: {text} must be owned by root and not writable by group or others "
+                           "(it runs as root)")
+    return text
+
+
 def _pattern(text: str, where: str) -> str:
     try:
         re.compile(text)
@@ -317,6 +345,18 @@ class VolumesConfig:
     quota_backend: str = _one_of(QUOTA_BACKENDS)
     max_size_gb: int
     quota_mountpoint: str
+    quota_command: str = _parsed(_program)
+    quota_command_timeout_seconds: int = _at_least(1)
+
+    def __post_init__(self):
+        where = "config [volumes]"
+        if not self.quota_command_timeout_seconds <= QUOTA_COMMAND_TIMEOUT_MAX:
+            raise InvalidInput(f"{where} quota_command_timeout_seconds must be from 1 to {QUOTA_COMMAND_TIMEOUT_MAX}")
+        if self.quota_backend == "command" and not self.quota_command:
+            raise InvalidInput(f"{where} quota_backend = command needs quota_command (the program's path)")
+        if self.quota_command and self.quota_backend != "command":
+            raise InvalidInput(f"{where} quota_command is run only with quota_backend = command, "
+                               f"not {self.quota_backend}")
 
 
 @dataclass(frozen=True)
@@ -508,11 +548,14 @@ def _check_guest_root_quota(config: Config) -> None:
 
     # Guest root writes through a home's share as uid 0 on the head node: a per-uid
     # limit never sees those files, so the owner's sudo would make the quota moot.
+    # A site's quota_command may limit the uid too, and the controller cannot tell.
     backend = config.volumes.quota_backend
     if config.guest.sudo == "owner" and guest_root_escapes(backend):
+        limits = ("may limit the user's uid (the controller cannot tell)" if backend == "command"
+                  else "limits the user's uid")
         raise InvalidInput(
             f"config [guest] sudo = owner cannot be used with [volumes] quota_backend = {backend}: "
-            f"{backend} limits the user's uid, and root in a guest writes into the homes shared with it "
+            f"{backend} {limits}, and root in a guest writes into the homes shared with it "
             "as root, past every user's quota; use quota_backend btrfs or xfs (they limit the home "
             "whoever writes) or [guest] sudo = none")
 

@@ -50,8 +50,10 @@ class Adapters:
 def build_quota(config: "Config"):
     from host_adapters.quota_backends import make_quota_backend
 
-    return make_quota_backend(config.volumes.quota_backend, home_root=config.volumes.home_root,
-                              mount_point=config.volumes.quota_mountpoint)
+    volumes = config.volumes
+    return make_quota_backend(volumes.quota_backend, home_root=volumes.home_root,
+                              mount_point=volumes.quota_mountpoint, command=volumes.quota_command,
+                              command_timeout=volumes.quota_command_timeout_seconds)
 
 
 def build_directory(config: "Config") -> Directory:

@@ -2,12 +2,13 @@
 
 from common.errors import InvalidInput
 from host_adapters.btrfs_quota import BtrfsQuota
+from host_adapters.command_quota import CommandQuota
 from host_adapters.quota import NoQuota, QuotaBackend, find_mount_point
 from host_adapters.setquota import SetQuota
 from host_adapters.xfs_quota import XfsQuota
 
 BACKEND_CLASSES: dict[str, type[QuotaBackend]] = {
-    "none": NoQuota, "btrfs": BtrfsQuota, "xfs": XfsQuota, "setquota": SetQuota,
+    "none": NoQuota, "btrfs": BtrfsQuota, "xfs": XfsQuota, "setquota": SetQuota, "command": CommandQuota,
 }
 BACKENDS = tuple(BACKEND_CLASSES)
 
@@ -18,11 +19,13 @@ def guest_root_escapes(name: str) -> bool:
     return cls.enforces_limits and not cls.binds_every_writer
 
 
-def make_quota_backend(name: str, *, home_root: str, mount_point: str = "") -> QuotaBackend:
+def make_quota_backend(name: str, *, home_root: str, mount_point: str = "", command: str = "",
+                       command_timeout: float = 60) -> QuotaBackend:
     """The backend `[volumes] quota_backend = name` asks for, for homes under home_root.
 
     xfs and setquota act on a filesystem: mount_point (`[volumes] quota_mountpoint`)
-    when given, otherwise the one holding home_root.
+    when given, otherwise the one holding home_root. command runs the program `command`
+    (`[volumes] quota_command`), bounded by command_timeout seconds.
     """
     if name == "none":
         return NoQuota()
@@ -32,4 +35,6 @@ def make_quota_backend(name: str, *, home_root: str, mount_point: str = "") -> Q
         return XfsQuota(mount_point=mount_point or find_mount_point(home_root))
     if name == "setquota":
         return SetQuota(filesystem=mount_point or find_mount_point(home_root))
+    if name == "command":
+        return CommandQuota(program=command, timeout=command_timeout)
     raise InvalidInput(f"unknown quota_backend {name!r}: must be one of {', '.join(BACKENDS)}")
