@@ -20,47 +20,51 @@ MOUNT=/lustre
 me=cloud-quota-lustre
 die() { echo "$me: $*" >&2; exit 2; }
 
-# HOME_PATH or HOME_ROOT: under MOUNT, plain name characters only.
-valid_path() {
-    case $1 in
-        "$MOUNT"/*) ;;
-        *) die "$1 is not under the Lustre mount $MOUNT" ;;
-    esac
-    case $1 in
-        *[!A-Za-z0-9._/-]* | */../* | */.. | *//*) die "refusing the path $1" ;;
-    esac
+# valid PATH [NAME VALUE]...: PATH under MOUNT in plain name characters, then numbers.
+valid() {
+    case $1 in "$MOUNT"/*) ;; *) die "$1 is not under the Lustre mount $MOUNT" ;; esac
+    case $1 in *[!A-Za-z0-9._/-]* | */../* | */.. | *//*) die "refusing the path $1" ;; esac
+    shift
+    numbers "$@"
 }
 
-decimal() { # NAME VALUE MAX_DIGITS
-    case $2 in
-        '' | *[!0-9]*) die "$1 must be a decimal number, got '$2'" ;;
-    esac
-    [ "${#2}" -le "$3" ] || die "$1 is too long: $2"
+# numbers [NAME VALUE]...: each VALUE decimal, a UID of 10 digits at most, others 18.
+numbers() {
+    while [ $# -ge 2 ]; do
+        case $2 in '' | *[!0-9]*) die "$1 must be a decimal number, got '$2'" ;; esac
+        max=18
+        [ "$1" != UID ] || max=10
+        [ "${#2}" -le "$max" ] || die "$1 is too long: $2"
+        shift 2
+    done
 }
 
-[ $# -ge 1 ] || die "usage: $me set|get|remove|check ARGS"
+usage="usage: $me set HOME_PATH UID BYTES | get|remove HOME_PATH UID | check HOME_ROOT"
+# How many arguments each action takes, itself included.
+case ${1:-} in
+    check) count=2 ;;
+    get | remove) count=3 ;;
+    set) count=4 ;;
+    '') die "$usage" ;;
+    *) die "unknown action '$1' (set, get, remove or check)" ;;
+esac
+[ $# -eq "$count" ] || die "$usage"
 action=$1
 shift
 case $action in
     check)
-        [ $# -eq 1 ] || die "usage: $me check HOME_ROOT"
-        valid_path "$1"
+        valid "$1"
         [ -d "$1" ] || die "home_root $1 is not a directory"
         lfs quota -q -u 0 "$MOUNT" >/dev/null || die "lfs quota does not answer on $MOUNT"
         ;;
     set)
-        [ $# -eq 3 ] || die "usage: $me set HOME_PATH UID BYTES"
-        valid_path "$1"
-        decimal UID "$2" 10
-        decimal BYTES "$3" 18
+        valid "$1" UID "$2" BYTES "$3"
         [ $(($3 % 1024)) -eq 0 ] || die "BYTES must be whole KiB: $3"
         # lfs reads a plain number as KiB.
         lfs setquota -u "$2" -b 0 -B "$(($3 / 1024))" "$MOUNT"
         ;;
     get)
-        [ $# -eq 2 ] || die "usage: $me get HOME_PATH UID"
-        valid_path "$1"
-        decimal UID "$2" 10
+        valid "$1" UID "$2"
         out=$(lfs quota -q -u "$2" "$MOUNT")
         # -q: one row, "MOUNT kbytes quota limit grace files quota limit grace"; lfs
         # breaks it after a long MOUNT, so read the words after MOUNT wherever they are.
@@ -72,19 +76,13 @@ case $action in
         [ $# -eq 2 ] || die "unexpected lfs quota output: $out"
         used=${1%\*}
         limit=${2%\*}
-        decimal kbytes "$used" 16
-        decimal limit "$limit" 16
+        numbers kbytes "$used" limit "$limit"
         echo "$((limit * 1024)) $((used * 1024))"
         ;;
     remove)
-        [ $# -eq 2 ] || die "usage: $me remove HOME_PATH UID"
-        valid_path "$1"
-        decimal UID "$2" 10
+        valid "$1" UID "$2"
         # As quota_backend = setquota does: a uid whose volume is gone keeps the
         # smallest limits (1 KiB, 1 inode), never "none", so it cannot fill MOUNT.
         lfs setquota -u "$2" -b 0 -B 1 -i 0 -I 1 "$MOUNT"
-        ;;
-    *)
-        die "unknown action '$action' (set, get, remove or check)"
         ;;
 esac

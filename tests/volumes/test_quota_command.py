@@ -408,6 +408,13 @@ def run_sample(script: Path, bin_dir: Path, *args: str) -> subprocess.CompletedP
     return subprocess.run(["/bin/sh", str(script), *args], capture_output=True, text=True, env=env, timeout=30)
 
 
+def sample_ok(script: Path, bin_dir: Path, *args: str) -> str:
+    """What a sample printed on stdout; it must succeed."""
+    proc = run_sample(script, bin_dir, *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def test_the_zfs_sample_sets_reads_and_removes_user_quotas(tmp_path):
     zfs = Tool(tmp_path / "bin", "zfs")
     home_root = tmp_path / "home"
@@ -420,9 +427,7 @@ def test_the_zfs_sample_sets_reads_and_removes_user_quotas(tmp_path):
     script = ETC / "quota-command-zfs.sh"
 
     def ok(*args):
-        proc = run_sample(script, zfs.bin_dir, *args)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return sample_ok(script, zfs.bin_dir, *args)
 
     assert ok("check", str(home_root)) == ""
     assert ok("set", home, str(UID), str(2 * GIB)) == ""
@@ -465,9 +470,7 @@ def test_the_lustre_sample_sets_reads_and_removes_user_quotas(tmp_path):
     lfs.answer("setquota *")
 
     def ok(*args):
-        proc = run_sample(script, lfs.bin_dir, *args)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return sample_ok(script, lfs.bin_dir, *args)
 
     assert ok("check", str(home_root)) == ""
     assert ok("set", home, str(UID), str(2 * GIB)) == ""
