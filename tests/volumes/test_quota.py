@@ -10,6 +10,7 @@ import pytest
 from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
 from host_adapters import subp
 from host_adapters.btrfs_quota import BtrfsQuota, parse_qgroups
+from host_adapters.command_quota import CommandQuota
 from host_adapters.fake_quota import FakeQuota
 from host_adapters.quota import NoQuota, QuotaBackend, find_mount_point, mounts_below, remove_tree
 from host_adapters.quota_backends import make_quota_backend
@@ -58,7 +59,7 @@ def _public_methods(cls):
     }
 
 
-@pytest.mark.parametrize("impl", [NoQuota, FakeQuota, BtrfsQuota, XfsQuota, SetQuota])
+@pytest.mark.parametrize("impl", [NoQuota, FakeQuota, BtrfsQuota, XfsQuota, SetQuota, CommandQuota])
 def test_backend_public_methods_match_the_interface(impl):
     interface = _public_methods(QuotaBackend)
     methods = _public_methods(impl)
