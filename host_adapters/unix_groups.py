@@ -1,7 +1,9 @@
 """UNIX groups: the interface, the `groupadd`/`gpasswd`/`groupdel` implementation and a fake.
 
 `CommandUnixGroups(root)` acts on the host when root is empty, or inside the
-system root `root` (see host_adapters/sysroot.py).
+system root `root` (see host_adapters/sysroot.py); `LdapUnixGroups`
+(host_adapters/ldap_groups.py) writes posixGroup entries to the LDAP directory
+(`[groups] backend`).
 """
 
 import logging
@@ -35,8 +37,9 @@ class UnixGroups:
     names.check_username (else InvalidInput, before anything changes).
     """
 
-    def check(self) -> None:
-        """Raise HostUnavailable (naming the cause) if groups cannot be managed."""
+    def check(self) -> str | None:
+        """Raise HostUnavailable (naming the cause) if groups cannot be managed; may return a
+        line saying where the groups live."""
         raise NotImplementedError
 
     def get(self, name: str) -> list[str] | None:
@@ -90,14 +93,14 @@ class UnixGroups:
         raise NotImplementedError
 
 
-def _check_members(members: Iterable[str]) -> list[str]:
+def check_members(members: Iterable[str]) -> list[str]:
     """Validated member names, duplicates dropped, order kept."""
     if isinstance(members, (str, bytes)) or not isinstance(members, Iterable):
         raise InvalidInput("members must be a list of usernames")
     return list(dict.fromkeys(check_username(m) for m in members))
 
 
-def _unknown_users_error(unknown: list[str]) -> InvalidInput:
+def unknown_users_error(unknown: list[str]) -> InvalidInput:
     return InvalidInput(f"no such user: {', '.join(unknown)}")
 
 
@@ -127,7 +130,7 @@ class CommandUnixGroups(UnixGroups):
     def _gpasswd(self, *args: str) -> list[str]:
         return ["gpasswd", *sysroot.root_args("-Q", self.root), *args]
 
-    def check(self) -> None:
+    def check(self) -> str | None:
         sysroot.check_root(
             self.root, binaries=("groupadd", "gpasswd", "groupdel"), files=("group",)
         )
@@ -149,11 +152,11 @@ class CommandUnixGroups(UnixGroups):
     def _require_accounts(self, members: list[str]) -> None:
         unknown = sysroot.unknown_users(self.root, members)
         if unknown:
-            raise _unknown_users_error(unknown)
+            raise unknown_users_error(unknown)
 
     def create(self, name: str, *, members: Iterable[str] = ()) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         with sysroot.lock(self.root):
             if self.get(name) is not None:
                 raise Conflict(f"group {name} already exists")
@@ -186,7 +189,7 @@ class CommandUnixGroups(UnixGroups):
 
     def add_members(self, name: str, members: Iterable[str]) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         with sysroot.lock(self.root):
             current = self._existing(name)
             self._require_accounts(members)
@@ -195,7 +198,7 @@ class CommandUnixGroups(UnixGroups):
 
     def remove_members(self, name: str, members: Iterable[str]) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         with sysroot.lock(self.root):
             current = self._existing(name)
             gone = [m for m in members if m in current]
@@ -218,7 +221,7 @@ class CommandUnixGroups(UnixGroups):
 
     def set_members(self, name: str, members: Iterable[str]) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         with sysroot.lock(self.root):
             self._existing(name)
             self._require_accounts(members)
@@ -250,7 +253,7 @@ def create_many(groups_adapter: CommandUnixGroups, groups: list[tuple[str, list[
     """
     if groups_adapter.root is None:
         raise HostError("bulk group creation is only for a scratch system root ([unix] root)")
-    checked = [(check_group_name(name), _check_members(members)) for name, members in groups]
+    checked = [(check_group_name(name), check_members(members)) for name, members in groups]
     with sysroot.lock(groups_adapter.root):
         existing = sysroot.read_group(groups_adapter.root)
         names = [name for name, _ in checked]
@@ -307,14 +310,14 @@ class FakeUnixGroups(UnixGroups):
     def _require_accounts(self, members: list[str]) -> None:
         unknown = [m for m in members if m not in self.users and m not in self.directory.accounts]
         if unknown:
-            raise _unknown_users_error(unknown)
+            raise unknown_users_error(unknown)
 
     def _existing(self, name: str) -> list[str]:
         if name not in self.groups:
             raise NotFound(f"group {name} does not exist")
         return self.groups[name]
 
-    def check(self) -> None:
+    def check(self) -> str | None:
         self._maybe_fail("check")
 
     def get(self, name: str) -> list[str] | None:
@@ -335,7 +338,7 @@ class FakeUnixGroups(UnixGroups):
 
     def create(self, name: str, *, members: Iterable[str] = ()) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         self._maybe_fail("create")
         if name in self.groups:
             raise Conflict(f"group {name} already exists")
@@ -348,7 +351,7 @@ class FakeUnixGroups(UnixGroups):
 
     def add_members(self, name: str, members: Iterable[str]) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         self._maybe_fail("add_members")
         current = self._existing(name)
         self._require_accounts(members)
@@ -356,14 +359,14 @@ class FakeUnixGroups(UnixGroups):
 
     def remove_members(self, name: str, members: Iterable[str]) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         self._maybe_fail("remove_members")
         current = self._existing(name)
         current[:] = [m for m in current if m not in members]
 
     def set_members(self, name: str, members: Iterable[str]) -> None:
         check_group_name(name)
-        members = _check_members(members)
+        members = check_members(members)
         self._maybe_fail("set_members")
         self._existing(name)
         self._require_accounts(members)
