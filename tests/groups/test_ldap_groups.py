@@ -161,3 +161,31 @@ def test_the_factory_builds_the_configured_backend(directory, ldap_tree, tmp_pat
 @pytest.mark.parametrize("cls", [LdapUnixGroups])
 def test_signatures_match_the_interface(cls):
     assert public_methods(cls) == public_methods(UnixGroups)
+
+
+def test_agent_check_names_the_ldap_groups_backend(ldap_tree, tmp_path):
+    import json
+    import subprocess
+
+    from controller.config import write_config
+    from tests.fixtures.agent import AGENT, run_agent
+    from tests.fixtures.api import config_values_for
+
+    server = ldap_tree.server
+    values = config_values_for(tmp_path)
+    values["directory"] = {"backend": "ldap", "uri": server.uri, "base_dn": ldap_tree.base_dn,
+                           "bind_dn": server.bind_dn, "bind_password_file": server.password_file}
+    path = str(tmp_path / "controller.ini")
+    write_config(values, path)
+    subprocess.run([AGENT, "--config", path, "init"], check=True, capture_output=True)
+    proc = run_agent("--config", path, "--json", "check")
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["system_root"] == {
+        "name": "system_root", "ok": True,
+        "detail": f"groups: LDAP posixGroups under ou=groups,{ldap_tree.base_dn} on {server.uri}, gids 70000-79999"}
+    values["groups"] = {"ldap_base": f"ou=nosuch,{ldap_tree.base_dn}"}
+    write_config(values, path)
+    proc = run_agent("--config", path, "--json", "check")
+    assert proc.returncode == 1
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert not checks["system_root"]["ok"] and "the groups base) does not exist" in checks["system_root"]["detail"]
