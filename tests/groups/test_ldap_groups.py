@@ -10,18 +10,12 @@ from host_adapters.factory import build_groups
 from host_adapters.ldap_groups import LdapUnixGroups
 from host_adapters.unix_groups import CommandUnixGroups, UnixGroups
 from tests.groups.test_unix_groups import UnixGroupsContract, public_methods
-from tests.users.test_ldap_directory import ldapsearch, make
+from tests.users import test_ldap_directory as ldap_directory_tests
+from tests.users.test_ldap_directory import directory, ldapsearch, make  # noqa: F401 (directory: a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
 GID_RANGE = (70000, 70004)
-
-
-@pytest.fixture
-def directory(ldap_tree):
-    d = make(ldap_tree.server, ldap_tree.base_dn)
-    yield d
-    d._drop()
 
 
 def group_entry(tree, name: str) -> dict | None:
@@ -48,13 +42,8 @@ class TestLdapUnixGroups(UnixGroupsContract):
             return None if entry is None else entry.get("memberUid", [])
         return members
 
-    @pytest.fixture
-    def no_commands(self, directory, monkeypatch):
-        """Bad names are refused before any LDAP request."""
-        def refuse(*args, **kwargs):
-            raise AssertionError("the directory was contacted")
-
-        monkeypatch.setattr(directory, "_call", refuse)
+    # Bad names are refused before any LDAP request.
+    no_commands = ldap_directory_tests.TestLdapDirectory.no_commands
 
     def test_entry_is_a_posix_group_with_a_gid_from_the_range(self, groups, add_account, ldap_tree):
         add_account("alice")
