@@ -77,7 +77,7 @@ def build_groups(config: "Config", directory: Directory) -> UnixGroups:
         from host_adapters.ldap_groups import LdapUnixGroups
 
         return LdapUnixGroups(directory, base_dn=config.groups.ldap_base or None, gid_range=gid_range)
-    from host_adapters.unix_groups import CommandUnixGroups
+    from host_adapters.local_groups import CommandUnixGroups
 
     return CommandUnixGroups(config.unix.root or None, gid_range=gid_range)
 

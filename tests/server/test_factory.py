@@ -7,7 +7,7 @@ from host_adapters import factory, quota
 from host_adapters.homes import DirectoryHomeVolumes
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from host_adapters.local_directory import LocalDirectory
-from host_adapters.unix_groups import CommandUnixGroups
+from host_adapters.local_groups import CommandUnixGroups
 
 
 def config(tmp_path, **sections):
