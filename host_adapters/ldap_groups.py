@@ -77,29 +77,29 @@ class LdapUnixGroups(UnixGroups):
 
     def __init__(self, directory: LdapDirectory, *, base_dn: str | None = None,
                  gid_range: tuple[int, int] = (70000, 79999)):
-        base_dn = base_dn or directory.groups_dn
+        self._ldap = directory.entries
+        base_dn = base_dn or self._ldap.groups_dn
         if not ldap.dn.is_dn(base_dn):
             raise InvalidInput(f"LDAP groups base {base_dn!r} is not a DN")
         low, high = gid_range
         if not 1 <= low <= high <= 4294967294:
             raise InvalidInput(f"gid range {low}-{high} is empty or out of 1-4294967294")
-        self.directory = directory
         self.base_dn = base_dn
         self.gid_range = gid_range
 
     def __repr__(self) -> str:
-        return f"LdapUnixGroups(base_dn={self.base_dn!r}, directory={self.directory!r})"
+        return f"LdapUnixGroups(base_dn={self.base_dn!r}, uri={self._ldap.uri!r})"
 
     def _dn(self, name: str) -> str:
         return f"cn={ldap.dn.escape_dn_chars(name)},{self.base_dn}"
 
     def _read(self, name: str) -> dict | None:
-        return self.directory.read(self._dn(name), ["gidNumber", "memberUid", "objectClass"])
+        return self._ldap.read(self._dn(name), ["gidNumber", "memberUid", "objectClass"])
 
     # -- reads ---------------------------------------------------------------
 
     def check(self) -> str | None:
-        with self.directory.session(f"read of the groups base {self.base_dn}") as d:
+        with self._ldap.session(f"read of the groups base {self.base_dn}") as d:
             try:
                 d.search(self.base_dn, "(objectClass=*)", ["1.1"], scope=ldap.SCOPE_BASE)
             except ldap.NO_SUCH_OBJECT:
@@ -107,17 +107,17 @@ class LdapUnixGroups(UnixGroups):
                                       f"{d.uri}") from None
         low, high = self.gid_range
         # A passing check says where the groups live (`cloud-agent check` shows it).
-        return f"groups: LDAP posixGroups under {self.base_dn} on {self.directory.uri}, gids {low}-{high}"
+        return f"groups: LDAP posixGroups under {self.base_dn} on {self._ldap.uri}, gids {low}-{high}"
 
     def get(self, name: str) -> list[str] | None:
         check_group_name(name)
-        with self.directory.session(f"read of group {name}"):
+        with self._ldap.session(f"read of group {name}"):
             attrs = self._read(name)
         return None if attrs is None else _members(attrs)
 
     def gid(self, name: str) -> int | None:
         check_group_name(name)
-        with self.directory.session(f"read of group {name}"):
+        with self._ldap.session(f"read of group {name}"):
             attrs = self._read(name)
         if attrs is None:
             return None
@@ -127,7 +127,7 @@ class LdapUnixGroups(UnixGroups):
             raise HostError(f"LDAP entry {self._dn(name)} has no numeric gidNumber") from None
 
     def list_groups(self) -> dict[str, list[str]]:
-        with self.directory.session(f"search of {self.base_dn}") as d:
+        with self._ldap.session(f"search of {self.base_dn}") as d:
             found = d.search(self.base_dn, "(objectClass=posixGroup)", ["cn", "memberUid"])
         groups = {}
         for dn, attrs in found:
@@ -144,7 +144,7 @@ class LdapUnixGroups(UnixGroups):
         if not members:
             return
         wanted = "".join(f"(uid={ldap.filter.escape_filter_chars(m)})" for m in members)
-        found = self.directory.search(self.directory.base_dn, f"(&(objectClass=posixAccount)(|{wanted}))", ["uid"])
+        found = self._ldap.search(self._ldap.base_dn, f"(&(objectClass=posixAccount)(|{wanted}))", ["uid"])
         known = {_first(attrs, "uid") for _, attrs in found}
         unknown = [m for m in members if m not in known]
         if unknown:
@@ -153,7 +153,7 @@ class LdapUnixGroups(UnixGroups):
     def create(self, name: str, *, members: Iterable[str] = ()) -> None:
         check_group_name(name)
         members = check_members(members)
-        with self.directory.session(f"create of group {name}") as d:
+        with self._ldap.session(f"create of group {name}") as d:
             flt = f"(&(objectClass=posixGroup)(cn={ldap.filter.escape_filter_chars(name)}))"
             for dn, _ in d.search(d.base_dn, flt, ["1.1"]):
                 raise Conflict(f"group {name} already exists in the directory ({dn})")
@@ -178,7 +178,7 @@ class LdapUnixGroups(UnixGroups):
     def _free_gid(self, lost: set[int]) -> int:
         low, high = self.gid_range
         used = set(lost)
-        for _, attrs in self.directory.search(self.directory.base_dn, "(objectClass=posixGroup)", ["gidNumber"]):
+        for _, attrs in self._ldap.search(self._ldap.base_dn, "(objectClass=posixGroup)", ["gidNumber"]):
             try:
                 used.add(int(_first(attrs, "gidNumber") or ""))
             except ValueError:
@@ -193,8 +193,8 @@ class LdapUnixGroups(UnixGroups):
         When it does not, our entry is removed (a failure there leaves it for reconcile)."""
         mine = _norm_dn(self._dn(name))
         try:
-            holders = self.directory.search(
-                self.directory.base_dn,
+            holders = self._ldap.search(
+                self._ldap.base_dn,
                 f"(&(objectClass=posixGroup)(gidNumber={ldap.filter.escape_filter_chars(str(number))}))",
                 ["entryCSN", "createTimestamp"])
         except BaseException:
@@ -214,7 +214,7 @@ class LdapUnixGroups(UnixGroups):
 
     def _remove_quietly(self, name: str) -> None:
         try:
-            self.directory.delete(self._dn(name))
+            self._ldap.delete(self._dn(name))
         except (ldap.LDAPError, HostError) as e:
             log.error("could not remove %s after a failed create (%s); reconcile will report it",
                       self._dn(name), e)
@@ -224,7 +224,7 @@ class LdapUnixGroups(UnixGroups):
         do) in one modify; retried when the group changed between the read and the modify."""
         check_group_name(name)
         members = check_members(members)
-        with self.directory.session(f"change of group {name}") as d:
+        with self._ldap.session(f"change of group {name}") as d:
             for _ in range(_MAX_MODIFY_TRIES):
                 attrs = self._read(name)
                 if attrs is None:
@@ -268,7 +268,7 @@ class LdapUnixGroups(UnixGroups):
 
     def delete(self, name: str) -> None:
         check_group_name(name)
-        with self.directory.session(f"delete of group {name}") as d:
+        with self._ldap.session(f"delete of group {name}") as d:
             attrs = self._read(name)
             if attrs is None:
                 return

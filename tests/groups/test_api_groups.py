@@ -30,7 +30,7 @@ def break_groups(adapters, step, monkeypatch):
         def refuse(*args, **kwargs):
             raise ldap.UNWILLING_TO_PERFORM({"desc": "Server is unwilling to perform"})
 
-        monkeypatch.setattr(adapters.directory, {"create": "add", "add_members": "modify"}[step], refuse)
+        monkeypatch.setattr(adapters.directory.entries, {"create": "add", "add_members": "modify"}[step], refuse)
     else:
         adapters.groups.fail_on[step] = HostError(f"{step} broke")
 

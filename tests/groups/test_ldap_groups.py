@@ -62,8 +62,8 @@ class TestLdapUnixGroups(UnixGroupsContract):
 def test_gids_skip_every_number_a_posix_group_holds_and_stop_at_the_range(directory, ldap_tree):
     groups = LdapUnixGroups(directory, gid_range=GID_RANGE)
     # A group another tool wrote elsewhere in the directory holds 70001.
-    with directory.session("test"):
-        directory.add(f"cn=other,ou=people,{ldap_tree.base_dn}",
+    with directory.entries.session("test") as entries:
+        entries.add(f"cn=other,ou=people,{ldap_tree.base_dn}",
                       {"objectClass": [b"top", b"posixGroup"], "cn": [b"other"], "gidNumber": [b"70001"]})
     for name in ("g0", "g2", "g3", "g4"):
         groups.create(name)
@@ -93,8 +93,8 @@ def test_members_are_the_directorys_accounts_not_the_head_nodes(directory, ldap_
 
 def test_a_configured_base_holds_the_groups(directory, ldap_tree):
     base = f"ou=apigroups,{ldap_tree.base_dn}"
-    with directory.session("test"):
-        directory.add(base, {"objectClass": [b"organizationalUnit"], "ou": [b"apigroups"]})
+    with directory.entries.session("test") as entries:
+        entries.add(base, {"objectClass": [b"organizationalUnit"], "ou": [b"apigroups"]})
     groups = LdapUnixGroups(directory, base_dn=base, gid_range=GID_RANGE)
     assert base in groups.check()
     groups.create("devs")
