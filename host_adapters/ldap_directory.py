@@ -653,19 +653,8 @@ class LdapEntries:
 
     def __init__(self, directory: LdapDirectory):
         self._d = directory
-
-    @property
-    def uri(self) -> str:
-        return self._d._uri
-
-    @property
-    def base_dn(self) -> str:
-        return self._d._base_dn
-
-    @property
-    def groups_dn(self) -> str:
-        """Where the accounts' private groups go (groups_ou under base_dn)."""
-        return self._d._groups_dn
+        self.uri, self.base_dn = directory._uri, directory._base_dn
+        self.groups_dn = directory._groups_dn  # where the accounts' private groups go
 
     @contextlib.contextmanager
     def session(self, what: str) -> Iterator["LdapEntries"]:
