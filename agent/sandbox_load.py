@@ -11,7 +11,7 @@ One useradd, groupadd or argon2 hash per user would take many minutes, so this
 is a bulk path that keeps the invariants the service layer keeps:
 
 - accounts go into the scratch system root with LocalDirectory.create_accounts
-  and groups with CommandUnixGroups.create_many (one rewrite of passwd, group,
+  and groups with local_groups.create_many (one rewrite of passwd, group,
   shadow and gshadow in the tools' format; uids above the uid mark, gids from
   `[groups] gid_min`..`gid_max`); usernames, uids, gids, emails and addresses are
   unique and checked by the schema's UNIQUE indexes as well;
@@ -41,7 +41,7 @@ from controller.groups import check_new_group_name
 from controller.rules import new_id
 from controller.security import new_api_key, new_api_secret
 from controller.store import utc_now
-from host_adapters import local_directory, unix_groups
+from host_adapters import local_directory, local_groups
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def load(ctx: Context, shape: Shape = Shape(), *, progress=lambda _msg: None) ->
     if not ctx.config.is_sandbox:
         raise InvalidInput("bulk loading is only for a sandbox ([controller] profile = sandbox)")
     if not (isinstance(ctx.adapters.directory, local_directory.LocalDirectory)
-            and isinstance(ctx.adapters.groups, unix_groups.CommandUnixGroups)):
+            and isinstance(ctx.adapters.groups, local_groups.CommandUnixGroups)):
         raise InvalidInput("bulk loading needs the local directory and UNIX groups of a scratch system root")
     shape.check()
     adapters, store, config = ctx.adapters, ctx.store, ctx.config
@@ -158,7 +158,7 @@ def load(ctx: Context, shape: Shape = Shape(), *, progress=lambda _msg: None) ->
             limits.admit_count(config, "groups", overrides=store.limit_overrides(owner_id),
                                owned=owned_groups[owner_id])
             owned_groups[owner_id] += 1
-        unix_groups.create_many(adapters.groups, specs)
+        local_groups.create_many(adapters.groups, specs)
         made_groups = [name for name, _ in specs]
 
         progress("instances")

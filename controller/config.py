@@ -12,7 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -135,6 +135,11 @@ DEFAULTS: dict[str, dict[str, str]] = {
         # from Debian's reserved 60000-64999 and from systemd's dynamic users (61184-65519).
         "gid_min": "70000",
         "gid_max": "79999",
+        # local (groupadd) or ldap (posixGroup entries); empty follows [directory] backend.
+        "backend": "",
+        # With backend = ldap: the DN the groups go under; empty is [directory] groups_ou
+        # (default ou=groups) under [directory] base_dn.
+        "ldap_base": "",
     },
     # What one user may hold at once (-1: no limit); `cloud-agent user limits` overrides
     # them per user. See controller/limits.py and docs/decisions.md.
@@ -389,6 +394,8 @@ class GroupsConfig:
     refused_names: tuple[str, ...] = _parsed(_names)
     gid_min: int
     gid_max: int
+    backend: str = _one_of(("",) + DIRECTORY_BACKENDS)  # "" until parse_config resolves it
+    ldap_base: str
 
     def __post_init__(self):
         if not 1 <= self.gid_min <= self.gid_max <= 4294967294:
@@ -534,6 +541,7 @@ def parse_config(written: dict[str, dict[str, str]], path: str | None = None) ->
     InvalidInput names the first bad section and key."""
     profile = written.get("controller", {}).get("profile", DEFAULTS["controller"]["profile"]).strip()
     sections = {name: _section(name, {**_defaults(name, profile), **written.get(name, {})}) for name in SECTIONS}
+    sections["groups"] = _groups_backend(sections["groups"], sections["directory"])
     config = Config(**sections, path=path,
                     written=MappingProxyType({s: MappingProxyType(dict(k)) for s, k in written.items()}))
     _check_guest_root_quota(config)
@@ -541,6 +549,16 @@ def parse_config(written: dict[str, dict[str, str]], path: str | None = None) ->
 
     network_plan(config)  # raises InvalidInput naming the bad [network] key
     return config
+
+
+def _groups_backend(groups: GroupsConfig, directory: DirectoryConfig) -> GroupsConfig:
+    """[groups] backend follows [directory] backend unless written; ldap groups live on the
+    directory's server (its uri, bind and base), so they need the ldap directory."""
+    backend = groups.backend or directory.backend
+    if backend == "ldap" and directory.backend != "ldap":
+        raise InvalidInput("config [groups] backend = ldap needs [directory] backend = ldap "
+                           "(the groups are written to the directory's server)")
+    return replace(groups, backend=backend)
 
 
 def _check_guest_root_quota(config: Config) -> None:

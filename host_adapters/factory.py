@@ -66,6 +66,18 @@ def build_directory(config: "Config") -> Directory:
     return LocalDirectory(config.unix.root or None, shell=config.directory.default_shell)
 
 
+def build_groups(config: "Config", directory: Directory) -> UnixGroups:
+    """`[groups] backend`: ldap writes posixGroups on the directory's server, local runs groupadd."""
+    gid_range = (config.groups.gid_min, config.groups.gid_max)
+    if config.groups.backend == "ldap":
+        from host_adapters.ldap_groups import LdapUnixGroups
+
+        return LdapUnixGroups(directory, base_dn=config.groups.ldap_base or None, gid_range=gid_range)
+    from host_adapters.local_groups import CommandUnixGroups
+
+    return CommandUnixGroups(config.unix.root or None, gid_range=gid_range)
+
+
 def config_host(config: "Config") -> HostSpec:
     """The host the config names ([libvirt] uri, storage_pool, host_name; [network] name)."""
     return HostSpec(name=config.libvirt.host_name, uri=config.libvirt.uri,
@@ -129,17 +141,16 @@ def build_hosts(config: "Config", default: Hypervisor) -> HostPool:
 
 def build_adapters(config: "Config") -> Adapters:
     from host_adapters.homes import DirectoryHomeVolumes
-    from host_adapters.unix_groups import CommandUnixGroups
 
     hypervisor = build_hypervisor(config)
+    directory = build_directory(config)
     return Adapters(
         hypervisor_in_process=is_test_driver(config.libvirt.uri),
         hypervisor=hypervisor,
         hosts=build_hosts(config, hypervisor),
         homes=DirectoryHomeVolumes(config.volumes.home_root, build_quota(config)),
-        groups=CommandUnixGroups(config.unix.root or None,
-                                 gid_range=(config.groups.gid_min, config.groups.gid_max)),
-        directory=build_directory(config),
+        groups=build_groups(config, directory),
+        directory=directory,
         shares=LocalShareConfinement() if is_local_qemu(config.libvirt.uri) else None,
     )
 

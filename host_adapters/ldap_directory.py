@@ -233,6 +233,7 @@ class LdapDirectory(Directory):
         self._conn = None
         # One connection; an RLock because public methods hold it across calls.
         self._lock = threading.RLock()
+        self.entries = LdapEntries(self)
 
     def __repr__(self) -> str:
         return f"LdapDirectory(uri={self._uri!r}, base_dn={self._base_dn!r}, bind_dn={self._bind_dn!r})"
@@ -643,3 +644,40 @@ class LdapDirectory(Directory):
                 conn.delete_s(dn)
 
         self._call(f"delete of {dn}", op)
+
+
+class LdapEntries:
+    """An LdapDirectory's one connection, for other adapters of the same server
+    (host_adapters/ldap_groups.py): its lock, its retry of a lost connection once, and
+    its mapping of LDAP failures to the project's errors."""
+
+    def __init__(self, directory: LdapDirectory):
+        self._d = directory
+        self.uri, self.base_dn = directory._uri, directory._base_dn
+        self.groups_dn = directory._groups_dn  # where the accounts' private groups go
+
+    @contextlib.contextmanager
+    def session(self, what: str) -> Iterator["LdapEntries"]:
+        """The connection held for a sequence of calls; an LDAP failure inside becomes
+        HostError naming `what` (a server that does not answer: HostUnavailable)."""
+        with self._d._lock, self._d._errors(what):
+            yield self
+
+    def search(self, base: str, flt: str, attrs: list[str], *, scope: int = ldap.SCOPE_SUBTREE) -> list:
+        """(dn, attrs) of every entry matching flt (escape every value put into it), paged."""
+        return self._d._search(base, scope, flt, attrs)
+
+    def read(self, dn: str, attrs: list[str]) -> dict[str, list[bytes]] | None:
+        return self._d._read(dn, attrs)
+
+    def add(self, dn: str, entry: dict[str, list[bytes]]) -> None:
+        self._d._add(dn, entry)
+
+    def delete(self, dn: str) -> None:
+        """Remove the entry; already gone is no error."""
+        self._d._delete(dn)
+
+    def modify(self, dn: str, changes: list) -> None:
+        """One modify request, applied whole or not at all; python-ldap's errors (no such
+        object, a value that exists or does not) reach the caller."""
+        self._d._call(f"modify of {dn}", lambda conn, attempt: conn.modify_s(dn, changes))

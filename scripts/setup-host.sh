@@ -14,6 +14,7 @@ PACKAGES=(
   btrfs-progs xfsprogs quota passwd util-linux curl
   mmdebstrap fdisk e2fsprogs mount tar extlinux syslinux-common openssh-client dnsmasq-base
   iptables libvirt-daemon-config-nwfilter kmod iproute2 systemd wrk
+  nslcd libnss-ldapd
 )
 
 missing=()
@@ -36,6 +37,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     made_policy=1
   fi
   export DEBIAN_FRONTEND=noninteractive
+  # libnss-ldapd is installed for the LDAP groups test, which runs nslcd in a private
+  # mount namespace: the machine's own nsswitch.conf gets no ldap entries.
+  if [[ " ${missing[*]} " == *" libnss-ldapd "* ]]; then
+    echo "libnss-ldapd libnss-ldapd/nsswitch multiselect " | debconf-set-selections
+  fi
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
   [ -n "$made_policy" ] && rm -f /usr/sbin/policy-rc.d

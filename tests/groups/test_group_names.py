@@ -8,7 +8,7 @@ from controller.config import config_from_dict
 from controller.errors import Conflict, HostError, InvalidInput
 from host_adapters import subp
 from host_adapters.factory import build_adapters
-from host_adapters.unix_groups import CommandUnixGroups
+from host_adapters.local_groups import CommandUnixGroups
 from tests.fixtures.api import config_values_for, enable, make_caller
 
 # What the issue names, and a sample of the rest of the list.

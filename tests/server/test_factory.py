@@ -8,9 +8,9 @@ from host_adapters.btrfs_quota import BtrfsQuota
 from host_adapters.homes import DirectoryHomeVolumes
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from host_adapters.local_directory import LocalDirectory
+from host_adapters.local_groups import CommandUnixGroups
 from host_adapters.quota import NoQuota
 from host_adapters.setquota import SetQuota
-from host_adapters.unix_groups import CommandUnixGroups
 from host_adapters.xfs_quota import XfsQuota
 
 

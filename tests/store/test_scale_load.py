@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from controller.errors import Conflict, HostError
-from host_adapters import local_directory, sysroot, unix_groups
+from host_adapters import local_directory, local_groups, sysroot
 from host_adapters.local_directory import LocalDirectory
 from host_adapters.sysroot import make_sysroot
-from host_adapters.unix_groups import CommandUnixGroups
+from host_adapters.local_groups import CommandUnixGroups
 from host_adapters.libvirt.volume_io import InProcessVolumeIO
 from tests.api.test_controller_api import boot, ok, people  # noqa: F401 (people: a fixture)
 from tests.fixtures.agent import agent_ok
@@ -48,7 +48,7 @@ def test_bulk_accounts_and_groups_are_what_the_shadow_tools_read(root):
     groups = CommandUnixGroups(root, gid_range=(70000, 79999))
     made = local_directory.create_accounts(directory, [(f"bulk{i}", f"/srv/home/bulk{i}") for i in range(20)])
     assert [a.uid for a in made] == list(range(10000, 10020)) and all(a.gid == a.uid for a in made)
-    gids = unix_groups.create_many(groups, [("team1", ["bulk1", "bulk2"]), ("team2", [])])
+    gids = local_groups.create_many(groups, [("team1", ["bulk1", "bulk2"]), ("team2", [])])
     assert gids == {"team1": 70000, "team2": 70001}
 
     # grpck finds nothing wrong; pwck only the homes and shell a scratch root lacks.
@@ -77,7 +77,7 @@ def test_a_bulk_write_that_clashes_changes_nothing(root):
     with pytest.raises(Conflict):
         local_directory.create_accounts(directory, [("fresh", "/srv/home/fresh"), ("taken", "/srv/home/x")])
     with pytest.raises(Conflict):
-        unix_groups.create_many(CommandUnixGroups(root), [("newgroup", []), ("taken", [])])
+        local_groups.create_many(CommandUnixGroups(root), [("newgroup", []), ("taken", [])])
     assert {n: Path(root, "etc", n).read_text() for n in before} == before
     assert directory.uid_mark.read() == 10000
 
@@ -86,7 +86,7 @@ def test_bulk_writes_refuse_the_host_itself():
     with pytest.raises(HostError, match="scratch system root"):
         local_directory.create_accounts(LocalDirectory(None), [("someone", "/home/someone")])
     with pytest.raises(HostError, match="scratch system root"):
-        unix_groups.create_many(CommandUnixGroups(None), [("somegroup", [])])
+        local_groups.create_many(CommandUnixGroups(None), [("somegroup", [])])
 
 
 def test_parsed_account_files_follow_every_replacement(root):
