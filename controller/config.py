@@ -256,6 +256,13 @@ def _pattern(text: str, where: str) -> str:
     return text
 
 
+def _port(text: str, where: str) -> int:
+    port = number_or_none(int, text)
+    if port is None or not 1 <= port <= 65535:
+        raise InvalidInput(f"{where} must be a TCP port, 1-65535")
+    return port
+
+
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
@@ -411,7 +418,7 @@ class AuditConfig:
 class MetricsConfig:
     enabled: bool
     listen_host: str
-    listen_port: int = _at_least(1)
+    listen_port: int = _parsed(_port)
     refresh_seconds: int = _at_least(0)
     top_users: int = _at_least(0)
 

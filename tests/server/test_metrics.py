@@ -292,6 +292,8 @@ def test_off_unless_enabled_and_never_on_the_api_port(service):
     assert DEFAULTS["metrics"] == {"enabled": "true", "listen_host": "127.0.0.1", "listen_port": "9180",
                                    "refresh_seconds": "15", "top_users": "0"}
     assert ctx.config.metrics.enabled is False  # the sandbox profile writes it off
+    with pytest.raises(InvalidInput, match=r"^config \[metrics\] listen_port must be a TCP port, 1-65535$"):
+        ctx.config.with_values({"metrics": {"listen_port": "70000"}})
     assert start_metrics(ctx) is None
     with pytest.raises(InvalidInput, match=r"\[metrics\] listen_port 8123 is the API's port"):
         start_metrics(ctx, port=8123, api_address=("127.0.0.1", 8123))
