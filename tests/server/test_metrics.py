@@ -115,7 +115,7 @@ def test_a_request_moves_its_route_template_not_its_path(service):
     assert value(after, "http_requests", "http_requests_total", route="none", status="404") == 1
     routes = {s.labels["route"] for s in after[P + "http_requests"].samples}
     assert not any("0c1e5b4e" in r or "not-a-uuid" in r or "at-all" in r for r in routes), routes
-    # A method no route has is one label value, not one per token a client makes up.
+    # A method outside the known ones is one label value, not one per token a client makes up.
     client.simulate_request("BREW", "/healthz")
     client.simulate_request("SPILL", "/healthz")
     assert value(scrape(ctx), "http_requests", "http_requests_total", route="/healthz", method="other") == 2
