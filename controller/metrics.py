@@ -14,6 +14,7 @@ Served by api/metrics_server.py on the `[metrics]` address; every metric is list
 docs/scaling.md, "Metrics".
 """
 
+import heapq
 import logging
 import os
 import sqlite3
@@ -181,25 +182,25 @@ class StoreCollector:
         highest = _gauge("usage_ratio_max", "The highest share of a limit any user holds, per kind.", ("kind",))
         top = _gauge("user_usage_ratio", "Share of their limit held by the [metrics] top_users users closest "
                      "to it, per kind (user: the user's id).", ("kind", "user"))
-        ratios: dict[str, list[tuple[float, str]]] = {k: [] for k in limits.KINDS}
-        sums = dict.fromkeys(limits.KINDS, 0)
-        full = dict.fromkeys(limits.KINDS, 0)
-        for row in ctx.store.usage_by_user():
-            in_force = limits.in_force(ctx.config, {k: row[f"limit_{k}"] for k in limits.KINDS})
-            for kind in limits.KINDS:
-                used, limit = row[kind], in_force[kind]
-                sums[kind] += used
-                if limit == limits.UNLIMITED:
-                    continue
-                full[kind] += used >= limit
-                ratios[kind].append((used / limit if limit else 1.0, row["user_id"]))
+        rows = ctx.store.usage_by_user()
+        defaults = limits.defaults(ctx.config)
         wanted = ctx.config.metrics.top_users
         for kind in limits.KINDS:
-            total.add_metric([kind], sums[kind])
-            at_limit.add_metric([kind], full[kind])
-            ranked = sorted(ratios[kind], key=lambda item: (-item[0], item[1]))
-            highest.add_metric([kind], ranked[0][0] if ranked else 0.0)
-            for ratio, user in ranked[:wanted]:
+            override = f"limit_{kind}"
+            ratios: list[tuple[float, str]] = []
+            used_all = full = 0
+            for row in rows:
+                used, limit = row[kind], row[override]
+                limit = defaults[kind] if limit is None else limit
+                used_all += used
+                if limit != limits.UNLIMITED:
+                    full += used >= limit
+                    ratios.append((used / limit if limit else 1.0, row["user_id"]))
+            total.add_metric([kind], used_all)
+            at_limit.add_metric([kind], full)
+            highest.add_metric([kind], max((r for r, _ in ratios), default=0.0))
+            # The closest to their limits, ties by id so that a scrape shows the same users again.
+            for ratio, user in heapq.nsmallest(wanted, ratios, key=lambda item: (-item[0], item[1])):
                 if ratio > 0:
                     top.add_metric([kind, user], ratio)
         yield from (total, at_limit, highest, top)
