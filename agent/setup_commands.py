@@ -107,11 +107,13 @@ def _sd_notify(message: str) -> None:
 @click.command("serve")
 @click.option("--host", default=None, help="Address to listen on (default: [server] host).")
 @click.option("--port", type=int, default=None, help="Port to listen on (default: [server] port).")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve the metrics on this port of [metrics] listen_host, even where [metrics] enabled is false.")
 @command_options
-def serve(opts: Options, host, port):
-    """Run the API on waitress until stopped.
+def serve(opts: Options, host, port, metrics_port):
+    """Run the API on waitress until stopped (and the Prometheus metrics on their own address).
 
-    Example: cloud-agent --config ./state/controller.ini serve --host 127.0.0.1 --port 8080
+    Example: cloud-agent --config ./state/controller.ini serve --host 127.0.0.1 --port 8080 --metrics-port 9180
     """
     from waitress import create_server
 
@@ -159,6 +161,13 @@ def serve(opts: Options, host, port):
     )
     RequestDeadline.attach(server, config.server.request_timeout_seconds)
     log.info("serving on http://%s:%s", server.effective_host, server.effective_port)
+    from api.metrics_server import start_metrics
+
+    try:
+        metrics = start_metrics(ctx, port=metrics_port, api_address=(server.effective_host, server.effective_port))
+    except InvalidInput:
+        server.close()
+        raise
     from controller.audit import Housekeeper
 
     # Anonymous-failure counts on time, and [audit] retention_days applied hourly.
@@ -185,6 +194,8 @@ def serve(opts: Options, host, port):
         server.close()
         monitor_of(ctx).stop()
         housekeeper.stop()  # writes the anonymous failures still counted
+        if metrics is not None:
+            metrics.stop()
 
 
 @click.group("sandbox")

@@ -1,4 +1,6 @@
-"""Request-wide checks: body size and authentication."""
+"""Request-wide checks: body size and authentication; each request counted and timed."""
+
+import time
 
 import falcon
 
@@ -7,6 +9,7 @@ from api.envelopes import is_user_interface
 from controller import audit
 from controller.auth import authenticate
 from controller.context import Context
+from controller.metrics import metrics_of
 
 
 _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
@@ -113,3 +116,23 @@ class NoStore:
     def process_response(self, req, resp, resource, req_succeeded):
         if is_user_interface(req.path):
             resp.set_header("Cache-Control", "no-store")
+
+
+class RequestMetrics:
+    """Counts and times every request by its route template (`/v1/server-instance/{instance_id}`,
+    never the path a client chose) for the metrics endpoint (controller/metrics.py). First in
+    the middleware, so the time includes admission and authentication; Falcon runs its
+    process_response even when a later middleware refused the request."""
+
+    def __init__(self, ctx: Context):
+        self.metrics = metrics_of(ctx)
+
+    def process_request(self, req, resp):
+        req.context.metrics_started = time.perf_counter()
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        started = req.context.get("metrics_started")
+        if started is None:
+            return
+        self.metrics.request(route=req.uri_template if resource is not None else None, method=req.method,
+                             status=resp.status_code, seconds=time.perf_counter() - started)

@@ -6,7 +6,8 @@ import time
 from datetime import datetime, timezone
 
 from controller.context import Context
-from controller.errors import InvalidInput, Unauthenticated
+from controller.errors import InvalidInput, TooManyRequests, Unauthenticated
+from controller.metrics import metrics_of
 from controller.permissions import Requester
 from controller.rules import as_uuid
 from controller.security import new_token, same, token_hash
@@ -16,17 +17,31 @@ _API_KEY = re.compile(r"^ak_[0-9a-f]{32}$")
 _MAX_CREDENTIAL = 256
 
 
-def issue_token(
-    ctx: Context,
-    *,
-    api_key: str | None = None,
-    api_secret: str | None = None,
-    email: str | None = None,
-    password: str | None = None,
-    source: str = "",
-) -> dict:
+def _login_result(error: Exception) -> str:
+    """A refused login's result in the logins metric (controller/metrics.py)."""
+    if isinstance(error, Unauthenticated):
+        return "failed"
+    return "refused" if isinstance(error, TooManyRequests) else "invalid"
+
+
+def issue_token(ctx: Context, *, api_key: str | None = None, api_secret: str | None = None,
+                email: str | None = None, password: str | None = None, source: str = "") -> dict:
     """A token for an API key and secret or an email and password. `source` is the client's
-    address (api/client_address.py): password logins are shared out per source."""
+    address (api/client_address.py): password logins are shared out per source. Each call is
+    counted by credential and result."""
+    method = "api_key" if api_key is not None or api_secret is not None else "password"
+    try:
+        issued = _issue_token(ctx, api_key=api_key, api_secret=api_secret, email=email, password=password,
+                              source=source)
+    except (Unauthenticated, TooManyRequests, InvalidInput) as e:
+        metrics_of(ctx).login(method, _login_result(e))
+        raise
+    metrics_of(ctx).login(method, "ok")
+    return issued
+
+
+def _issue_token(ctx: Context, *, api_key: str | None, api_secret: str | None, email: str | None,
+                 password: str | None, source: str) -> dict:
     by_key = api_key is not None or api_secret is not None
     by_password = email is not None or password is not None
     if by_key == by_password:
@@ -96,13 +111,18 @@ def _purge_now_and_then(ctx: Context) -> None:
 
 def authenticate(ctx: Context, *, token: str | None, user_id: str | None) -> Requester:
     """The requester behind X-Auth-Token and X-Auth-Cloudauth-Id, or Unauthenticated."""
+    counted = metrics_of(ctx)
     if not token or not user_id:
+        counted.token_checked("missing")
         raise Unauthenticated("X-Auth-Token and X-Auth-Cloudauth-Id headers are required")
     user_id = as_uuid(user_id)
     if user_id is None:
+        counted.token_checked("invalid")
         raise Unauthenticated("X-Auth-Cloudauth-Id must be a user id (UUID)")
     user = ctx.store.token_owner(token_hash(token), now=int(time.time()))
     # The hash lookup already compared the token; the id comparison is constant-time too.
     if user is None or not same(user["id"], user_id):
+        counted.token_checked("invalid")
         raise Unauthenticated("invalid or expired token for this user")
+    counted.token_checked("ok")
     return Requester.from_user(user)

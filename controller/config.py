@@ -192,6 +192,21 @@ DEFAULTS["audit"] = {
     "anonymous_interval_seconds": "300",
 }
 
+# The Prometheus endpoint `cloud-agent serve` runs beside the API (issue 19); see
+# controller/metrics.py and docs/scaling.md, "Metrics".
+DEFAULTS["metrics"] = {
+    # false: no endpoint (the sandbox profile writes false: its servers would share the port).
+    "enabled": "true",
+    # Its own address, never the API's; anyone who reaches it reads every metric (no auth).
+    "listen_host": "127.0.0.1",
+    "listen_port": "9180",
+    # Seconds between two reads of every host's statuses (which also tell whether it
+    # answers), off the scrape path; 0: none (reachability then shows what other work found).
+    "refresh_seconds": "15",
+    # Users shown by id with their usage against their limits, per kind (0: aggregates only).
+    "top_users": "0",
+}
+
 
 # -- the typed sections -------------------------------------------------------------------
 # One frozen dataclass per section, one field per key of DEFAULTS (same names). A field's
@@ -272,6 +287,13 @@ def _pattern(text: str, where: str) -> str:
     except re.error as e:
         raise InvalidInput(f"{where} is not a regular expression: {e}") from None
     return text
+
+
+def _port(text: str, where: str) -> int:
+    port = number_or_none(int, text)
+    if port is None or not 1 <= port <= 65535:
+        raise InvalidInput(f"{where} must be a TCP port, 1-65535")
+    return port
 
 
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
@@ -439,13 +461,22 @@ class AuditConfig:
     anonymous_interval_seconds: int = _at_least(0)
 
 
+@dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool
+    listen_host: str
+    listen_port: int = _parsed(_port)
+    refresh_seconds: int = _at_least(0)
+    top_users: int = _at_least(0)
+
+
 # Section name -> its dataclass; the order is the order sections are checked in.
 SECTIONS: dict[str, type] = {
     "volumes": VolumesConfig, "directory": DirectoryConfig, "libvirt": LibvirtConfig, "guest": GuestConfig,
     "network": NetworkConfig, "limits": LimitsConfig, "capacity": CapacityConfig,
     "controller": ControllerConfig, "database": DatabaseConfig, "server": ServerConfig, "auth": AuthConfig,
     "unix": UnixConfig, "audit": AuditConfig, "hosts": HostsConfig, "health": HealthConfig,
-    "groups": GroupsConfig,
+    "groups": GroupsConfig, "metrics": MetricsConfig,
 }
 
 
@@ -500,6 +531,7 @@ class Config:
     hosts: HostsConfig
     health: HealthConfig
     audit: AuditConfig
+    metrics: MetricsConfig
     path: str | None = None
     written: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -635,4 +667,6 @@ def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
         # Generous, and ratios fit to the test driver's small host (controller/limits.py).
         "limits": dict(SANDBOX_LIMITS),
         "capacity": dict(SANDBOX_CAPACITY),
+        # Off: every sandbox would listen on the one port; `serve --metrics-port P` turns it on.
+        "metrics": {"enabled": "false"},
     }

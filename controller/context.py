@@ -23,6 +23,8 @@ class Context:
     _secret_box: SecretBox | None = field(default=None, repr=False)
     # controller.health.HealthMonitor, made by controller.health.monitor_of on first use.
     health_monitor: object = field(default=None, repr=False)
+    # controller.metrics.ServiceMetrics (its own Prometheus registry), made by metrics_of on first use.
+    metrics: object = field(default=None, repr=False)
 
     @property
     def secret_box(self) -> SecretBox:

@@ -308,9 +308,26 @@ _M13_CONSOLE_SINCE = """
 """
 
 
+# The last reconcile's report, whichever process ran it (`cloud-agent reconcile`, its
+# timer, or `serve` at start): drift per kind, for the service's metrics (controller/metrics.py).
+_M14_RECONCILE_REPORT = """
+        CREATE TABLE reconcile_runs (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            finished_at INTEGER NOT NULL,
+            fix INTEGER NOT NULL
+        );
+        CREATE TABLE reconcile_drift (
+            kind TEXT PRIMARY KEY,
+            found INTEGER NOT NULL,
+            remaining INTEGER NOT NULL
+        );
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
+    _M14_RECONCILE_REPORT,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

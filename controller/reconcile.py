@@ -81,7 +81,18 @@ def reconcile(
         _groups(run)
         if hypervisor:
             _hypervisor_hosts(run)
+    _record_report(ctx, run)
     return [d.as_dict() for d in run.drift]
+
+
+def _record_report(ctx: Context, run: _Run) -> None:
+    """The report's counts per kind, kept for the service's metrics: reconcile usually runs in
+    another process (`cloud-agent reconcile`, its timer) than the one Prometheus scrapes."""
+    counts: dict[str, tuple[int, int]] = {}
+    for item in run.drift:
+        found, remaining = counts.get(item.kind, (0, 0))
+        counts[item.kind] = (found + 1, remaining + (not item.fixed))
+    ctx.store.record_reconcile(counts, fix=run.fix)
 
 
 # -- operations a crash interrupted ------------------------------------------------------

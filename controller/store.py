@@ -1096,3 +1096,43 @@ class Store:
     def used_addresses(self) -> dict[str, set[str]]:
         """What live instances use (keys private_ip, public_ip, mac, hostname), as allocate() takes it."""
         return _used_addresses(self.conn)
+
+    # -- what the metrics read (controller/metrics.py) --------------------------------
+    def instance_counts(self) -> list[dict]:
+        """Live instances per host and stored status."""
+        return self._all("SELECT host, status, COUNT(*) AS instances FROM instances GROUP BY host, status")
+
+    def usage_by_user(self) -> list[dict]:
+        """What each user holds per limit kind, with its overrides (None: the config's), for
+        every user that holds something or has an override: one pass over each table."""
+        overrides = ", ".join(f"l.{k} AS limit_{k}" for k in LIMIT_KINDS)
+        return self._all(f"""
+            WITH inst AS (SELECT i.owner_id AS user_id, COUNT(*) AS instances, SUM(f.vcpu) AS vcpus,
+                                 SUM(f.memory) AS memory_mb
+                          FROM instances i JOIN flavors f ON f.id = i.flavor_id GROUP BY i.owner_id),
+                 grp AS (SELECT owner_id AS user_id, COUNT(*) AS groups FROM groups GROUP BY owner_id),
+                 mgd AS (SELECT owner_userid AS user_id, COUNT(*) AS managed_users FROM users
+                         WHERE owner_userid IS NOT NULL GROUP BY owner_userid),
+                 ids AS (SELECT user_id FROM inst UNION SELECT user_id FROM grp UNION SELECT user_id FROM mgd
+                         UNION SELECT user_id FROM user_limits)
+            SELECT ids.user_id, COALESCE(inst.instances, 0) AS instances, COALESCE(inst.vcpus, 0) AS vcpus,
+                   COALESCE(inst.memory_mb, 0) AS memory_mb, COALESCE(grp.groups, 0) AS groups,
+                   COALESCE(mgd.managed_users, 0) AS managed_users, {overrides}
+            FROM ids LEFT JOIN inst ON inst.user_id = ids.user_id LEFT JOIN grp ON grp.user_id = ids.user_id
+                 LEFT JOIN mgd ON mgd.user_id = ids.user_id LEFT JOIN user_limits l ON l.user_id = ids.user_id""")
+
+    def record_reconcile(self, counts: dict[str, tuple[int, int]], *, fix: bool) -> None:
+        """Replace the last reconcile's report: kind -> (items found, items left unrepaired)."""
+        with self.write() as conn:
+            conn.execute("DELETE FROM reconcile_drift")
+            conn.executemany("INSERT INTO reconcile_drift (kind, found, remaining) VALUES (?, ?, ?)",
+                             [(kind, found, remaining) for kind, (found, remaining) in counts.items()])
+            conn.execute("INSERT OR REPLACE INTO reconcile_runs (id, finished_at, fix) VALUES (1, ?, ?)",
+                         (int(time.time()), int(fix)))
+
+    def last_reconcile(self) -> dict | None:
+        """{"finished_at", "fix", "drift": [{"kind", "found", "remaining"}]}, or None before any run."""
+        run = self._one("SELECT finished_at, fix FROM reconcile_runs WHERE id = 1")
+        if run is None:
+            return None
+        return {**run, "drift": self._all("SELECT kind, found, remaining FROM reconcile_drift ORDER BY kind")}

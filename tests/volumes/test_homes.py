@@ -605,6 +605,9 @@ class _Store:
     def list_groups(self, *, visible_to, with_intents=False):
         return []
 
+    def record_reconcile(self, counts, *, fix):
+        self.report = (counts, fix)
+
 
 def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
     from types import SimpleNamespace
