@@ -9,7 +9,7 @@ import falcon
 
 from api import error_responses, health_resource, user_resources
 from api.admission import Admission, gates_from
-from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions
+from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions, RequestId
 from controller.config import Config, load_config
 from controller.context import Context, build_context
 
@@ -20,6 +20,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
     host_gate, other_gate = gates_from(ctx.config)
     app = falcon.App(
         middleware=[
+            RequestId(),
             BodyLimit(ctx.config.server.max_body_bytes),
             NoStore(),
             RefuseOptions(),
