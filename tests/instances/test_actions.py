@@ -9,7 +9,8 @@ import pytest
 
 from controller import audit, history
 from controller.audit import AnonymousFailures, Housekeeper
-from tests.api.test_controller_api import NOT_A_UUID, UNKNOWN, boot, err, ok, people  # noqa: F401 (fixture)
+from tests.api.test_controller_api import (NOT_A_UUID, UNKNOWN, _host_dies_at, boot, err, ok,  # noqa: F401
+                                           people)
 from tests.fixtures.api import give_volume
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -119,19 +120,22 @@ def test_the_history_is_pruned_with_the_audit_retention(client, cctx, people, ma
     assert ok(actions(client, owner, made["id"])) == []  # still visible, nothing left
 
 
+@pytest.mark.parametrize("when", ["mid-spawn", "after-spawn"])
 def test_a_create_that_leaves_its_row_for_reconcile_is_recorded_as_an_error(client, cctx, adapters, people,
-                                                                           catalog, monkeypatch):
+                                                                           catalog, monkeypatch, when):
     from controller.errors import HostUnreachable
 
     owner = people["owner"]
     give_volume(client, owner)
     hv = adapters.hypervisor
+    if when == "mid-spawn":
+        _host_dies_at(monkeypatch, hv, "start")  # what was made cannot be removed: CleanupFailed
+    else:
+        def dies(instance_id):  # the status read after the spawn; then the undo cannot reach the host
+            hv.dead = True
+            raise HostUnreachable("the host stopped answering")
 
-    def gone(instance_id):
-        hv.dead = True
-        raise HostUnreachable("cannot connect to libvirt at fake host (status)")
-
-    monkeypatch.setattr(hv, "status", gone)
+        monkeypatch.setattr(hv, "status", dies)
     r = client.simulate_post("/v1/server-instance", headers={**owner.headers, "X-Request-Id": "failed-create"},
                              json={"server-image": catalog["public"]["id"], "server-flavor": catalog["small"]["id"]})
     message = err(r, 503)
