@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
+from controller import request_ids
 from controller.config import default_config_path, load_config
 from controller.context import Context, build_context
-from controller import request_ids
 from controller.errors import ControllerError, InvalidInput
 
 

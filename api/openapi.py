@@ -1,6 +1,7 @@
 """The OpenAPI 3 document served at /v1/openapi.json, built from the same schemas the code validates with."""
 
 from api import schemas
+from controller import request_ids
 
 # Both headers go on every authenticated request; they are security schemes so that
 # clients and tools treat them as credentials, not as ordinary parameters.
@@ -16,7 +17,7 @@ _REQUEST_ID = {
     "description": "The request's id, shared by the service's logs, audit rows and instance history: the "
                    "request's own X-Request-Id when it is 1 to 64 characters of [A-Za-z0-9._-], else a new one",
     "required": True,
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"},
+    "schema": {"type": "string", "pattern": request_ids.PATTERN},
 }
 
 

@@ -4,6 +4,7 @@ The same dictionaries feed jsonschema validation and /v1/openapi.json, so the
 document cannot drift from what the code accepts.
 """
 
+from controller import request_ids
 from controller.history import ACTIONS, RESULTS
 from controller.rules import EMAIL_MAX, NAME_MAX, SHORT_TEXT_MAX, USERNAME_MAX
 
@@ -269,7 +270,7 @@ ACTION_OBJECT = {
     "properties": {
         "action": {"type": "string", "enum": list(ACTIONS)},
         "requester": {"anyOf": [UUID, {"type": "null"}]},  # null: an admin command
-        "request-id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"},
+        "request-id": {"type": "string", "pattern": request_ids.PATTERN},
         "result": {"type": "string", "enum": list(RESULTS)},
         "message": {"type": "string"},
         "time": DATE_TIME,

@@ -16,7 +16,9 @@ import logging
 import re
 import uuid
 
-_SAFE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# What a request id is, as the OpenAPI document says it (api/openapi.py, api/schemas.py).
+PATTERN = "^[A-Za-z0-9._-]{1,64}$"
+_SAFE = re.compile(PATTERN[1:-1])
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
 
