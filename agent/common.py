@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from controller import request_ids
 from controller.config import default_config_path, load_config
 from controller.context import Context, build_context
 from controller.errors import ControllerError, InvalidInput
@@ -67,6 +68,8 @@ def command_options(fn):
         root = click_ctx.find_root().obj or Options()
         opts = Options(config_path or root.config_path, as_json or root.as_json)
         command = click_ctx.command_path.split(" ", 1)[-1]
+        # One request id per run: its audit row, history rows and log lines share it.
+        request_ids.bind(request_ids.new())
         try:
             result = fn(opts, *args, **kwargs)
         except ControllerError as e:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from agent.common import Options, command_options, emit
+from controller import request_ids
 from controller.config import load_config, sandbox_values, write_config
 from controller.errors import ControllerError, InvalidInput
 from controller.security import generate_key_file
@@ -121,7 +122,9 @@ def serve(opts: Options, host, port, metrics_port):
     from api.app import build_context_for, create_app, interfaces_of
     from api.server import RequestDeadline, fit_open_files, waitress_settings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Each line names the request it was logged for ("-" outside one), as its answer's X-Request-Id does.
+    request_ids.stamp_log_records()
+    logging.basicConfig(level=logging.INFO, format=request_ids.LOG_FORMAT)
     # waitress warns on every queued request; under load that floods the log and costs throughput.
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
     log = logging.getLogger("cloud_controller")

@@ -9,7 +9,7 @@ import falcon
 
 from api import error_responses, health_resource, user_resources
 from api.admission import Admission, gates_from
-from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions, RequestMetrics
+from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions, RequestId, RequestMetrics
 from controller.config import Config, load_config
 from controller.context import Context, build_context
 
@@ -21,6 +21,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
     app = falcon.App(
         middleware=[
             RequestMetrics(ctx),  # first: its time covers everything after it
+            RequestId(),
             BodyLimit(ctx.config.server.max_body_bytes),
             NoStore(),
             RefuseOptions(),

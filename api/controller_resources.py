@@ -4,7 +4,7 @@ from api import schemas
 from api.envelopes import ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
-from controller import console, groups, images, instances, limits, volumes
+from controller import console, groups, history, images, instances, limits, volumes
 from controller.context import Context
 from controller.errors import InvalidInput
 
@@ -60,6 +60,11 @@ class InstanceConsole(_Resource):
     def on_get(self, req, resp, id):
         max_bytes = console.parse_bytes(_query(req, "bytes"))
         ok_controller(resp, [console.get_console(self.ctx, req.context.requester, id, max_bytes=max_bytes)])
+
+
+class InstanceActions(_Resource):
+    def on_get(self, req, resp, id):
+        ok_controller(resp, history.list_actions(self.ctx, req.context.requester, id))
 
 
 class ImageCollection(_Resource):
@@ -152,3 +157,4 @@ def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/group", GroupCollection(ctx))
     app.add_route("/v1/group/{id}", GroupItem(ctx))
     app.add_route("/v1/limits", Limits(ctx))
+    app.add_route("/v1/server-instance/{id}/actions", InstanceActions(ctx))

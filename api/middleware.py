@@ -1,18 +1,21 @@
-"""Request-wide checks: body size and authentication; each request counted and timed."""
+"""Request-wide checks: request ids, body size and authentication; each request counted and timed."""
 
+import logging
 import time
 
 import falcon
 
 from api.error_responses import PayloadTooLarge
 from api.envelopes import is_user_interface
-from controller import audit
+from controller import audit, request_ids
 from controller.auth import authenticate
 from controller.context import Context
 from controller.metrics import metrics_of
 
 
 _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+
+access_log = logging.getLogger("cloud_controller.access")
 
 
 def allowed_methods(resource) -> list[str]:
@@ -75,14 +78,18 @@ class AuditTrail:
         if requester is None and resp.status_code >= 400:
             self.ctx.anonymous_failures.count(action, str(resp.status_code))
             return
+        actor = requester.id if requester else "anonymous"
         audit.record(
             self.ctx.store,
-            actor=requester.id if requester else "anonymous",
+            actor=actor,
             action=action,
             # Bounded: a client chooses the path, and rows must not grow with it.
             target=(req.path.rsplit("/", 1)[-1] if template.endswith("}") else _created_id(resp))[:_MAX_TARGET],
             result=str(resp.status_code),
+            request_id=req.context.get("request_id", ""),
         )
+        # Each log record carries the request id (request_ids.stamp_log_records).
+        access_log.info("%s %s by %s", action, resp.status_code, actor)
 
 
 # Keys that name the object a call made (or the user a token was issued to); only ids,
@@ -136,3 +143,16 @@ class RequestMetrics:
             return
         self.metrics.request(route=req.uri_template if resource is not None else None, method=req.method,
                              status=resp.status_code, seconds=time.perf_counter() - started)
+class RequestId:
+    """Every answer of either interface carries `X-Request-Id`: the client's own when it is a
+    safe token, else a fresh one (controller/request_ids.py). Second in the middleware list,
+    right after RequestMetrics (which neither refuses nor logs), so its process_request runs
+    before anything can refuse the request and its process_response after the audit row took the id."""
+
+    def process_request(self, req, resp):
+        req.context.request_id = request_ids.accept(req.get_header("X-Request-Id"))
+        request_ids.bind(req.context.request_id)
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        resp.set_header("X-Request-Id", req.context.get("request_id") or request_ids.new())
+        request_ids.bind(None)  # the thread serves other requests next

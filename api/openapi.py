@@ -1,6 +1,7 @@
 """The OpenAPI 3 document served at /v1/openapi.json, built from the same schemas the code validates with."""
 
 from api import schemas
+from controller import request_ids
 
 # Both headers go on every authenticated request; they are security schemes so that
 # clients and tools treat them as credentials, not as ordinary parameters.
@@ -9,6 +10,15 @@ _SECURITY_SCHEMES = {
     "cloudauthId": {"type": "apiKey", "in": "header", "name": "X-Auth-Cloudauth-Id"},
 }
 _PUBLIC = {"security": []}
+
+# Every answer of either interface carries it (CONTRACT.md section 13); a request may send
+# its own, kept when it is a safe token.
+_REQUEST_ID = {
+    "description": "The request's id, shared by the service's logs, audit rows and instance history: the "
+                   "request's own X-Request-Id when it is 1 to 64 characters of [A-Za-z0-9._-], else a new one",
+    "required": True,
+    "schema": {"type": "string", "pattern": request_ids.PATTERN},
+}
 
 
 def _user_envelope(data_schema: dict | None) -> dict:
@@ -192,10 +202,14 @@ def openapi_document(*, controller: bool = True) -> dict:
     }
     if controller:
         paths.update(_controller_paths())
+    for path_item in paths.values():
+        for operation in path_item.values():
+            for response in operation["responses"].values():
+                response["headers"] = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Cloud controller and cloud auth user interface", "version": "1"},
         "paths": paths,
-        "components": {"securitySchemes": _SECURITY_SCHEMES},
+        "components": {"securitySchemes": _SECURITY_SCHEMES, "headers": {"X-Request-Id": _REQUEST_ID}},
         "security": [{"token": [], "cloudauthId": []}],
     }

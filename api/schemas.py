@@ -4,6 +4,8 @@ The same dictionaries feed jsonschema validation and /v1/openapi.json, so the
 document cannot drift from what the code accepts.
 """
 
+from controller import request_ids
+from controller.history import ACTIONS, RESULTS
 from controller.rules import EMAIL_MAX, NAME_MAX, SHORT_TEXT_MAX, USERNAME_MAX
 
 UUID = {"type": "string", "format": "uuid"}
@@ -260,6 +262,21 @@ CONSOLE_OBJECT = {
 # The console endpoint's `bytes`: how much of the end of the output to answer.
 CONSOLE_BYTES = {"type": "integer", "minimum": 1, "maximum": 1024 * 1024, "default": 64 * 1024}
 
+# One entry of an instance's history (CONTRACT.md section 13; controller/history.py).
+ACTION_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["action", "requester", "request-id", "result", "message", "time"],
+    "properties": {
+        "action": {"type": "string", "enum": list(ACTIONS)},
+        "requester": {"anyOf": [UUID, {"type": "null"}]},  # null: an admin command
+        "request-id": {"type": "string", "pattern": request_ids.PATTERN},
+        "result": {"type": "string", "enum": list(RESULTS)},
+        "message": {"type": "string"},
+        "time": DATE_TIME,
+    },
+}
+
 
 def controller_paths(*, envelope, errors, json, path) -> dict:
     """OpenAPI path items of the controller interface."""
@@ -321,5 +338,9 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
         "/v1/limits": {
             "get": op("A user's limits and what it holds now", LIMITS_OBJECT, params=[cloudauth_q],
                       errs=(400, 401, 404)),
+        },
+        "/v1/server-instance/{id}/actions": {
+            "get": op("The instance's history, oldest first (also after its delete, for the audit retention)",
+                      ACTION_OBJECT, params=id_p, errs=(401, 404)),
         },
     }

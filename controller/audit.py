@@ -12,16 +12,21 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
+from controller import history, request_ids
 from controller.store import Store, utc_now
 
 log = logging.getLogger(__name__)
 
 
-def record(store: Store, *, actor: str, action: str, target: str = "", result: str, detail: str = "") -> None:
+def record(store: Store, *, actor: str, action: str, target: str = "", result: str, detail: str = "",
+           request_id: str | None = None) -> None:
+    """One audit row; `request_id` defaults to the id of the request or command being served."""
+    if request_id is None:
+        request_id = request_ids.current() or ""
     try:
         store.insert_audit(
             {"at_utc": utc_now(), "actor": actor, "action": action, "target": target, "result": result,
-             "detail": detail[:500]}
+             "detail": detail[:500], "request_id": request_id}
         )
     except sqlite3.Error as e:
         # The action itself already happened; losing its audit row must not turn it into an error.
@@ -91,6 +96,7 @@ class AnonymousFailures:
             result=str(sum(counts.values())),
             # Most frequent first, so the 500-character bound drops the rarest.
             detail=f"since {started}: " + ", ".join(f"{action} {result} x{n}" for (action, result), n in kinds),
+            request_id="",  # many requests in one row
         )
         return True
 
@@ -103,7 +109,9 @@ def cutoff_for_days(days: int, *, now: datetime | None = None) -> str:
 
 
 def prune_before(store: Store, before: str) -> int:
-    """Delete the rows older than `before` (RFC 3339 UTC); how many went."""
+    """Delete the rows older than `before` (RFC 3339 UTC), and the instance history's with
+    them (it is kept for the audit retention); how many audit rows went."""
+    history.prune_before(store, before)
     return store.delete_audit_before(before)
 
 

@@ -20,7 +20,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-from controller import instances
+from controller import history, instances
 from controller.context import Context
 from controller.host_records import check_host_name, get_host
 from controller.host_routing import hypervisor_of_instance, spec_of
@@ -58,14 +58,21 @@ def evacuate(ctx: Context, name: str, *, host_is_down: bool,
     todo = [(e["instance_id"], None) for e in resumed] + [(r["id"], r) for r in live]
     for i, (instance_id, live_row) in enumerate(todo, 1):
         say(f"instance {i}/{len(todo)} of host {name} ({instance_id})")
+        row = live_row or _row(ctx, instance_id)
         try:
             to = _evacuate_one(ctx, instance_id, name, fresh=live_row is not None)
         except ControllerError as e:
             log.warning("evacuate %s: instance %s not rebuilt: %s", name, instance_id, e.message)
             failed.append({"id": instance_id, "error": e.message})
+            if row is not None:
+                history.record(ctx, row, "evacuate", requester=None, result="error",
+                               message=f"host {name} is down; not rebuilt: {e.message}")
             continue
         if to is not None:
             rebuilt.append({"id": instance_id, "to": to})
+            history.record(ctx, row, "evacuate", requester=None,
+                           message=f"host {name} is down: rebuilt on host {to} from its image (the root disk "
+                                   "was lost, the homes were not)")
     return {"host": name, "rebuilt": rebuilt, "failed": failed}
 
 

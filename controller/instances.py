@@ -4,7 +4,7 @@ import json
 import logging
 from collections.abc import Iterator
 
-from controller import console, limits
+from controller import console, history, limits
 from controller import permissions as perms
 from controller.addresses import allocate, network_plan
 from controller.context import Context
@@ -139,10 +139,11 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
             try:
                 _ensure_image(ctx, image, placed["host"])
                 _spawn(ctx, dict(placed, users=uuids), image=image, flavor=flavor)
-            except CleanupFailed:
+            except CleanupFailed as e:
                 # The host stopped answering mid-way and part of the instance may remain there:
                 # the row keeps its intent, for reconcile to remove both once the host answers
                 # (deleted now, it would leave a domain, disk or seed without a record).
+                _record_failed_create(ctx, placed, requester, e)
                 raise
             except HostUnreachable as e:
                 ctx.store.delete_instance(placed["id"])
@@ -156,9 +157,11 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
             try:
                 ctx.store.set_instance_status(placed["id"], hypervisor_of_instance(ctx, placed).status(placed["id"]))
                 ctx.store.set_instance_intent(placed["id"], None, expect="creating")
-            except BaseException:
-                _undo_spawn(ctx, placed)
+            except BaseException as e:
+                if not _undo_spawn(ctx, placed):
+                    _record_failed_create(ctx, placed, requester, e)
                 raise
+        history.record(ctx, placed, "create", requester=requester.id)
         return get_instance(ctx, requester, placed["id"])
     why = "; ".join(f"{n}: {m}" for n, m in sorted(failed.items()))
     raise HostUnavailable(f"server-instance not created: {len(failed)} hypervisor host(s) it was placed on "
@@ -194,21 +197,34 @@ def respawn(ctx: Context, row: dict) -> None:
         hypervisor_of_instance(ctx, row).power_off(row["id"])
 
 
-def _undo_spawn(ctx: Context, row: dict) -> None:
+def _undo_spawn(ctx: Context, row: dict) -> bool:
     """Remove a spawned instance whose create failed after all, then its row. A host that
     cannot be asked to (it stopped answering) keeps the row with its intent "creating", for
-    reconcile to remove both once the host answers (as for a crash mid-create)."""
+    reconcile to remove both once the host answers (as for a crash mid-create): False."""
     try:
         hypervisor_of_instance(ctx, row).destroy(row["id"])
     except ControllerError as e:
         log.warning("instance %s: create failed and its domain could not be removed (%s); "
                     "left for reconcile", row["id"], e.message)
-        return
+        return False
     ctx.store.delete_instance(row["id"])
+    return True
+
+
+def _record_failed_create(ctx: Context, row: dict, requester: Requester, error: BaseException) -> None:
+    """A failed create is in the history only when it leaves its row behind (for reconcile);
+    any other failure leaves nothing, as if never asked (docs/decisions.md)."""
+    message = error.message if isinstance(error, ControllerError) else history.INTERNAL_ERROR
+    history.record(ctx, row, "create", requester=requester.id, result="error", message=message)
 
 
 def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> None:
     row = instance_row(ctx, requester, instance_id)
+    with history.recorded(ctx, row, "delete", requester=requester.id):
+        _delete_visible(ctx, requester, row)
+
+
+def _delete_visible(ctx: Context, requester: Requester, row: dict) -> None:
     require_mutate(ctx, requester, row, "this server-instance")
     with host_changes(ctx):
         # The intent first: a second delete of the same instance is refused here, and a
@@ -236,13 +252,19 @@ def finish_interrupted(ctx: Context, row: dict) -> None:
 # -- tasks -------------------------------------------------------------------------------
 def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -> dict:
     row = instance_row(ctx, requester, instance_id)
+    with history.recorded(ctx, row, task["what"], requester=requester.id):
+        _run_task(ctx, requester, row, task)
+    return get_instance(ctx, requester, row["id"])
+
+
+def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None:
     require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
     hypervisor = hypervisor_of_instance(ctx, row)
     with host_changes(ctx), one_at_a_time("instance", row["id"]):
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.
-            row = instance_row(ctx, requester, instance_id)
+            row = instance_row(ctx, requester, row["id"])
             _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
         elif what == "power-on":
             hypervisor.power_on(row["id"])
@@ -255,7 +277,6 @@ def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -
             mark = hypervisor.console(row["id"], max_bytes=0).mark
             hypervisor.reboot(row["id"])
             ctx.store.set_console_since(row["id"], console.mark_text(mark))
-    return get_instance(ctx, requester, row["id"])
 
 
 def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> None:

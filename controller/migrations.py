@@ -324,10 +324,31 @@ _M14_RECONCILE_REPORT = """
 """
 
 
+# Request ids (controller/request_ids.py) on audit rows, and the instance history
+# (controller/history.py): no foreign key to instances, since the history outlives the
+# instance for the audit retention; `owner_id` keeps whose it was, for its visibility.
+_M15_INSTANCE_HISTORY = """
+        ALTER TABLE audit ADD COLUMN request_id TEXT NOT NULL DEFAULT '';
+        CREATE TABLE instance_actions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            instance_id TEXT NOT NULL,
+            owner_id TEXT NOT NULL,
+            action TEXT NOT NULL,
+            requester TEXT,
+            request_id TEXT NOT NULL,
+            result TEXT NOT NULL CHECK (result IN ('success', 'error')),
+            message TEXT NOT NULL DEFAULT '',
+            at_utc TEXT NOT NULL
+        );
+        CREATE INDEX instance_actions_instance ON instance_actions(instance_id, id);
+        CREATE INDEX instance_actions_at ON instance_actions(at_utc);
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
-    _M14_RECONCILE_REPORT,
+    _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1048,8 +1048,8 @@ class Store:
     def insert_audit(self, entry: dict) -> None:
         with self.write() as conn:
             conn.execute(
-                """INSERT INTO audit (at_utc, actor, action, target, result, detail)
-                   VALUES (:at_utc, :actor, :action, :target, :result, :detail)""",
+                """INSERT INTO audit (at_utc, actor, action, target, result, detail, request_id)
+                   VALUES (:at_utc, :actor, :action, :target, :result, :detail, :request_id)""",
                 entry,
             )
 
@@ -1067,16 +1067,38 @@ class Store:
     def delete_audit_before(self, before: str, *, batch: int = 10_000) -> int:
         """Delete audit rows older than `before`, a batch per transaction so the server's own
         writes never wait long behind a large prune. Returns how many went."""
+        return self._delete_before("audit", before, batch)
+
+    def _delete_before(self, table: str, before: str, batch: int) -> int:
         total = 0
         while True:
             with self.write() as conn:
                 deleted = conn.execute(
-                    "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at_utc < ? LIMIT ?)",
+                    f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE at_utc < ? LIMIT ?)",
                     (before, batch),
                 ).rowcount
             total += deleted
             if deleted < batch:
                 return total
+
+    # -- instance history (controller/history.py) -----------------------------------------
+    def insert_instance_action(self, entry: dict) -> None:
+        with self.write() as conn:
+            conn.execute(
+                """INSERT INTO instance_actions (instance_id, owner_id, action, requester, request_id, result,
+                                                 message, at_utc)
+                   VALUES (:instance_id, :owner_id, :action, :requester, :request_id, :result, :message, :at_utc)""",
+                entry,
+            )
+
+    def list_instance_actions(self, instance_id: str, *, visible_to: str | None) -> list[dict]:
+        """The instance's actions oldest first, by the visibility rule of the instance itself
+        applied to the owner each row keeps (so they stay readable after the delete)."""
+        where, params = self._where(visible_to, instance_id=instance_id)
+        return self._all(f"SELECT * FROM instance_actions WHERE {where} ORDER BY id", params)
+
+    def delete_instance_actions_before(self, before: str, *, batch: int = 10_000) -> int:
+        return self._delete_before("instance_actions", before, batch)
 
     # -- bulk load (agent/sandbox_load.py) -------------------------------------------
     def insert_loaded(self, *, users: list[dict], accounts: list[dict], volumes: list[dict], groups: list[dict],

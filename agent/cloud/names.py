@@ -24,6 +24,10 @@ def _pick(kind: str, given: str, found: list, describe: Callable[[object], str])
     raise ClientError(f"{kind} name {given!r} is ambiguous, use an id: {listed}")
 
 
+def is_uuid(given: str) -> bool:
+    return bool(_UUID.fullmatch(given))
+
+
 def server(client: Client, given: str) -> Server:
     servers = client.list_servers()
     exact = [s for s in servers if s.id == given.lower() or s.hostname == given]

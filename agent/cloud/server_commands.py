@@ -1,4 +1,4 @@
-"""`cloud server ...`: create, list, show, delete, power, users, ssh, console."""
+"""`cloud server ...`: create, list, show, delete, power, users, ssh, console, actions."""
 
 import os
 import shutil
@@ -236,3 +236,21 @@ def _new_part(seen: str, now: str) -> str:
     tail = seen[-256:]
     at = now.rfind(tail) if tail else -1
     return now[at + len(tail):] if at >= 0 else now  # no overlap: a restart, or more than the window
+
+
+@server.command("actions")
+@click.argument("name")
+@cloud_command
+def actions(run: Run, name):
+    """Show what was done to a server, oldest first: by whom, under which request id, with what result.
+
+    A deleted server's history stays readable for the audit retention: name it by its full id.
+
+    Example: cloud server actions vm-1a2b3c4d --json
+    """
+    server_id = name.lower() if names.is_uuid(name) else names.server(run.client, name).id
+    done = run.client.server_actions(server_id)
+    run.emit([a.raw for a in done], lambda: table(done, [
+        ("TIME", lambda a: a.time), ("ACTION", lambda a: a.action), ("RESULT", lambda a: a.result),
+        ("REQUESTER", lambda a: a.requester or "(administrator)"), ("REQUEST-ID", lambda a: a.request_id),
+        ("MESSAGE", lambda a: a.message)]))

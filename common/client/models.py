@@ -143,3 +143,15 @@ class Limits(_Model):
 class Console(_Model):
     text: str = _api("console")
     ready: bool = _api("ready", bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Action(_Model):
+    """One entry of a server's history (CONTRACT.md section 13)."""
+
+    action: str = _api("action")
+    requester: str | None = _api("requester")  # None: an administrator's command
+    request_id: str = _api("request-id")
+    result: str = _api("result")
+    message: str = _api("message")
+    time: str = _api("time")

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import requests
 
 from common.client.errors import ApiError, ClientError, Unreachable
-from common.client.models import Console, Flavor, Group, Image, Limits, Server, Token, User, Volume
+from common.client.models import Action, Console, Flavor, Group, Image, Limits, Server, Token, User, Volume
 
 DEFAULT_TIMEOUT = 60.0
 # A token this close to its end is renewed before the call rather than refused during it.
@@ -169,6 +169,11 @@ class Client:
         since its last start, and whether its boot setup has finished (CONTRACT.md section 10)."""
         params = {"bytes": size} if size is not None else None
         return self._one("GET", f"/v1/server-instance/{_seg(server_id)}/console", Console, params=params)
+
+    def server_actions(self, server_id: str) -> list[Action]:
+        """What was done to a server, oldest first: by whom, under which request id, with what
+        result (CONTRACT.md section 13); also for a deleted server, for the audit retention."""
+        return self._items("GET", f"/v1/server-instance/{_seg(server_id)}/actions", Action)
 
     # -- images and flavors ----------------------------------------------------------
     def list_images(self) -> list[Image]:

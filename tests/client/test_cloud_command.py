@@ -441,3 +441,31 @@ def test_usage_errors_exit_2_and_keep_json_one_document(svc, alice):
     assert proc.returncode == 2 and "Missing option '--image'" in json.loads(proc.stdout)["error"]
     proc = alice.run("server", "frobnicate")
     assert proc.returncode == 2 and "No such command" in proc.stderr
+
+
+def test_server_actions_shows_the_history_the_api_answers(svc, alice, carol):
+    made = alice.ok("--json", "server", "create", "--image", "Debian 12", "--flavor", "small")
+    host, sid = made["hostname"], made["id"]
+    headers = {**svc.token("alice"), "X-Request-Id": "cli-stop-1"}
+    r = requests.put(f"{svc.base}/v1/server-instance/{sid}", json={"task": {"what": "power-off"}}, headers=headers,
+                     timeout=30)
+    assert r.status_code == 200 and r.headers["X-Request-Id"] == "cli-stop-1"
+    refused = svc.api("alice", "PUT", f"/v1/server-instance/{sid}", json={"task": {"what": "reboot"}})
+    assert refused.status_code == 409
+    mine = alice.ok("--json", "server", "actions", host)
+    assert mine == svc.api("alice", "GET", f"/v1/server-instance/{sid}/actions").json()["data"]
+    assert [(a["action"], a["result"], a["request-id"]) for a in mine[:2]] == [
+        ("create", "success", mine[0]["request-id"]), ("power-off", "success", "cli-stop-1")]
+    assert (mine[2]["action"], mine[2]["result"], mine[2]["message"]) == ("reboot", "error", refused.json()["msg"])
+    assert mine[2]["request-id"] == refused.headers["X-Request-Id"]
+    table = alice.ok("server", "actions", sid[:8]).splitlines()
+    assert table[0].split() == ["TIME", "ACTION", "RESULT", "REQUESTER", "REQUEST-ID", "MESSAGE"]
+    assert [row.split()[1:5] for row in table[1:3]] == [
+        ["create", "success", svc.users["alice"]["id"], mine[0]["request-id"]],
+        ["power-off", "success", svc.users["alice"]["id"], "cli-stop-1"]]
+    not_found = svc.api("carol", "GET", f"/v1/server-instance/{sid}/actions")
+    assert not_found.status_code == 404 and carol.error("server", "actions", sid) == not_found.json()["msg"]
+    alice.ok("server", "delete", host)
+    # Kept after the delete: named by its full id.
+    after = alice.ok("--json", "server", "actions", sid)
+    assert after[:3] == mine and after[-1]["action"] == "delete" and after[-1]["result"] == "success"

@@ -8,10 +8,11 @@ removed (never started) when it answers again. Then the agent's CLI.
 """
 
 import os
+import re
 
 import pytest
 
-from controller import evacuate, host_records, instances
+from controller import evacuate, host_records, instances, request_ids
 from controller.errors import Conflict, InvalidInput
 from controller.reconcile import reconcile
 from tests.fixtures.agent import AGENT, agent_call
@@ -43,7 +44,11 @@ def test_evacuate_rebuilds_a_dead_hosts_instances_with_their_identity(client, cc
     adapters.fake_hosts.kill("node-a")
     with pytest.raises(InvalidInput, match="only for a dead host that is fenced"):
         evacuate.evacuate(cctx, "node-a", host_is_down=False)
-    result = evacuate.evacuate(cctx, "node-a", host_is_down=True)
+    request_ids.bind("evacuate-run")  # as cloud-agent binds one per command run
+    try:
+        result = evacuate.evacuate(cctx, "node-a", host_is_down=True)
+    finally:
+        request_ids.bind(None)
     # Most free memory first: node-b (6144), node-b (5120), then default and node-b tie at 4096: by name.
     assert result == {"host": "node-a", "failed": [],
                       "rebuilt": [{"id": made[0], "to": "node-b"}, {"id": made[1], "to": "node-b"},
@@ -60,6 +65,11 @@ def test_evacuate_rebuilds_a_dead_hosts_instances_with_their_identity(client, cc
         assert {r.mac for r in cluster[to].networks["cc-private"].values()} >= {before[i]["mac"]}
         got = ok(client.simulate_get(f"/v1/server-instance/{i}", headers=alice.headers), 200)[0]
         assert got["status"] == "running" and got["hostname"] == before[i]["hostname"]
+        create, evacuated = ok(client.simulate_get(f"/v1/server-instance/{i}/actions", headers=alice.headers), 200)
+        assert create["action"] == "create" and create["requester"] == alice.id
+        assert {k: evacuated[k] for k in ("action", "requester", "request-id", "result")} == {
+            "action": "evacuate", "requester": None, "request-id": "evacuate-run", "result": "success"}
+        assert f"host node-a is down: rebuilt on host {to}" in evacuated["message"]
     assert cctx.store.list_evacuations() == []
     assert cctx.store.get_host("node-a")["enabled"] == 0
     host_records.remove_host(cctx, "node-a")  # it holds nothing now
@@ -212,6 +222,14 @@ def test_agent_host_evacuate(tmp_path):
     assert db.execute("SELECT enabled FROM hosts WHERE name = 'gone'").fetchone()[0] == 0
     assert db.execute("SELECT host FROM instances WHERE id = ?", (iid,)).fetchone()[0] == "gone"
     assert db.execute("SELECT COUNT(*) FROM evacuations").fetchone()[0] == 0
+    # The instance's history says so, under the request id of the command's audit row.
+    [(requester, result, message, request_id)] = db.execute(
+        "SELECT requester, result, message, request_id FROM instance_actions WHERE instance_id = ? "
+        "AND action = 'evacuate'", (iid,)).fetchall()
+    assert requester is None and result == "error" and doc["failed"][0]["error"] in message
+    [(audited,)] = db.execute("SELECT request_id FROM audit WHERE action = 'cloud-agent host evacuate' "
+                              "ORDER BY id DESC LIMIT 1").fetchall()
+    assert re.fullmatch(r"[0-9a-f]{32}", request_id) and audited == request_id
     rc, doc = agent_call(config, "host", "remove", "gone")
     assert rc == 1 and "holds 1 instance" in doc["error"]
     # On a terminal, without --json: progress on stderr, then a line per instance.

@@ -364,6 +364,8 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     conn.execute("ALTER TABLE instances DROP COLUMN console_since")  # migration 13's
     conn.execute("DROP TABLE reconcile_runs")  # migration 14's
     conn.execute("DROP TABLE reconcile_drift")
+    conn.execute("DROP TABLE instance_actions")  # migration 15's
+    conn.execute("ALTER TABLE audit DROP COLUMN request_id")
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
     listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))

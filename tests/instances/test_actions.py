@@ -1,0 +1,168 @@
+"""GET /v1/server-instance/<id>/actions on fake host adapters (CONTRACT.md section 13): every
+action recorded with its requester, request id, result, message and time; errors of a
+visible instance recorded, requests that name none not; visibility; after the delete;
+pruned with the audit retention."""
+
+import re
+
+import pytest
+
+from controller import audit, history
+from controller.audit import AnonymousFailures, Housekeeper
+from tests.api.test_controller_api import (NOT_A_UUID, UNKNOWN, _host_dies_at, boot, err, ok,  # noqa: F401
+                                           people)
+from tests.fixtures.api import give_volume
+
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def actions(client, caller, instance_id):
+    return client.simulate_get(f"/v1/server-instance/{instance_id}/actions", headers=caller.headers)
+
+
+def task(client, caller, instance_id, what, request_id, **more):
+    return client.simulate_put(f"/v1/server-instance/{instance_id}", json={"task": {"what": what, **more}},
+                               headers={**caller.headers, "X-Request-Id": request_id})
+
+
+@pytest.fixture
+def made(client, people, catalog):
+    """The owner's instance, created under the request id "create-1"."""
+    give_volume(client, people["owner"])
+    r = client.simulate_post("/v1/server-instance", headers={**people["owner"].headers, "X-Request-Id": "create-1"},
+                             json={"server-image": catalog["public"]["id"], "server-flavor": catalog["small"]["id"]})
+    assert r.headers["X-Request-Id"] == "create-1"
+    return ok(r, 201)[0]
+
+
+def test_each_action_is_recorded_with_requester_request_id_result_and_time(client, cctx, people, made):
+    owner, admin = people["owner"], people["admin"]
+    managed_uuid = people["accounts"]["managed"]["uuid"]
+    sent = [("power-off", "off.1", {}), ("power-on", "on-1", {}), ("reboot", "Reboot_1", {}),
+            ("modify-users", "users-1", {"how": "add", "users": [managed_uuid]})]
+    for what, request_id, more in sent:
+        r = task(client, owner, made["id"], what, request_id, **more)
+        ok(r)
+        assert r.headers["X-Request-Id"] == request_id
+    r = client.simulate_delete(f"/v1/server-instance/{made['id']}", headers={**admin.headers, "X-Request-Id": "del"})
+    ok(r)
+    got = ok(actions(client, owner, made["id"]))  # the owner still reads it after the delete
+    assert [(a["action"], a["requester"], a["request-id"], a["result"], a["message"]) for a in got] == [
+        ("create", owner.id, "create-1", "success", ""),
+        ("power-off", owner.id, "off.1", "success", ""),
+        ("power-on", owner.id, "on-1", "success", ""),
+        ("reboot", owner.id, "Reboot_1", "success", ""),
+        ("modify-users", owner.id, "users-1", "success", ""),
+        ("delete", admin.id, "del", "success", ""),
+    ]
+    assert all(set(a) == {"action", "requester", "request-id", "result", "message", "time"} for a in got)
+    times = [a["time"] for a in got]
+    assert all(RFC3339.match(t) for t in times) and times == sorted(times)
+    assert cctx.store.all_instances() == []  # deleted, history kept
+
+
+def test_a_reboot_refused_by_the_state_is_recorded_as_an_error_with_its_message(client, people, made):
+    owner = people["owner"]
+    ok(task(client, owner, made["id"], "power-off", "off"))
+    r = task(client, owner, made["id"], "reboot", "refused-reboot")
+    message = err(r, 409)
+    last = ok(actions(client, owner, made["id"]))[-1]
+    assert last == {"action": "reboot", "requester": owner.id, "request-id": "refused-reboot", "result": "error",
+                    "message": message, "time": last["time"]}
+    assert r.headers["X-Request-Id"] == "refused-reboot"
+
+
+def test_a_request_refused_before_it_names_a_visible_instance_is_not_recorded(client, people, made):
+    owner, stranger = people["owner"], people["stranger"]
+    before = ok(actions(client, owner, made["id"]))
+    err(task(client, stranger, made["id"], "reboot", "stranger"), 404)
+    err(client.simulate_delete(f"/v1/server-instance/{made['id']}", headers=stranger.headers), 404)
+    err(task(client, owner, made["id"], "shout", "bad-body"), 400)  # refused by the schema, before the service
+    assert ok(actions(client, owner, made["id"])) == before
+    assert [a["action"] for a in before] == ["create"]
+
+
+def test_the_history_is_visible_to_whoever_sees_the_instance_and_404_to_others(client, people, catalog):
+    owner, managed, admin, stranger = people["owner"], people["managed"], people["admin"], people["stranger"]
+    give_volume(client, managed)
+    [inst] = ok(boot(client, managed, catalog), 201)
+    path_of = f"/v1/server-instance/{inst['id']}"
+    for who in (managed, owner, admin):  # the owner, the owner's owner, a superuser
+        assert [a["action"] for a in ok(actions(client, who, inst["id"]))] == ["create"]
+    err(actions(client, stranger, inst["id"]), 404)
+    ok(client.simulate_delete(path_of, headers=owner.headers))
+    for who in (managed, owner, admin):  # kept after the delete, for the same people
+        got = ok(actions(client, who, inst["id"]))
+        assert [(a["action"], a["requester"]) for a in got] == [("create", managed.id), ("delete", owner.id)]
+    err(actions(client, stranger, inst["id"]), 404)
+    for unknown in (UNKNOWN, NOT_A_UUID):
+        err(actions(client, admin, unknown), 404)
+
+
+def test_a_visible_instance_without_history_answers_an_empty_list(client, cctx, people, made):
+    with cctx.store.write() as conn:  # as an instance made before the history existed
+        conn.execute("DELETE FROM instance_actions")
+    assert ok(actions(client, people["owner"], made["id"])) == []
+    err(actions(client, people["stranger"], made["id"]), 404)
+
+
+def test_the_history_is_pruned_with_the_audit_retention(client, cctx, people, made, monkeypatch):
+    owner = people["owner"]
+    monkeypatch.setattr(history, "utc_now", lambda: "2020-01-01T00:00:00Z")
+    ok(task(client, owner, made["id"], "power-off", "long-ago"))
+    monkeypatch.undo()
+    assert [a["request-id"] for a in ok(actions(client, owner, made["id"]))] == ["create-1", "long-ago"]
+    keeper = Housekeeper(store=cctx.store, anonymous=AnonymousFailures(cctx.store, interval_seconds=60),
+                         retention_days=30)
+    keeper.run_once()
+    assert [a["request-id"] for a in ok(actions(client, owner, made["id"]))] == ["create-1"]
+    assert audit.prune_before(cctx.store, "2099-01-01T00:00:00Z") > 0
+    assert ok(actions(client, owner, made["id"])) == []  # still visible, nothing left
+
+
+@pytest.mark.parametrize("when", ["mid-spawn", "after-spawn"])
+def test_a_create_that_leaves_its_row_for_reconcile_is_recorded_as_an_error(client, cctx, adapters, people,
+                                                                           catalog, monkeypatch, when):
+    from controller.errors import HostUnreachable
+
+    owner = people["owner"]
+    give_volume(client, owner)
+    hv = adapters.hypervisor
+    if when == "mid-spawn":
+        _host_dies_at(monkeypatch, hv, "start")  # what was made cannot be removed: CleanupFailed
+    else:
+        def dies(instance_id):  # the status read after the spawn; then the undo cannot reach the host
+            hv.dead = True
+            raise HostUnreachable("the host stopped answering")
+
+        monkeypatch.setattr(hv, "status", dies)
+    r = client.simulate_post("/v1/server-instance", headers={**owner.headers, "X-Request-Id": "failed-create"},
+                             json={"server-image": catalog["public"]["id"], "server-flavor": catalog["small"]["id"]})
+    message = err(r, 503)
+    [row] = cctx.store.all_instances()  # kept, hidden, for reconcile
+    [entry] = cctx.store.list_instance_actions(row["id"], visible_to=None)
+    assert (entry["action"], entry["requester"], entry["request_id"], entry["result"], entry["message"]) == (
+        "create", owner.id, "failed-create", "error", message)
+
+
+def test_a_create_that_leaves_nothing_is_not_recorded(client, cctx, adapters, people, catalog):
+    from controller.errors import HostError
+
+    owner = people["owner"]
+    give_volume(client, owner)
+    adapters.hypervisor.fail_on["define"] = HostError("define failed")
+    err(boot(client, owner, catalog), 503)
+    assert cctx.store.all_instances() == []
+    assert cctx.store.conn.execute("SELECT COUNT(*) FROM instance_actions").fetchone()[0] == 0
+
+
+def test_record_refuses_an_unknown_action_or_result(cctx):
+    row = {"id": UNKNOWN, "owner_id": UNKNOWN}
+    with pytest.raises(ValueError):
+        history.record(cctx, row, "explode", requester=None)
+    with pytest.raises(ValueError):
+        history.record(cctx, row, "move", requester=None, result="maybe")
+    history.record(cctx, row, "move", requester=None, message="moved from host a to host b", request_id="r-1")
+    [entry] = cctx.store.list_instance_actions(UNKNOWN, visible_to=None)
+    assert (entry["action"], entry["requester"], entry["request_id"], entry["result"]) == ("move", None, "r-1",
+                                                                                         "success")
