@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from host_adapters.directory import Directory, FakeDirectory
 from host_adapters.homes import FakeHomeVolumes, HomeVolumes
@@ -12,8 +12,61 @@ from host_adapters.hypervisor import Hypervisor
 from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
 from host_adapters.virtiofs import LocalShareConfinement, ShareConfinement
 
-if TYPE_CHECKING:  # the config is handed in; host_adapters never imports controller/
-    from controller.config import Config
+
+# What the factory reads of the service's config (AdapterConfig), named here so that
+# host_adapters never imports the floor above it: controller/config.py's Config has these
+# sections and keys (tests/server/test_factory.py holds the two together). Read, never set.
+class LibvirtKeys(Protocol):
+    uri: str
+    storage_pool: str
+    domain_prefix: str
+    virt_type: str
+    cpu_mode: str
+    host_name: str
+    status_max_age_seconds: float
+
+
+class NetworkKeys(Protocol):
+    name: str
+    subnet: str
+
+
+class VolumesKeys(Protocol):
+    home_root: str
+    quota_backend: str
+    quota_mountpoint: str
+
+
+class UnixKeys(Protocol):
+    root: str
+
+
+class DirectoryKeys(Protocol):
+    backend: str
+    default_shell: str
+
+
+class GroupsKeys(Protocol):
+    gid_min: int
+    gid_max: int
+
+
+class HostsKeys(Protocol):
+    retry_seconds: int
+    connect_timeout_seconds: int
+
+
+class AdapterConfig(Protocol):
+    libvirt: LibvirtKeys
+    network: NetworkKeys
+    volumes: VolumesKeys
+    unix: UnixKeys
+    directory: DirectoryKeys
+    groups: GroupsKeys
+    hosts: HostsKeys
+
+    def raw_section(self, section: str) -> dict[str, str]:
+        """A section's keys as written: the LDAP directory checks its own."""
 
 
 @dataclass
@@ -47,7 +100,7 @@ class Adapters:
         yield "system_root", self.groups.check
 
 
-def build_quota(config: "Config"):
+def build_quota(config: AdapterConfig):
     from host_adapters import quota
 
     backend = config.volumes.quota_backend
@@ -60,7 +113,7 @@ def build_quota(config: "Config"):
     return quota.make_quota_backend(backend, home_root=config.volumes.home_root)
 
 
-def build_directory(config: "Config") -> Directory:
+def build_directory(config: AdapterConfig) -> Directory:
     if config.directory.backend == "ldap":
         from host_adapters.ldap_directory import ldap_directory_from_config
 
@@ -70,7 +123,7 @@ def build_directory(config: "Config") -> Directory:
     return LocalDirectory(config.unix.root or None, shell=config.directory.default_shell)
 
 
-def config_host(config: "Config") -> HostSpec:
+def config_host(config: AdapterConfig) -> HostSpec:
     """The host the config names ([libvirt] uri, storage_pool, host_name; [network] name)."""
     return HostSpec(name=config.libvirt.host_name, uri=config.libvirt.uri,
                     storage_pool=config.libvirt.storage_pool, network=config.network.name)
@@ -92,7 +145,7 @@ def is_local_qemu(uri: str) -> bool:
     return parts.scheme in ("qemu", "qemu+unix") and not parts.netloc
 
 
-def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervisor:
+def build_hypervisor(config: AdapterConfig, host: HostSpec | None = None) -> Hypervisor:
     """The Hypervisor of one host (default: the config's own), with the config's
     virt_type, cpu_mode, domain prefix and subnet."""
     from host_adapters.libvirt.driver import LibvirtHypervisor
@@ -123,7 +176,7 @@ def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervis
     )
 
 
-def build_hosts(config: "Config", default: Hypervisor) -> HostPool:
+def build_hosts(config: AdapterConfig, default: Hypervisor) -> HostPool:
     """A HostPool whose config host is `default` (one connection per host) and whose
     other hosts are built from their records."""
     own = config_host(config)
@@ -131,7 +184,7 @@ def build_hosts(config: "Config", default: Hypervisor) -> HostPool:
                     retry_seconds=float(config.hosts.retry_seconds))
 
 
-def build_adapters(config: "Config") -> Adapters:
+def build_adapters(config: AdapterConfig) -> Adapters:
     from host_adapters.homes import DirectoryHomeVolumes
     from host_adapters.unix_groups import CommandUnixGroups
 
