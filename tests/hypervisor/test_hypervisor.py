@@ -18,6 +18,7 @@ from host_adapters.hypervisor import (
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from host_adapters.libvirt.statuses import status_of
 from host_adapters.libvirt.volume_io import InProcessVolumeIO
+from tests.fixtures.interfaces import assert_offers_the_interface
 from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
 
 GiB = 1024**3
@@ -785,17 +786,9 @@ def test_status_of_an_unknown_state_is_error():
 # --- signatures --------------------------------------------------------------
 
 
-def _public_methods(cls) -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in inspect.getmembers(cls, inspect.isfunction)
-        if not name.startswith("_")
-    }
-
-
 @pytest.mark.parametrize("impl", [LibvirtHypervisor, FakeHypervisor])
 def test_public_methods_match_the_interface(impl):
-    assert _public_methods(impl) == _public_methods(Hypervisor)
+    assert_offers_the_interface(impl, Hypervisor)
 
 
 def test_constructor_signatures():

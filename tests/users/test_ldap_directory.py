@@ -1,7 +1,6 @@
 """LdapDirectory: unit tests against a recording stand-in for python-ldap, and
 integration tests against a private slapd (tests/fixtures/slapd.py)."""
 
-import inspect
 import os
 import signal
 import socket
@@ -16,6 +15,7 @@ from host_adapters import ldap_directory, subp
 from host_adapters.directory import Directory, PosixAccount
 from host_adapters.ldap_directory import LdapDirectory, ldap_directory_from_config, read_bind_password
 
+from tests.fixtures.interfaces import assert_offers_the_interface
 from tests.users.test_local_directory import DirectoryContract
 
 UID_MIN = 20000
@@ -56,13 +56,8 @@ def ldapsearch(server, base, flt, *attrs) -> dict[str, dict[str, list[str]]]:
 # -- interface and configuration ---------------------------------------------------
 
 
-def _public(cls) -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(member) for name, member in inspect.getmembers(cls, inspect.isfunction)
-            if not name.startswith("_")}
-
-
 def test_public_methods_match_the_interface():
-    assert _public(LdapDirectory) == _public(Directory)
+    assert_offers_the_interface(LdapDirectory, Directory)
 
 
 def test_read_bind_password_strips_one_trailing_newline(tmp_path):

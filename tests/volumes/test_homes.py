@@ -2,7 +2,6 @@
 quota, a fake quota, btrfs), then what only the real one can show: symlinks,
 mounts, rollback, and a btrfs quota a user really hits."""
 
-import inspect
 import os
 import re
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
 from host_adapters import quota as q
 from host_adapters.homes import DirectoryHomeVolumes, FakeHomeVolumes, HomeInfo, HomeVolumes
+from tests.fixtures.interfaces import assert_offers_the_interface
 
 GIB = 1 << 30
 UID, GID = 12345, 12345
@@ -60,21 +60,9 @@ def real(request, tmp_path) -> DirectoryHomeVolumes:
 # --- signatures ----------------------------------------------------------
 
 
-def _public_methods(cls):
-    return {
-        name: inspect.signature(member)
-        for name, member in inspect.getmembers(cls, inspect.isfunction)
-        if not name.startswith("_")
-    }
-
-
 @pytest.mark.parametrize("impl", [DirectoryHomeVolumes, FakeHomeVolumes])
 def test_public_methods_match_the_interface(impl):
-    interface = _public_methods(HomeVolumes)
-    methods = _public_methods(impl)
-    assert set(methods) == set(interface)
-    for name, signature in interface.items():
-        assert methods[name] == signature, name
+    assert_offers_the_interface(impl, HomeVolumes)
 
 
 def test_home_info_gives_the_limit_in_gb():
