@@ -438,6 +438,19 @@ def _qgroup_ids(path) -> set[str]:
     return set(q.parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path)))
 
 
+def _alice_home(volumes) -> tuple[str, int]:
+    """alice's new 1 GB home and the id of its subvolume."""
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    return path, int(_btrfs("inspect-internal", "rootid", path))
+
+
+def _assert_removed(volumes, path: str, *sids: int) -> None:
+    """Nothing left of a home: its path, its subvolumes (`sids`), their qgroups."""
+    assert not os.path.lexists(path)
+    assert not set(sids) & _subvolume_ids(volumes.home_root)
+    assert not {f"0/{sid}" for sid in sids} & _qgroup_ids(volumes.home_root)
+
+
 @pytest.fixture
 def btrfs_homes(btrfs_home_root):
     _needs_root()
@@ -448,24 +461,20 @@ def btrfs_homes(btrfs_home_root):
 @pytest.mark.integration
 def test_btrfs_retired_home_keeps_its_quota_until_purge_removes_subvolume_and_qgroup(btrfs_homes):
     volumes = btrfs_homes
-    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
-    sid = int(_btrfs("inspect-internal", "rootid", path))
+    path, sid = _alice_home(volumes)
     assert _dd(UID, os.path.join(path, "data"), 16).returncode == 0
     retired = volumes.retire("alice", token="vol-1", uid=UID)
     assert int(_btrfs("inspect-internal", "rootid", retired)) == sid  # the same subvolume, moved
     assert f"0/{sid}" in _qgroup_ids(btrfs_homes.home_root)
     volumes.purge(retired)
-    assert not os.path.exists(retired)
-    assert sid not in _subvolume_ids(btrfs_homes.home_root)
-    assert f"0/{sid}" not in _qgroup_ids(btrfs_homes.home_root)
+    _assert_removed(volumes, retired, sid)
 
 
 @pytest.mark.real_commands
 @pytest.mark.integration
 def test_btrfs_quota_stops_the_user_and_resize_lifts_it(btrfs_homes):
     volumes = btrfs_homes
-    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
-    sid = int(_btrfs("inspect-internal", "rootid", path))
+    path, sid = _alice_home(volumes)
 
     small = _dd(UID, os.path.join(path, "small"), 64)
     assert small.returncode == 0, small.stderr
@@ -483,9 +492,7 @@ def test_btrfs_quota_stops_the_user_and_resize_lifts_it(btrfs_homes):
     assert more.returncode == 0, more.stderr
 
     volumes.delete("alice", uid=UID)
-    assert not os.path.lexists(path)
-    assert sid not in _subvolume_ids(volumes.home_root)
-    assert f"0/{sid}" not in _qgroup_ids(volumes.home_root)
+    _assert_removed(volumes, path, sid)
 
 
 @pytest.mark.real_commands
@@ -515,10 +522,8 @@ def test_btrfs_delete_with_nested_and_read_only_subvolumes(btrfs_homes):
 
     volumes.delete("alice", uid=UID)
 
-    assert not os.path.lexists(path)
+    _assert_removed(volumes, path, *ours)
     assert os.path.exists("/etc/passwd")
-    assert not ours & _subvolume_ids(volumes.home_root)
-    assert not {f"0/{sid}" for sid in ours} & _qgroup_ids(volumes.home_root)
 
 
 @pytest.mark.real_commands
