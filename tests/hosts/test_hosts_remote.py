@@ -99,13 +99,19 @@ def test_an_image_reaches_the_remote_host_over_the_connection(cluster, remote_li
     assert_same_image(source, Path(remote_libvirtd.pool_path) / row["base_volume"])
 
 
-def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
-    ctx = cluster
+def created_on_a_remote_host(ctx):
+    """alice's instance, created while the config's own host is disabled; the client, alice,
+    the create's body and the instance."""
     client, alice, body = ready_to_create(ctx)
     host_records.set_enabled(ctx, "default", False)
     r = client.simulate_post(BASE, headers=alice.headers, json=body)
     assert r.status_code == 201, r.json
-    remote_inst = r.json["data"][0]
+    return client, alice, body, r.json["data"][0]
+
+
+def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
+    ctx = cluster
+    client, alice, body, remote_inst = created_on_a_remote_host(ctx)
     [row] = ctx.store.list_instances(visible_to=None, instance_id=remote_inst["id"])
     assert row["host"] == "remote" and remote_inst["status"] == "running"
     domain = ctx.config.libvirt.domain_prefix + remote_inst["id"]
@@ -255,11 +261,7 @@ def test_a_dead_remote_host_is_evacuated_and_its_stale_domain_removed_when_it_an
     from controller.errors import Conflict
 
     ctx = cluster
-    client, alice, body = ready_to_create(ctx)
-    host_records.set_enabled(ctx, "default", False)
-    r = client.simulate_post(BASE, headers=alice.headers, json=body)
-    assert r.status_code == 201, r.json
-    inst = r.json["data"][0]
+    client, alice, body, inst = created_on_a_remote_host(ctx)
     spare = another_remote_libvirtd
     host_records.add_host(ctx, name="spare", uri=spare.uri, storage_pool=spare.pool, network=spare.network, insecure=True)
     [before] = ctx.store.list_instances(visible_to=None, instance_id=inst["id"])

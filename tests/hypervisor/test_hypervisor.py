@@ -100,6 +100,15 @@ class HypervisorContract:
         with pytest.raises(NotFound):
             hv.describe(instance_id)
 
+    def assert_orphan_disk_listed_and_destroyed(self, hv, instance_id):
+        """A disk whose domain is gone: listed, described as undefined and in error, then destroyed."""
+        assert instance_id in hv.list_instances()
+        info = hv.describe(instance_id)
+        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
+        assert info.disk_path
+        hv.destroy(instance_id)
+        self.assert_gone(hv, instance_id)
+
     def test_check(self, hv):
         hv.check()
 
@@ -419,12 +428,7 @@ class TestFakeHypervisor(HypervisorContract):
     def test_an_orphan_disk_is_listed_and_destroyed(self, hv, base_image):
         instance_id = self.spawn(hv, base_image)
         del hv.instances[instance_id]
-        assert instance_id in hv.list_instances()
-        info = hv.describe(instance_id)
-        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
-        assert info.disk_path
-        hv.destroy(instance_id)
-        self.assert_gone(hv, instance_id)
+        self.assert_orphan_disk_listed_and_destroyed(hv, instance_id)
 
     def test_create_base_image_from_a_source_reports_progress(self, hv, tmp_path):
         source = tmp_path / "image.qcow2"
@@ -672,12 +676,7 @@ class TestLibvirtTestDriver(HypervisorContract):
         dom = self.domain(hv, instance_id)
         dom.destroy()
         dom.undefine()
-        assert instance_id in hv.list_instances()
-        info = hv.describe(instance_id)
-        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
-        assert info.disk_path
-        hv.destroy(instance_id)
-        self.assert_gone(hv, instance_id)
+        self.assert_orphan_disk_listed_and_destroyed(hv, instance_id)
 
     def test_a_checked_source_stands_in_as_a_blank_disk_on_the_test_driver(self, hv, tmp_path):
         # The test driver has no upload streams (the sandbox boots no real guest).
