@@ -533,21 +533,27 @@ class TestLibvirtTestDriver(HypervisorContract):
         hv.destroy(instance_id)
         self.assert_gone(hv, instance_id)
 
-    def test_a_lost_connection_is_opened_again_once(self, hv, base_image, monkeypatch):
+    @staticmethod
+    def lose_connection_once(monkeypatch, name: str) -> list:
+        """virDomain.<name> loses the connection the first time it is called, then works; its calls."""
         import libvirt
 
-        instance_id = self.spawn(hv, base_image)
-        first = hv._conn
-        real_state = libvirt.virDomain.state
+        real = getattr(libvirt.virDomain, name)
         calls = []
 
-        def state_once_lost(self_, *args):
+        def once_lost(self_, *args):
             calls.append(1)
             if len(calls) == 1:
                 raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
-            return real_state(self_, *args)
+            return real(self_, *args)
 
-        monkeypatch.setattr(libvirt.virDomain, "state", state_once_lost)
+        monkeypatch.setattr(libvirt.virDomain, name, once_lost)
+        return calls
+
+    def test_a_lost_connection_is_opened_again_once(self, hv, base_image, monkeypatch):
+        instance_id = self.spawn(hv, base_image)
+        first = hv._conn
+        self.lose_connection_once(monkeypatch, "state")
         assert hv.status(instance_id) == "running"
         assert hv._conn is not first
 
@@ -640,20 +646,9 @@ class TestLibvirtTestDriver(HypervisorContract):
         assert hv.status(instance_id) == "shutoff"
 
     def test_a_connection_lost_in_the_power_cycle_finishes_it_on_a_new_one(self, hv, base_image, shares, monkeypatch):
-        import libvirt
-
         instance_id = self.spawn(hv, base_image, shares)
         hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[1:]))
-        real_create = libvirt.virDomain.create
-        calls = []
-
-        def create_once_lost(self_, *args):
-            calls.append(1)
-            if len(calls) == 1:
-                raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
-            return real_create(self_, *args)
-
-        monkeypatch.setattr(libvirt.virDomain, "create", create_once_lost)
+        calls = self.lose_connection_once(monkeypatch, "create")
         hv.reboot(instance_id)
         assert len(calls) == 2
         info = hv.describe(instance_id)
