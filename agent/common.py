@@ -184,6 +184,11 @@ def userid_option(fn):
     )(fn)
 
 
+def user_argument(fn):
+    """[EMAIL] and --userid UUID: the user a command acts on, by either (require_one_user)."""
+    return click.argument("email", required=False)(userid_option(fn))
+
+
 def require_one_user(email: str | None, userid) -> None:
     if (email is None) == (userid is None):
         raise click.UsageError("give the user's EMAIL or --userid UUID (exactly one of them)")

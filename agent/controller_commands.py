@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, confirm, emit, require_one_user, target_user, userid_option
+from agent.common import Options, command_options, confirm, emit, require_one_user, target_user, user_argument
 from controller import accounts, images, volumes
 from controller.users import account_object
 
@@ -16,8 +16,7 @@ def account():
 
 
 @account.command("enable")
-@click.argument("email", required=False)
-@userid_option
+@user_argument
 @click.option("--username", required=True, help="System username (^[a-z_][a-z0-9_-]{0,31}$).")
 @click.option("--uid", type=int, default=None, help="uid to use; default: the directory allocates one.")
 @command_options
@@ -36,8 +35,7 @@ def account_enable(opts: Options, email, userid, username, uid):
 
 
 @account.command("disable")
-@click.argument("email", required=False)
-@userid_option
+@user_argument
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @command_options
 def account_disable(opts: Options, email, userid, yes):
@@ -101,8 +99,7 @@ def image_add(opts: Options, name, os_name, os_major, os_minor, min_disk, min_ra
 
 @image.command("grant")
 @click.argument("image_id")
-@click.argument("email", required=False)
-@userid_option
+@user_argument
 @command_options
 def image_grant(opts: Options, image_id, email, userid):
     """Let a user (by EMAIL or --userid) boot from a private image.

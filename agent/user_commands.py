@@ -4,7 +4,8 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, confirm, emit, require_one_user, target_user, userid_option
+from agent.common import (Options, command_options, confirm, emit, require_one_user, target_user, user_argument,
+                          userid_option)
 from controller import guests, limits, lookups, users
 from controller.permissions import ROLES, SUPERUSER
 
@@ -149,8 +150,7 @@ def user_limits(opts: Options, email, userid, instances, vcpus, memory_mb, group
 
 
 @user.command("apply")
-@click.argument("email", required=False)
-@userid_option
+@user_argument
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @command_options
 def user_apply(opts: Options, email, userid, yes):

@@ -8,6 +8,7 @@ host_adapters/ldap_directory.py, and `FakeDirectory` for fast tests.
 from dataclasses import dataclass, replace
 
 from common.errors import Conflict, HostError, InvalidInput, NotFound
+from host_adapters.fail_on import FailOn
 from host_adapters.names import check_username
 
 
@@ -89,7 +90,7 @@ def check_uid(uid: object) -> int | None:
     return uid
 
 
-class FakeDirectory(Directory):
+class FakeDirectory(FailOn, Directory):
     """In-memory accounts with uids allocated from `first_uid` upward, above
     `uid_mark` (the highest number ever allocated or given), up to `last_uid`.
 
@@ -107,14 +108,6 @@ class FakeDirectory(Directory):
         self.accounts: dict[str, PosixAccount] = {}
         self.groups: dict[str, list[str]] = {}
         self.fail_on: dict[str, Exception] = {}
-
-    def _maybe_fail(self, method: str) -> None:
-        error = self.fail_on.get(method)
-        if error is not None:
-            raise error
-
-    def check(self) -> None:
-        self._maybe_fail("check")
 
     def create_account(self, username: str, *, home: str, uid: int | None = None) -> PosixAccount:
         check_username(username)

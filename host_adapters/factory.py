@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from host_adapters.directory import Directory, FakeDirectory
 from host_adapters.homes import FakeHomeVolumes, HomeVolumes
@@ -12,8 +12,65 @@ from host_adapters.hypervisor import Hypervisor
 from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
 from host_adapters.virtiofs import LocalShareConfinement, ShareConfinement
 
-if TYPE_CHECKING:  # the config is handed in; host_adapters never imports controller/
-    from controller.config import Config
+
+# What the factory reads of the service's config (AdapterConfig), named here so that
+# host_adapters never imports the floor above it: controller/config.py's Config has these
+# sections and keys (tests/server/test_factory.py holds the two together). Read, never set.
+class LibvirtKeys(Protocol):
+    uri: str
+    storage_pool: str
+    domain_prefix: str
+    virt_type: str
+    cpu_mode: str
+    host_name: str
+    status_max_age_seconds: float
+
+
+class NetworkKeys(Protocol):
+    name: str
+    subnet: str
+
+
+class VolumesKeys(Protocol):
+    home_root: str
+    quota_backend: str
+    quota_mountpoint: str
+    quota_command: str
+    quota_command_timeout_seconds: int
+
+
+class UnixKeys(Protocol):
+    root: str
+
+
+class DirectoryKeys(Protocol):
+    backend: str
+    default_shell: str
+
+
+class GroupsKeys(Protocol):
+    gid_min: int
+    gid_max: int
+    backend: str
+    ldap_base: str
+
+
+class HostsKeys(Protocol):
+    retry_seconds: int
+    connect_timeout_seconds: int
+
+
+class AdapterConfig(Protocol):
+    libvirt: LibvirtKeys
+    network: NetworkKeys
+    volumes: VolumesKeys
+    unix: UnixKeys
+    directory: DirectoryKeys
+    groups: GroupsKeys
+    hosts: HostsKeys
+
+    def raw_section(self, section: str) -> dict[str, str]:
+        """A section's keys as written: the LDAP directory checks its own."""
 
 
 @dataclass
@@ -47,7 +104,7 @@ class Adapters:
         yield "system_root", self.groups.check
 
 
-def build_quota(config: "Config"):
+def build_quota(config: AdapterConfig):
     from host_adapters.quota_backends import make_quota_backend
 
     volumes = config.volumes
@@ -56,7 +113,7 @@ def build_quota(config: "Config"):
                               command_timeout=volumes.quota_command_timeout_seconds)
 
 
-def build_directory(config: "Config") -> Directory:
+def build_directory(config: AdapterConfig) -> Directory:
     if config.directory.backend == "ldap":
         from host_adapters.ldap_directory import ldap_directory_from_config
 
@@ -66,7 +123,7 @@ def build_directory(config: "Config") -> Directory:
     return LocalDirectory(config.unix.root or None, shell=config.directory.default_shell)
 
 
-def build_groups(config: "Config", directory: Directory) -> UnixGroups:
+def build_groups(config: AdapterConfig, directory: Directory) -> UnixGroups:
     """`[groups] backend`: ldap writes posixGroups on the directory's server, local runs groupadd."""
     gid_range = (config.groups.gid_min, config.groups.gid_max)
     if config.groups.backend == "ldap":
@@ -78,7 +135,7 @@ def build_groups(config: "Config", directory: Directory) -> UnixGroups:
     return CommandUnixGroups(config.unix.root or None, gid_range=gid_range)
 
 
-def config_host(config: "Config") -> HostSpec:
+def config_host(config: AdapterConfig) -> HostSpec:
     """The host the config names ([libvirt] uri, storage_pool, host_name; [network] name)."""
     return HostSpec(name=config.libvirt.host_name, uri=config.libvirt.uri,
                     storage_pool=config.libvirt.storage_pool, network=config.network.name)
@@ -100,7 +157,7 @@ def is_local_qemu(uri: str) -> bool:
     return parts.scheme in ("qemu", "qemu+unix") and not parts.netloc
 
 
-def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervisor:
+def build_hypervisor(config: AdapterConfig, host: HostSpec | None = None) -> Hypervisor:
     """The Hypervisor of one host (default: the config's own), with the config's
     virt_type, cpu_mode, domain prefix and subnet."""
     from host_adapters.libvirt.driver import LibvirtHypervisor
@@ -131,7 +188,7 @@ def build_hypervisor(config: "Config", host: HostSpec | None = None) -> Hypervis
     )
 
 
-def build_hosts(config: "Config", default: Hypervisor) -> HostPool:
+def build_hosts(config: AdapterConfig, default: Hypervisor) -> HostPool:
     """A HostPool whose config host is `default` (one connection per host) and whose
     other hosts are built from their records."""
     own = config_host(config)
@@ -139,7 +196,7 @@ def build_hosts(config: "Config", default: Hypervisor) -> HostPool:
                     retry_seconds=float(config.hosts.retry_seconds))
 
 
-def build_adapters(config: "Config") -> Adapters:
+def build_adapters(config: AdapterConfig) -> Adapters:
     from host_adapters.homes import DirectoryHomeVolumes
 
     hypervisor = build_hypervisor(config)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from common.errors import CleanupFailed, Conflict, HostError, HostUnreachable, InvalidInput, NotFound
 from host_adapters import seed as seeds
 from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes, start_of_tail
+from host_adapters.fail_on import FailOn
 from host_adapters.guest import GuestSpec, Reservation, Share, check_guest, check_positive, reservations_for
 from host_adapters.host_pool import HostSpec
 from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress
@@ -67,7 +68,7 @@ class FakeInstance:
         self.console = bytearray(f"fake firmware: booting {self.guest.hostname}\r\n".encode())
 
 
-class FakeHypervisor(Hypervisor):
+class FakeHypervisor(FailOn, Hypervisor):
     """In memory. `fail_on` maps a step to the exception it raises (until removed);
     `capacity` is what host_capacity() reports (a large head node unless a test sets it).
 
@@ -114,9 +115,7 @@ class FakeHypervisor(Hypervisor):
             gate.wait(timeout=30)
         if self.dead:
             raise HostUnreachable(f"cannot connect to libvirt at fake host ({name})")
-        err = self.fail_on.get(name)
-        if err is not None:
-            raise err
+        self._maybe_fail(name)
 
     def _existing(self, instance_id: str) -> FakeInstance:
         if self.dead:

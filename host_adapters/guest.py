@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from common.errors import InvalidInput
-from host_adapters.names import check_group_name, check_username
+from host_adapters.names import check_group_name, check_pattern, check_username
 
 _MAC = re.compile(r"^52:54:00(:[0-9a-f]{2}){3}$")
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -20,16 +20,12 @@ _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 def check_mac(value: object) -> str:
     """A locally administered QEMU-range MAC, lower case (52:54:00:xx:xx:xx)."""
-    if not isinstance(value, str) or not _MAC.fullmatch(value):
-        raise InvalidInput(f"invalid MAC address {value!r}")
-    return value
+    return check_pattern(value, _MAC, "MAC address")
 
 
 def check_hostname(value: object) -> str:
     """One RFC 1123 label, lower case."""
-    if not isinstance(value, str) or not _HOSTNAME.fullmatch(value):
-        raise InvalidInput(f"invalid hostname {value!r}")
-    return value
+    return check_pattern(value, _HOSTNAME, "hostname")
 
 
 def _check_path(value: object, what: str) -> str:

@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass, field
 
 from common.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
+from host_adapters.fail_on import FailOn
 from host_adapters.names import check_username
 from host_adapters.quota import GIB, QuotaBackend, check_id, check_size_gb
 
@@ -95,7 +96,7 @@ class HomeVolumes:
 
     def path(self, username: str) -> str:
         """`<home_root>/<username>`. Raises InvalidInput for a bad username, so it never leaves home_root."""
-        raise NotImplementedError
+        return os.path.join(self.home_root, check_username(username))
 
     def create(self, username: str, *, uid: int, gid: int, size_gb: int) -> str:
         """Create the home owned by uid:gid, mode 0700, with a hard limit of size_gb GiB; return its path.
@@ -181,9 +182,6 @@ class DirectoryHomeVolumes(HomeVolumes):
             raise
         except HostError as e:
             raise HostUnavailable(f"quota backend {self.quota.name} is unusable: {e.message}") from e
-
-    def path(self, username: str) -> str:
-        return os.path.join(self.home_root, check_username(username))
 
     def create(self, username: str, *, uid: int, gid: int, size_gb: int) -> str:
         path = self.path(username)
@@ -301,7 +299,7 @@ class FakeHome:
     nested_subvolumes: tuple[str, ...] = ()
 
 
-class FakeHomeVolumes(HomeVolumes):
+class FakeHomeVolumes(FailOn, HomeVolumes):
     """In-memory homes under a notional home_root; nothing touches the disk.
 
     `homes` maps username -> FakeHome(uid, gid, size_gb, mode,
@@ -315,17 +313,6 @@ class FakeHomeVolumes(HomeVolumes):
         self.retired: dict[str, "FakeHome"] = {}
         self.homes: dict[str, FakeHome] = {}
         self.fail_on: dict[str, Exception] = {}
-
-    def _maybe_fail(self, method: str) -> None:
-        error = self.fail_on.get(method)
-        if error is not None:
-            raise error
-
-    def check(self) -> None:
-        self._maybe_fail("check")
-
-    def path(self, username: str) -> str:
-        return os.path.join(self.home_root, check_username(username))
 
     def create(self, username: str, *, uid: int, gid: int, size_gb: int) -> str:
         path = self.path(username)

@@ -52,14 +52,6 @@ def _account(entry: sysroot.PasswdEntry, shadow: sysroot.ShadowEntry | None = No
     )
 
 
-def _nss_has_uid(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    return True
-
-
 class UidMark:
     """The highest uid ever allocated or given in one system root, in a file of its own.
 
@@ -153,7 +145,9 @@ class LocalDirectory(Directory):
         in_use = {u.uid for u in sysroot.read_passwd(self.root)}
         highest = max((u for u in in_use if low <= u <= high), default=0)
         candidate = max(self.uid_mark.read(), highest, low - 1) + 1
-        while candidate in in_use or candidate in skip or (self.root is None and _nss_has_uid(candidate)):
+        # On the host, a uid only NSS knows (a directory account) is in use too.
+        on_host = self.root is None
+        while candidate in in_use or candidate in skip or (on_host and sysroot.nss_knows(pwd.getpwuid, candidate)):
             candidate += 1
         if candidate > high:
             raise HostError(f"no uid left above the highest ever given out in {low}-{high} "
@@ -212,21 +206,22 @@ class LocalDirectory(Directory):
             raise
 
     def lock_account(self, username: str) -> None:
-        check_username(username)
-        with sysroot.lock(self.root):
-            account = self.get_account(username)
-            if account is None:
-                raise NotFound(f"no account {username}")
-            if not account.locked:
-                self._usermod(username, "-L", "-e", str(LOCKED_EXPIRE_DAY))
+        self._set_locked(username, True)
 
     def unlock_account(self, username: str) -> None:
+        self._set_locked(username, False)
+
+    def _set_locked(self, username: str, locked: bool) -> None:
         check_username(username)
         with sysroot.lock(self.root):
             account = self.get_account(username)
             if account is None:
                 raise NotFound(f"no account {username}")
-            if account.locked:
+            if account.locked == locked:
+                return
+            if locked:
+                self._usermod(username, "-L", "-e", str(LOCKED_EXPIRE_DAY))
+            else:
                 # -e "" removes the expiry; -U drops the "!" -L put before the password
                 # (on an account without a password usermod leaves "!" and says so).
                 self._usermod(username, "-U", "-e", "")

@@ -14,20 +14,19 @@ from common.errors import InvalidInput
 _POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
+def check_pattern(value: object, pattern: re.Pattern, what: str, hint: str = "") -> str:
+    """`value`, a string `pattern` matches whole; else InvalidInput naming `what` (and `hint`)."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidInput(f"invalid {what} {value!r}{hint}")
+    return value
+
+
 def check_group_name(name: object) -> str:
-    if not isinstance(name, str) or not _POSIX_NAME.fullmatch(name):
-        raise InvalidInput(
-            f"invalid group name {name!r}: must match ^[a-z_][a-z0-9_-]{{0,31}}$"
-        )
-    return name
+    return check_pattern(name, _POSIX_NAME, "group name", ": must match ^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def check_username(name: object) -> str:
-    if not isinstance(name, str) or not _POSIX_NAME.fullmatch(name):
-        raise InvalidInput(
-            f"invalid username {name!r}: must match ^[a-z_][a-z0-9_-]{{0,31}}$"
-        )
-    return name
+    return check_pattern(name, _POSIX_NAME, "username", ": must match ^[a-z_][a-z0-9_-]{0,31}$")
 
 
 # Group names an API client may never take (issue 8, finding 1). Membership in
@@ -79,23 +78,18 @@ _TOKEN = re.compile(r"^[0-9a-f]{8}-$")
 
 
 def check_id(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise InvalidInput(f"invalid {what} {value!r}")
-    return value
+    return check_pattern(value, _ID, what)
 
 
 def check_volume_name(value: object) -> str:
-    if not isinstance(value, str) or not _VOLUME.fullmatch(value):
-        raise InvalidInput(f"invalid base image volume name {value!r}")
-    return value
+    return check_pattern(value, _VOLUME, "base image volume name")
 
 
 class Names:
     """Domain and volume names of one deployment (one prefix)."""
 
     def __init__(self, prefix: str):
-        if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
-            raise InvalidInput(f"invalid domain prefix {prefix!r}")
+        check_pattern(prefix, _PREFIX, "domain prefix")
         self.prefix = prefix
 
     def domain(self, instance_id: str) -> str:

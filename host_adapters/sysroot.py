@@ -240,15 +240,17 @@ def unknown_users(root: str | None, names: list[str]) -> list[str]:
     missing = [n for n in names if n not in local]
     if root is None:
         # On the host gpasswd asks NSS, so directory (LDAP) accounts count too.
-        def known(name: str) -> bool:
-            try:
-                pwd.getpwnam(name)
-            except KeyError:
-                return False
-            return True
-
-        missing = [n for n in missing if not known(n)]
+        missing = [n for n in missing if not nss_knows(pwd.getpwnam, n)]
     return missing
+
+
+def nss_knows(lookup, key) -> bool:
+    """Whether NSS (local files, LDAP, ...) answers `lookup(key)`: pwd.getpwnam, pwd.getpwuid."""
+    try:
+        lookup(key)
+    except KeyError:
+        return False
+    return True
 
 
 def check_root(root: str | None, *, binaries: tuple[str, ...], files: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from common.errors import Conflict, HostError, InvalidInput, NotFound
 from host_adapters.directory import FakeDirectory
+from host_adapters.fail_on import FailOn
 from host_adapters.names import check_group_name, check_username
 
 
@@ -87,7 +88,7 @@ def unknown_users_error(unknown: list[str]) -> InvalidInput:
     return InvalidInput(f"no such user: {', '.join(unknown)}")
 
 
-class FakeUnixGroups(UnixGroups):
+class FakeUnixGroups(FailOn, UnixGroups):
     """In-memory groups sharing state with a FakeDirectory, as real groups share
     /etc/group with the accounts' private groups.
 
@@ -108,11 +109,6 @@ class FakeUnixGroups(UnixGroups):
     def groups(self) -> dict[str, list[str]]:
         return self.directory.groups
 
-    def _maybe_fail(self, method: str) -> None:
-        error = self.fail_on.get(method)
-        if error is not None:
-            raise error
-
     def _require_accounts(self, members: list[str]) -> None:
         unknown = [m for m in members if m not in self.users and m not in self.directory.accounts]
         if unknown:
@@ -122,9 +118,6 @@ class FakeUnixGroups(UnixGroups):
         if name not in self.groups:
             raise NotFound(f"group {name} does not exist")
         return self.groups[name]
-
-    def check(self) -> str | None:
-        self._maybe_fail("check")
 
     def get(self, name: str) -> list[str] | None:
         check_group_name(name)

@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.fixtures.remote_libvirtd",
     "tests.fixtures.slapd",
     "tests.fixtures.guest_image",
+    "tests.fixtures.commands",
 ]
 
 

@@ -11,15 +11,10 @@ from falcon import testing
 
 from controller import images
 from controller.accounts import enable_account
-from controller.config import config_from_dict, write_config
-from controller.context import build_context
 from controller.reconcile import reconcile
-from controller.security import generate_key_file
-from controller.store import Store
-from host_adapters.factory import build_adapters
 from host_adapters.subp import run
 from tests.fixtures.agent import AGENT
-from tests.fixtures.api import config_values_for, make_caller
+from tests.fixtures.api import config_values_for, make_caller, new_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -28,21 +23,16 @@ def service(tmp_path, sysroot):
     """The sandbox profile on real parts: libvirt test driver, homes on disk, a system root."""
     import libvirt
 
-    from tests.fixtures.libvirtd import unique_prefix
+    from tests.fixtures.libvirtd import cleanup_hypervisor, unique_prefix
 
     values = config_values_for(tmp_path)
     values["unix"]["root"] = sysroot
     values["libvirt"]["domain_prefix"] = unique_prefix()
     (tmp_path / "home").mkdir(exist_ok=True)
     config_path = str(tmp_path / "controller.ini")
-    write_config(values, config_path)
-    config = config_from_dict(values, path=config_path)
-    generate_key_file(config.auth.secret_key_file)
-    store = Store(config.database_path, create=True)
-    store.migrate()
     # The test driver forgets its state when its last connection closes.
     anchor = libvirt.open("test:///default")
-    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    ctx = new_context(values, path=config_path, real_adapters=True)
     from api.app import create_app
 
     client = testing.TestClient(create_app(ctx))
@@ -63,11 +53,7 @@ def service(tmp_path, sysroot):
     r = client.simulate_post("/v1/group", headers=alice.headers, json={"group-name": "lab", "group-members": ["alice"]})
     assert r.status_code == 201, r.json
     yield {"ctx": ctx, "conn": anchor, "instance": instance, "sysroot": sysroot, "config": config_path}
-    hv = ctx.adapters.hypervisor
-    for iid in hv.list_instances():
-        hv.destroy(iid)
-    for image_id in hv.list_base_images():
-        hv.delete_base_image(image_id)
+    cleanup_hypervisor(ctx.adapters.hypervisor)
     anchor.close()
 
 

@@ -13,12 +13,7 @@ from falcon import testing
 
 from controller import images, limits
 from controller.accounts import enable_account
-from controller.config import config_from_dict
-from controller.context import build_context
-from controller.security import generate_key_file
-from controller.store import Store
-from host_adapters.factory import build_adapters
-from tests.fixtures.api import make_caller, config_values_for
+from tests.fixtures.api import config_values_for, make_caller, new_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -28,11 +23,7 @@ def build(tmp_path, **sections):
     values["controller"]["profile"] = "production"
     for section, keys in sections.items():
         values[section].update(keys)
-    config = config_from_dict(values)
-    generate_key_file(config.auth.secret_key_file)
-    store = Store(config.database_path, create=True)
-    store.migrate()
-    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    ctx = new_context(values, real_adapters=True)
     from api.app import create_app
 
     return ctx, testing.TestClient(create_app(ctx))

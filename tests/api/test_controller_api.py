@@ -244,14 +244,16 @@ def test_flavor_too_small_private_and_inactive_images_are_400(client, cctx, peop
     assert cctx.store.all_instances() == []
 
 
-@pytest.mark.parametrize("step", ["volume", "define", "start", "spawn"])
+@pytest.mark.parametrize("step", ["volume", "seed", "reserve", "define", "start", "spawn"])
 def test_a_failure_at_each_spawn_step_leaves_nothing(client, cctx, adapters, people, catalog, step):
+    # No row, domain, disk, seed or DHCP reservation.
     give_volume(client, people["owner"])
     adapters.hypervisor.fail_on[step] = HostError(f"{step} failed")
     assert f"{step} failed" in err(boot(client, people["owner"], catalog), 503)
     assert cctx.store.all_instances() == []
     assert adapters.hypervisor.list_instances() == []
     assert adapters.hypervisor.disks == {}
+    assert adapters.hypervisor.seeds == {} and adapters.hypervisor.list_reservations() == []
 
 
 def test_a_failure_after_spawn_undoes_the_domain(client, cctx, adapters, people, catalog, monkeypatch):

@@ -1,37 +1,16 @@
 """32 concurrent clients on one resource: exactly one winner where one must win, no lost
 update, no `database is locked` reaching a client, and database and host agreeing after."""
 
-import threading
-
 import pytest
 
 from controller.errors import Conflict
 from controller.locks import host_changes
 from controller.reconcile import reconcile
 from tests.fixtures.api import enable, give_volume, hold_purges, make_caller
+from tests.fixtures.concurrency import together
 from tests.api.test_controller_api import boot, people  # noqa: F401  (fixture)
 
 CLIENTS = 32
-
-
-def together(n, call):
-    """Run call(i) in n threads released at once; return the results in order."""
-    barrier = threading.Barrier(n)
-    results = [None] * n
-
-    def run(i):
-        barrier.wait()
-        try:
-            results[i] = call(i)
-        except Exception as e:  # noqa: BLE001 - a test failure below names it
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def statuses(results):

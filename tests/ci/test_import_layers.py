@@ -1,20 +1,24 @@
-"""The service layer and the API import downwards only: no module imports itself back
-through others (late imports inside functions included), and the rooms every resource
-module shares (guests, lookups) import none of them (docs/architecture.md)."""
+"""Imports only go down the floors of docs/architecture.md: agent/ over api/ over controller/
+over host_adapters/ over common/, never up, not even for the type checker (an import under
+`if TYPE_CHECKING:` is an arrow too) nor late inside a function. No module imports itself
+back through others, in the tests neither, and the rooms every resource module shares
+(guests, lookups) import none of them."""
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("controller", "api")
+FLOORS = ("common", "host_adapters", "controller", "api", "agent")  # ground first
+PACKAGES = (*FLOORS, "tests")
 RESOURCES = {"controller.users", "controller.accounts", "controller.groups", "controller.images",
              "controller.instances", "controller.volumes"}
 
 
-def _imports(path: Path) -> set[str]:
-    """The project modules a file imports, at its top or inside functions."""
+def _imports(source: str) -> set[str]:
+    """The modules a file's text imports: at its top, inside functions or under any `if`."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -24,9 +28,19 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+@functools.cache
 def _graph() -> dict[str, set[str]]:
-    modules = {f"{p}.{f.stem}": f for p in PACKAGES for f in (ROOT / p).glob("*.py") if f.stem != "__init__"}
-    return {name: {i for i in _imports(path) if i in modules and i != name}
+    modules = _modules()
+    return {name: {i for i in _imports(path.read_text()) if i in modules and i != name}
             for name, path in modules.items()}
 
 
@@ -53,10 +67,22 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_controller_and_api_have_no_import_circle():
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The arrows from a module to a higher floor than its own."""
+    floor = {name: FLOORS.index(name.split(".")[0]) for name in graph if name.split(".")[0] in FLOORS}
+    return sorted((a, b) for a in floor for b in graph[a] if b in floor and floor[b] > floor[a])
+
+
+def test_no_import_circle_anywhere():
     graph = _graph()
-    assert "controller.instances" in graph and "api.app" in graph  # the tree was read
+    # The tree was read, subfolders and tests included.
+    assert {"controller.instances", "api.app", "agent.cloud.cli", "host_adapters.libvirt.driver",
+            "common.client.session", "tests.fixtures.api"} <= set(graph)
     assert _cycle(graph) is None
+
+
+def test_no_import_runs_up_a_floor():
+    assert _upward(_graph()) == []
 
 
 def test_guests_and_lookups_import_no_resource_module():
@@ -68,3 +94,12 @@ def test_guests_and_lookups_import_no_resource_module():
 def test_the_cycle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_an_import_for_the_type_checker_or_inside_a_function_counts():
+    source = ("from typing import TYPE_CHECKING\n"
+              "if TYPE_CHECKING:\n    from controller.config import Config\n"
+              "def build():\n    from api import app\n")
+    assert {"controller.config", "api.app"} <= _imports(source)
+    assert _upward({"host_adapters.factory": {"controller.config", "common.errors"}, "controller.config": set(),
+                    "common.errors": set()}) == [("host_adapters.factory", "controller.config")]

@@ -12,7 +12,6 @@ import os
 import sqlite3
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,12 +20,11 @@ import requests
 
 from controller.config import load_config
 from tests.fixtures.agent import agent_ok as agent
+from tests.fixtures.cloud import Cloud
 from tests.fixtures.server import sandbox_with_admin, served
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
-BIN = Path(sys.executable).parent
-CLOUD = BIN / "cloud"
 PASSWORD = "Alice-pass-2026"
 INSTANCE_KEYS = {"id", "cloudauth-id", "users", "server-image", "server-flavor", "creation-date", "status",
                  "hostname", "private-ip"}
@@ -80,42 +78,6 @@ def svc():
             yield s
     finally:
         subprocess.run(["rm", "-rf", str(state)], check=False)
-
-
-class Cloud:
-    """`cloud` run as one person, with its own config folder and no CC_* variables."""
-
-    def __init__(self, home: Path, env: dict | None = None):
-        self.home = home
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CC_")}
-        self.env.update({"XDG_CONFIG_HOME": str(home / "config"), "HOME": str(home), **(env or {})})
-
-    def run(self, *args, stdin: str | None = "", env: dict | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([str(CLOUD), *args], capture_output=True, text=True, timeout=120, input=stdin,
-                              env={**self.env, **(env or {})})
-
-    def ok(self, *args, **kw):
-        proc = self.run(*args, **kw)
-        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
-        return json.loads(proc.stdout) if "--json" in args else proc.stdout
-
-    def error(self, *args, code: int = 1, progress: str | None = None, **kw) -> str:
-        """The one error line on stderr of a failed command (and --json's one document on
-        stdout); before it only lines of `progress`, when given."""
-        proc = self.run(*args, **kw)
-        assert proc.returncode == code, (args, proc.stdout, proc.stderr)
-        *before, last = proc.stderr.strip().splitlines() or [""]
-        lines = [last]
-        assert last.startswith("error: ") and all(progress and b.startswith(progress) for b in before), proc.stderr
-        if "--json" in args:
-            assert json.loads(proc.stdout)["error"] == lines[0][len("error: "):]
-        else:
-            assert proc.stdout == ""
-        return lines[0][len("error: "):]
-
-    @property
-    def file(self) -> Path:
-        return self.home / "config" / "cloud-controller" / "client.json"
 
 
 def login(svc, home: Path, who: str) -> Cloud:

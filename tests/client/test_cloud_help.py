@@ -2,15 +2,12 @@
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import click
 from click.testing import CliRunner
 
 from agent.cloud.cli import cli
-
-CLOUD = Path(sys.executable).parent / "cloud"
+from tests.fixtures.cloud import CLOUD
 
 
 def _commands(group: click.Group, path=()):

@@ -34,7 +34,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -46,6 +45,7 @@ from falcon import testing
 
 from tests.fixtures.agent import agent_ok
 from tests.fixtures.api import PASSWORD, config_values_for, make_caller, new_context
+from tests.fixtures.cloud import Cloud
 from tests.fixtures.libvirtd import GuestVirt, assert_same_image, in_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
@@ -139,9 +139,6 @@ def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysr
     store.close()
 
 
-CLOUD = Path(sys.executable).parent / "cloud"
-
-
 @contextlib.contextmanager
 def served(app):
     """The same app served over HTTP on a free loopback port, for the `cloud` command."""
@@ -157,30 +154,17 @@ def served(app):
         thread.join(timeout=5)
 
 
-class Cloud:
-    """`cloud` as a cluster user runs it: its own config folder, no CC_* variables, and an `ssh`
-    first on PATH that reaches the guest network's namespace with the user's key."""
-
-    def __init__(self, tmp_path: Path, uri: str, key: Path):
-        bin_dir = tmp_path / "cloud-bin"
-        bin_dir.mkdir()
-        # The real ssh by its path: the stand-in is first on PATH, and nsenter looks ssh up there.
-        ssh = in_netns(uri, [shutil.which("ssh"), "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                             "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"])
-        (bin_dir / "ssh").write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, ssh)) + ' "$@"\n')
-        (bin_dir / "ssh").chmod(0o755)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CC_")}
-        self.env.update(XDG_CONFIG_HOME=str(tmp_path / "cloud-config"), PATH=f"{bin_dir}:{os.environ['PATH']}")
-
-    def start(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([str(CLOUD), *args], env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-
-    def ok(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
-        proc = subprocess.run([str(CLOUD), *args], env=self.env, input=input, capture_output=True, text=True,
-                              timeout=timeout)
-        assert proc.returncode == 0, (args, proc.stderr)
-        return proc.stdout
+def cloud_as(home: Path, uri: str, key: Path) -> Cloud:
+    """`cloud` as a cluster user runs it, with an `ssh` first on PATH that reaches the guest
+    network's namespace with the user's key."""
+    bin_dir = home / "cloud-bin"
+    bin_dir.mkdir()
+    # The real ssh by its path: the stand-in is first on PATH, and nsenter looks ssh up there.
+    ssh = in_netns(uri, [shutil.which("ssh"), "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                         "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"])
+    (bin_dir / "ssh").write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, ssh)) + ' "$@"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    return Cloud(home, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
 
 
 def agent(config_path, *args) -> dict:
@@ -279,9 +263,9 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     login_dir = tmp_path / "alice-login"
     login_dir.mkdir()
     keys = {}
-    alice_cloud = Cloud(login_dir, uri, tmp_path / "alice")  # her key is made once her home exists
-    alice_cloud.ok("login", "--url", base, "--email", "alice@example.org", input=PASSWORD + "\n")
-    volumes["alice"] = json.loads(alice_cloud.ok("--json", "volume", "create", "--size", "1"))
+    alice_cloud = cloud_as(login_dir, uri, tmp_path / "alice")  # her key is made once her home exists
+    alice_cloud.ok("login", "--url", base, "--email", "alice@example.org", stdin=PASSWORD + "\n")
+    volumes["alice"] = alice_cloud.ok("--json", "volume", "create", "--size", "1")
     assert volumes["alice"]["volume-size"] == 1
     for name, volume in volumes.items():
         account = accounts[name]
@@ -330,7 +314,7 @@ def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, lib
     # Ready once cloud-init's final stage ran; the console shows the guest's boot, from the firmware on.
     booted = wait_until_ready(client, alice, inst["id"])
     assert booted["ready"] is True
-    shown = json.loads(alice_cloud.ok("--json", "server", "console", inst["hostname"]))
+    shown = alice_cloud.ok("--json", "server", "console", inst["hostname"])
     assert shown["ready"] is True and "Linux version" in shown["console"]
     # `cloud server ssh` logs her in as her own username at the private address.
     assert alice_cloud.ok("server", "ssh", inst["id"][:8], "--", "id", "-u").strip() == str(accounts["alice"]["uid"])

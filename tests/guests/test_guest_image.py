@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.processes import stop_process
+
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
 UID = 10000
@@ -161,12 +163,7 @@ def booted_guest(guest_image, tmp_path):
     try:
         yield guest
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+        stop_process(process, timeout=15)
 
 
 def test_guest_boots_and_accepts_the_seed_users_ssh_key(booted_guest):

@@ -259,18 +259,6 @@ def test_delete_leaves_no_seed_and_no_reservation(client, adapters, people, cata
     assert adapters.hypervisor.list_reservations() == []
 
 
-@pytest.mark.parametrize("step", ["seed", "reserve", "define", "start"])
-def test_a_failed_spawn_step_leaves_no_row_seed_or_reservation(client, cctx, adapters, people, catalog, step):
-    from controller.errors import HostError
-
-    give_volume(client, people["owner"])
-    adapters.hypervisor.fail_on[step] = HostError(f"{step} failed")
-    assert f"{step} failed" in err(boot(client, people["owner"], catalog), 503)
-    assert cctx.store.all_instances() == []
-    assert adapters.hypervisor.seeds == {} and adapters.hypervisor.list_reservations() == []
-    assert adapters.hypervisor.list_instances() == []
-
-
 # -- reconcile ------------------------------------------------------------------------------
 def _kinds(cctx, fix=False):
     return sorted((d["kind"], d["fixed"]) for d in reconcile(cctx, fix=fix))

@@ -22,7 +22,8 @@ from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.hypervisor import HostCapacity
 from tests.fixtures.agent import agent_call
-from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
+from tests.fixtures.api import config_values_for, enable, give_volume, make_caller, ready_to_create
+from tests.fixtures.concurrency import together
 
 BASE = "/v1/server-instance"
 
@@ -58,14 +59,16 @@ def cluster(cctx, adapters):
     return fakes.fakes
 
 
+NO_INSTANCE_LIMITS = {"limits": {"instances": "-1", "vcpus": "-1", "memory_mb": "-1", "groups": "5",
+                                 "managed_users": "5"}}
+
+
 @pytest.fixture
 def alice(cctx, client):
     caller = make_caller(cctx, "alice@example.org")
     enable(cctx, caller, username="alice")
     give_volume(client, caller)
-    cctx.config = cctx.config.with_values({"limits": {
-        "instances": "-1", "vcpus": "-1", "memory_mb": "-1", "groups": "5",
-        "managed_users": "5"}})
+    cctx.config = cctx.config.with_values(NO_INSTANCE_LIMITS)
     return caller
 
 
@@ -170,18 +173,7 @@ def test_an_unreachable_uri_is_refused_by_host_add(cctx, adapters):
 
 
 def test_32_concurrent_creates_never_over_commit_a_host(client, cctx, cluster, alice, catalog, flavor):
-    barrier = threading.Barrier(32)
-    results = [None] * 32
-
-    def run(i):
-        barrier.wait()
-        results[i] = boot(client, alice, catalog, flavor)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    results = together(32, lambda i: boot(client, alice, catalog, flavor))
     statuses = sorted(r.status_code for r in results)
     assert statuses == [201] * 18 + [409] * 14, [r.json for r in results]
     by_host = {n: len(i) for n, i in on_hosts(cluster).items()}
@@ -570,28 +562,15 @@ def libvirt_cluster(tmp_path):
 
 
 def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cluster, tmp_path):
-    from falcon import testing
-
-    from api.app import create_app
-
     ctx, uris = libvirt_cluster
     listed = {h["name"]: h for h in host_records.list_hosts(ctx)}
     assert (listed["node-1"]["vcpus"], listed["node-1"]["memory_mb"]) == (4, 4096)
     assert (listed["node-2"]["vcpus"], listed["node-2"]["memory_mb"]) == (2, 3072)
-    client = testing.TestClient(create_app(ctx))
-    alice = make_caller(ctx, "alice@example.org")
-    enable(ctx, alice, username="alice")
-    give_volume(client, alice)
-    ctx.config = ctx.config.with_values({"limits": {
-        "instances": "-1", "vcpus": "-1", "memory_mb": "-1", "groups": "5",
-        "managed_users": "5"}})
-    image = images.add_image(ctx, name="Debian", os_name="debian", os_major="12", os_minor="7", min_disk=1,
-                             min_ram=256)
-    flavor = images.add_flavor(ctx, name="half", memory=1024, disk=2, vcpu=1)
+    client, alice, body = ready_to_create(ctx, memory=1024, disk=2, min_ram=256)
+    ctx.config = ctx.config.with_values(NO_INSTANCE_LIMITS)
     made = []
     while True:
-        r = client.simulate_post(BASE, headers=alice.headers,
-                                 json={"server-image": image["id"], "server-flavor": flavor["id"]})
+        r = client.simulate_post(BASE, headers=alice.headers, json=body)
         if r.status_code != 201:
             break
         made.append(r.json["data"][0])
@@ -605,7 +584,7 @@ def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cl
         hv = host_routing.hypervisor_of_host(ctx, name)
         assert hv.list_instances() == sorted(ids)  # the domains are on that host, not elsewhere
         assert hv.statuses() == {i: "running" for i in ids}
-        assert hv.list_base_images() == [image["id"]]  # reached it on first use
+        assert hv.list_base_images() == [body["server-image"]]  # reached it on first use
     assert ctx.adapters.hypervisor.list_instances() == []
     for inst in made:
         ok(client.simulate_delete(f"{BASE}/{inst['id']}", headers=alice.headers), 200)
@@ -613,20 +592,10 @@ def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cl
 
 
 def test_a_test_driver_host_that_stops_answering(libvirt_cluster, tmp_path, monkeypatch):
-    from falcon import testing
-
-    from api.app import create_app
     from controller.errors import HostUnreachable
 
     ctx, uris = libvirt_cluster
-    client = testing.TestClient(create_app(ctx))
-    alice = make_caller(ctx, "alice@example.org")
-    enable(ctx, alice, username="alice")
-    give_volume(client, alice)
-    image = images.add_image(ctx, name="Debian", os_name="debian", os_major="12", os_minor="7", min_disk=1,
-                             min_ram=256)
-    flavor = images.add_flavor(ctx, name="half", memory=1024, disk=2, vcpu=1)
-    body = {"server-image": image["id"], "server-flavor": flavor["id"]}
+    client, alice, body = ready_to_create(ctx, memory=1024, disk=2, min_ram=256)
     first = ok(client.simulate_post(BASE, headers=alice.headers, json=body))[0]
     assert host_of(ctx, first["id"]) == "node-1"
     hv = host_routing.hypervisor_of_host(ctx, "node-1").inner

@@ -15,19 +15,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from falcon import testing
 
-from api.app import create_app
 from controller import host_records, host_routing, image_copy, images
-from controller.config import config_from_dict
-from controller.context import build_context
 from controller.errors import ControllerError
 from controller.reconcile import reconcile
-from controller.security import generate_key_file
-from controller.store import Store
-from host_adapters.factory import build_adapters
-from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
-from tests.fixtures.libvirtd import assert_same_image, cleanup_hypervisor
+from tests.fixtures.api import new_context, ready_to_create
+from tests.fixtures.libvirtd import assert_same_image, cleanup_hypervisor, real_libvirt_values
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -38,23 +31,13 @@ RETRY_SECONDS = 2
 @pytest.fixture
 def cluster(tmp_path, libvirt_dir_pool, libvirt_private_network, remote_libvirtd, guest_virt, sysroot,
             btrfs_home_root):
-    values = config_values_for(tmp_path)
-    values["controller"]["profile"] = "production"
-    values["libvirt"].update(uri=libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name,
-                             domain_prefix=f"hr{uuid.uuid4().hex[:6]}-", virt_type=guest_virt.virt_type,
-                             cpu_mode=guest_virt.cpu_mode)
-    values["network"].update(name=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
-    values["volumes"].update(home_root=btrfs_home_root, quota_backend="none")
-    values["unix"]["root"] = sysroot
+    values = real_libvirt_values(tmp_path, pool=libvirt_dir_pool, network=libvirt_private_network, virt=guest_virt,
+                                 sysroot=sysroot, home_root=btrfs_home_root, prefix=f"hr{uuid.uuid4().hex[:6]}-")
     values["hosts"] = {"retry_seconds": RETRY_SECONDS, "connect_timeout_seconds": 5}
     values["capacity"] = {"cpu_allocation_ratio": "16", "ram_allocation_ratio": "1.0",
                           "reserved_host_memory_mb": "0"}
     values["limits"] = {"instances": -1, "vcpus": -1, "memory_mb": -1, "groups": 5, "managed_users": 5}
-    config = config_from_dict(values, path=str(tmp_path / "controller.ini"))
-    generate_key_file(config.auth.secret_key_file)
-    store = Store(config.database_path, create=True)
-    store.migrate()
-    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    ctx = new_context(values, path=tmp_path / "controller.ini", real_adapters=True)
     # The test daemon listens on plain tcp on the loopback, in a namespace of its own.
     added = host_records.add_host(ctx, name="remote", uri=remote_libvirtd.uri, storage_pool=remote_libvirtd.pool,
                            network=remote_libvirtd.network, insecure=True)
@@ -65,7 +48,7 @@ def cluster(tmp_path, libvirt_dir_pool, libvirt_private_network, remote_libvirtd
             cleanup_hypervisor(host_routing.hypervisor_of_host(ctx, name))
         except ControllerError:
             pass
-    store.close()
+    ctx.store.close()
 
 
 def qcow2_source(tmp_path: Path, mib: int = 6) -> Path:
@@ -116,25 +99,19 @@ def test_an_image_reaches_the_remote_host_over_the_connection(cluster, remote_li
     assert_same_image(source, Path(remote_libvirtd.pool_path) / row["base_volume"])
 
 
-def _alice_and_a_blank_create(ctx):
-    """A client, alice with an account and a volume, and the body of a create of a blank 1 GB image."""
-    client = testing.TestClient(create_app(ctx))
-    alice = make_caller(ctx, "alice@example.org")
-    enable(ctx, alice, username="alice")
-    give_volume(client, alice)
-    image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
-                             min_ram=128)
-    flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
-    return client, alice, {"server-image": image["id"], "server-flavor": flavor["id"]}
+def created_on_a_remote_host(ctx):
+    """alice's instance, created while the config's own host is disabled; the client, alice,
+    the create's body and the instance."""
+    client, alice, body = ready_to_create(ctx)
+    host_records.set_enabled(ctx, "default", False)
+    r = client.simulate_post(BASE, headers=alice.headers, json=body)
+    assert r.status_code == 201, r.json
+    return client, alice, body, r.json["data"][0]
 
 
 def test_a_remote_host_that_stops_answering(cluster, remote_libvirtd, tmp_path):
     ctx = cluster
-    client, alice, body = _alice_and_a_blank_create(ctx)
-    host_records.set_enabled(ctx, "default", False)
-    r = client.simulate_post(BASE, headers=alice.headers, json=body)
-    assert r.status_code == 201, r.json
-    remote_inst = r.json["data"][0]
+    client, alice, body, remote_inst = created_on_a_remote_host(ctx)
     [row] = ctx.store.list_instances(visible_to=None, instance_id=remote_inst["id"])
     assert row["host"] == "remote" and remote_inst["status"] == "running"
     domain = ctx.config.libvirt.domain_prefix + remote_inst["id"]
@@ -249,7 +226,7 @@ def test_reconcile_finds_and_removes_what_a_crash_mid_upload_left_on_the_remote_
 # -- issue 16, finding 5: a create placed on a host whose libvirtd stopped -----------------------
 def test_a_create_placed_on_a_stopped_remote_host_lands_on_the_live_one(cluster, remote_libvirtd):
     ctx = cluster
-    client, alice, body = _alice_and_a_blank_create(ctx)
+    client, alice, body = ready_to_create(ctx)
     host_records.set_enabled(ctx, "remote", False)
     first = client.simulate_post(BASE, headers=alice.headers, json=body)
     assert first.status_code == 201, first.json
@@ -284,18 +261,7 @@ def test_a_dead_remote_host_is_evacuated_and_its_stale_domain_removed_when_it_an
     from controller.errors import Conflict
 
     ctx = cluster
-    client = testing.TestClient(create_app(ctx))
-    alice = make_caller(ctx, "alice@example.org")
-    enable(ctx, alice, username="alice")
-    give_volume(client, alice)
-    image = images.add_image(ctx, name="Blank", os_name="debian", os_major="12", os_minor="0", min_disk=1,
-                             min_ram=128)
-    flavor = images.add_flavor(ctx, name="mini", memory=128, disk=1, vcpu=1)
-    host_records.set_enabled(ctx, "default", False)
-    r = client.simulate_post(BASE, headers=alice.headers, json={"server-image": image["id"],
-                                                                "server-flavor": flavor["id"]})
-    assert r.status_code == 201, r.json
-    inst = r.json["data"][0]
+    client, alice, body, inst = created_on_a_remote_host(ctx)
     spare = another_remote_libvirtd
     host_records.add_host(ctx, name="spare", uri=spare.uri, storage_pool=spare.pool, network=spare.network, insecure=True)
     [before] = ctx.store.list_instances(visible_to=None, instance_id=inst["id"])

@@ -18,6 +18,7 @@ from host_adapters.hypervisor import (
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from host_adapters.libvirt.statuses import status_of
 from host_adapters.libvirt.volume_io import InProcessVolumeIO
+from tests.fixtures.interfaces import assert_offers_the_interface
 from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
 
 GiB = 1024**3
@@ -98,6 +99,15 @@ class HypervisorContract:
         assert hv.status(instance_id) == "error"
         with pytest.raises(NotFound):
             hv.describe(instance_id)
+
+    def assert_orphan_disk_listed_and_destroyed(self, hv, instance_id):
+        """A disk whose domain is gone: listed, described as undefined and in error, then destroyed."""
+        assert instance_id in hv.list_instances()
+        info = hv.describe(instance_id)
+        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
+        assert info.disk_path
+        hv.destroy(instance_id)
+        self.assert_gone(hv, instance_id)
 
     def test_check(self, hv):
         hv.check()
@@ -418,12 +428,7 @@ class TestFakeHypervisor(HypervisorContract):
     def test_an_orphan_disk_is_listed_and_destroyed(self, hv, base_image):
         instance_id = self.spawn(hv, base_image)
         del hv.instances[instance_id]
-        assert instance_id in hv.list_instances()
-        info = hv.describe(instance_id)
-        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
-        assert info.disk_path
-        hv.destroy(instance_id)
-        self.assert_gone(hv, instance_id)
+        self.assert_orphan_disk_listed_and_destroyed(hv, instance_id)
 
     def test_create_base_image_from_a_source_reports_progress(self, hv, tmp_path):
         source = tmp_path / "image.qcow2"
@@ -528,21 +533,27 @@ class TestLibvirtTestDriver(HypervisorContract):
         hv.destroy(instance_id)
         self.assert_gone(hv, instance_id)
 
-    def test_a_lost_connection_is_opened_again_once(self, hv, base_image, monkeypatch):
+    @staticmethod
+    def lose_connection_once(monkeypatch, name: str) -> list:
+        """virDomain.<name> loses the connection the first time it is called, then works; its calls."""
         import libvirt
 
-        instance_id = self.spawn(hv, base_image)
-        first = hv._conn
-        real_state = libvirt.virDomain.state
+        real = getattr(libvirt.virDomain, name)
         calls = []
 
-        def state_once_lost(self_, *args):
+        def once_lost(self_, *args):
             calls.append(1)
             if len(calls) == 1:
                 raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
-            return real_state(self_, *args)
+            return real(self_, *args)
 
-        monkeypatch.setattr(libvirt.virDomain, "state", state_once_lost)
+        monkeypatch.setattr(libvirt.virDomain, name, once_lost)
+        return calls
+
+    def test_a_lost_connection_is_opened_again_once(self, hv, base_image, monkeypatch):
+        instance_id = self.spawn(hv, base_image)
+        first = hv._conn
+        self.lose_connection_once(monkeypatch, "state")
         assert hv.status(instance_id) == "running"
         assert hv._conn is not first
 
@@ -635,20 +646,9 @@ class TestLibvirtTestDriver(HypervisorContract):
         assert hv.status(instance_id) == "shutoff"
 
     def test_a_connection_lost_in_the_power_cycle_finishes_it_on_a_new_one(self, hv, base_image, shares, monkeypatch):
-        import libvirt
-
         instance_id = self.spawn(hv, base_image, shares)
         hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[1:]))
-        real_create = libvirt.virDomain.create
-        calls = []
-
-        def create_once_lost(self_, *args):
-            calls.append(1)
-            if len(calls) == 1:
-                raise _libvirt_error(libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_FROM_RPC, "connection reset")
-            return real_create(self_, *args)
-
-        monkeypatch.setattr(libvirt.virDomain, "create", create_once_lost)
+        calls = self.lose_connection_once(monkeypatch, "create")
         hv.reboot(instance_id)
         assert len(calls) == 2
         info = hv.describe(instance_id)
@@ -671,12 +671,7 @@ class TestLibvirtTestDriver(HypervisorContract):
         dom = self.domain(hv, instance_id)
         dom.destroy()
         dom.undefine()
-        assert instance_id in hv.list_instances()
-        info = hv.describe(instance_id)
-        assert (info.defined, info.status, info.shares, info.live_shares) == (False, "error", (), None)
-        assert info.disk_path
-        hv.destroy(instance_id)
-        self.assert_gone(hv, instance_id)
+        self.assert_orphan_disk_listed_and_destroyed(hv, instance_id)
 
     def test_a_checked_source_stands_in_as_a_blank_disk_on_the_test_driver(self, hv, tmp_path):
         # The test driver has no upload streams (the sandbox boots no real guest).
@@ -785,17 +780,9 @@ def test_status_of_an_unknown_state_is_error():
 # --- signatures --------------------------------------------------------------
 
 
-def _public_methods(cls) -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in inspect.getmembers(cls, inspect.isfunction)
-        if not name.startswith("_")
-    }
-
-
 @pytest.mark.parametrize("impl", [LibvirtHypervisor, FakeHypervisor])
 def test_public_methods_match_the_interface(impl):
-    assert _public_methods(impl) == _public_methods(Hypervisor)
+    assert_offers_the_interface(impl, Hypervisor)
 
 
 def test_constructor_signatures():

@@ -5,8 +5,6 @@ its envelope and message naming the limit, and that nothing was made (no row,
 no domain, no group, no user).
 """
 
-import threading
-
 import pytest
 
 from controller import images, limits
@@ -14,6 +12,7 @@ from controller.config import config_from_dict, sandbox_values
 from controller.errors import Conflict, HostUnavailable, InvalidInput, NotFound
 from host_adapters.hypervisor import HostCapacity
 from tests.fixtures.api import enable, give_volume, make_caller, user_envelope
+from tests.fixtures.concurrency import together
 
 SMALL = {"instances": 2, "vcpus": 3, "memory_mb": 3072, "groups": 2, "managed_users": 2}
 NO_LIMITS = {kind: -1 for kind in limits.KINDS}
@@ -289,28 +288,9 @@ def test_libvirt_host_capacity_reads_getinfo(libvirt_test_driver, monkeypatch):
 
 
 # -- 32 at once ------------------------------------------------------------------------------
-def _at_once(n, call) -> list:
-    barrier = threading.Barrier(n)
-    results = [None] * n
-
-    def run(i):
-        barrier.wait()
-        try:
-            results[i] = call(i)
-        except Exception as e:  # noqa: BLE001 - reported below, the test fails on it
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return results
-
-
 def test_32_concurrent_creates_never_pass_a_users_instance_limit(client, limited, alice, catalog, flavors):
     set_override(limited, alice, instances=5, vcpus=-1, memory_mb=-1)
-    results = _at_once(32, lambda i: boot(client, alice, catalog, flavors["unit"]))
+    results = together(32, lambda i: boot(client, alice, catalog, flavors["unit"]))
     statuses = sorted(r.status_code for r in results)
     assert statuses == [201] * 5 + [409] * 27, [getattr(r, "json", r) for r in results]
     assert {r.json["msg"] for r in results if r.status_code == 409} == {"limit reached: instances (5 per user)"}
@@ -323,7 +303,7 @@ def test_32_concurrent_creates_never_pass_the_hosts_capacity(client, cctx, alice
     cctx.adapters.hypervisor.capacity = HostCapacity(vcpus=64, memory_mb=5 * 1024)
     set_capacity(cctx, ram_ratio=1.0, reserved=0)
     callers = [alice, bob]
-    results = _at_once(32, lambda i: boot(client, callers[i % 2], catalog, flavors["small"]))
+    results = together(32, lambda i: boot(client, callers[i % 2], catalog, flavors["small"]))
     statuses = sorted(r.status_code for r in results)
     assert statuses == [201] * 5 + [409] * 27, [getattr(r, "json", r) for r in results]
     assert len(cctx.store.all_instances()) == 5 and len(cctx.adapters.hypervisor.instances) == 5
@@ -332,7 +312,7 @@ def test_32_concurrent_creates_never_pass_the_hosts_capacity(client, cctx, alice
 
 def test_32_concurrent_group_creates_never_pass_the_groups_limit(client, limited, alice):
     set_override(limited, alice, groups=5)
-    results = _at_once(32, lambda i: client.simulate_post("/v1/group", headers=alice.headers,
+    results = together(32, lambda i: client.simulate_post("/v1/group", headers=alice.headers,
                                                           json={"group-name": f"team{i}"}))
     assert sorted(r.status_code for r in results) == [201] * 5 + [409] * 27
     rows = limited.store.list_groups(visible_to=None)
@@ -342,7 +322,7 @@ def test_32_concurrent_group_creates_never_pass_the_groups_limit(client, limited
 
 def test_32_concurrent_user_creates_never_pass_the_managed_users_limit(user_client, limited, alice):
     set_override(limited, alice, managed_users=5)
-    results = _at_once(32, lambda i: _create_user(user_client, alice, f"c{i}@example.org"))
+    results = together(32, lambda i: _create_user(user_client, alice, f"c{i}@example.org"))
     assert sorted(r.status_code for r in results) == [200] * 5 + [409] * 27
     assert limited.store.count_owned([alice.id]) == {alice.id: 5}
 

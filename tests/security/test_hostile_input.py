@@ -13,13 +13,8 @@ import pytest
 from falcon import testing
 
 from controller import images
-from controller.config import config_from_dict
-from controller.context import build_context
-from controller.security import generate_key_file
-from controller.store import Store
 from host_adapters import subp
-from host_adapters.factory import build_adapters
-from tests.fixtures.api import config_values_for, enable, give_volume, make_caller
+from tests.fixtures.api import config_values_for, enable, give_volume, make_caller, new_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -35,19 +30,15 @@ def world(tmp_path_factory):
     import libvirt
 
     from host_adapters.sysroot import make_sysroot
-    from tests.fixtures.libvirtd import unique_prefix
+    from tests.fixtures.libvirtd import cleanup_hypervisor, unique_prefix
 
     tmp = tmp_path_factory.mktemp("hostile")
     values = config_values_for(tmp)
     values["libvirt"]["domain_prefix"] = unique_prefix()
     (tmp / "home").mkdir()
     make_sysroot(str(values["unix"]["root"]))
-    config = config_from_dict(values)
-    generate_key_file(config.auth.secret_key_file)
-    store = Store(config.database_path, create=True)
-    store.migrate()
     anchor = libvirt.open("test:///default")
-    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    ctx = new_context(values, real_adapters=True)
     from api.app import create_app
 
     client = testing.TestClient(create_app(ctx))
@@ -64,11 +55,7 @@ def world(tmp_path_factory):
                                        json={"group-name": "lab", "group-members": ["alice"]}).json["data"]
     yield {"ctx": ctx, "client": client, "alice": alice, "image": image, "flavor": flavor, "instance": inst,
            "group": group}
-    hv = ctx.adapters.hypervisor
-    for iid in hv.list_instances():
-        hv.destroy(iid)
-    for image_id in hv.list_base_images():
-        hv.delete_base_image(image_id)
+    cleanup_hypervisor(ctx.adapters.hypervisor)
     anchor.close()
 
 

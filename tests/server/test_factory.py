@@ -67,3 +67,19 @@ def test_ldap_backend_reads_its_section(tmp_path):
     from host_adapters.ldap_directory import LdapDirectory
 
     assert isinstance(directory, LdapDirectory)
+
+
+def test_the_config_has_every_key_the_factory_reads_with_its_type():
+    # host_adapters names what it reads of the config (factory.AdapterConfig) instead of
+    # importing controller/config.py: the service's Config must still have each of them.
+    import typing
+
+    from controller.config import Config
+
+    sections = typing.get_type_hints(factory.AdapterConfig)
+    assert set(sections) == {"libvirt", "network", "volumes", "unix", "directory", "groups", "hosts"}
+    have = typing.get_type_hints(Config)
+    for section, keys in sections.items():
+        wanted, kept = typing.get_type_hints(keys), typing.get_type_hints(have[section])
+        assert {key: kept.get(key) for key in wanted} == wanted, section
+    assert callable(Config.raw_section)

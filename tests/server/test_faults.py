@@ -34,6 +34,7 @@ are printed (`pytest -s`) and written to `faults.json` in the session's
 temporary folder; docs/threat-model.md ("Faults survived") holds a run's.
 """
 
+import functools
 import http.client
 import json
 import os
@@ -51,6 +52,8 @@ import pytest
 from controller import images
 from controller.errors import ControllerError
 from tests.fixtures.api import config_values_for, enable, make_caller, new_context
+from tests.fixtures.concurrency import Loops
+from tests.fixtures.libvirtd import cleanup_hypervisor
 from tests.fixtures.slapd import ROOT_DN, SUFFIX
 from tests.fixtures.agent import run_agent
 from tests.fixtures.server import Http, free_port, start_server, stop_server
@@ -168,6 +171,17 @@ class Deployment:
             clients.append(client)
         return clients
 
+    def serve(self, prefix: str, *, second_host=None) -> list[Client]:
+        """A scenario's starting point: the catalog, the clients (named `prefix`), `second_host`
+        added as "remote" when given, the server started and the clients' volumes made."""
+        self.catalog()
+        clients = self.make_clients(prefix)
+        if second_host is not None:
+            self.add_remote_host(second_host)
+        self.start()
+        give_volumes(self, clients)
+        return clients
+
     def start(self) -> None:
         self.proc, self.http = start_server(self.config_path, self.log, port=self.port)
 
@@ -189,17 +203,15 @@ class Deployment:
         self.stop()
         for name in hosts:
             try:
-                hv = hypervisor_of_host(self.ctx, name)
-                for instance_id in hv.list_instances():
-                    hv.destroy(instance_id)
-                for image_id in hv.list_base_images():
-                    hv.delete_base_image(image_id)
+                cleanup_hypervisor(hypervisor_of_host(self.ctx, name))
             except ControllerError:
                 pass
         self.store.close()
 
 
-def base_values(tmp_path, guest_virt, sysroot) -> dict:
+def base_values(tmp_path, guest_virt, sysroot, remote, network) -> dict:
+    # The config's own host is a libvirtd of this session's own (never the shared one, which
+    # another session may stop or restart at any time), on the shared one's NAT bridge.
     # Homes in a plain folder (quota backend none): a libvirtd another test session
     # started keeps the mounts of its start, so it cannot share homes from a filesystem
     # this session mounted later (virtiofs would find no export directory).
@@ -207,8 +219,9 @@ def base_values(tmp_path, guest_virt, sysroot) -> dict:
     home_root.mkdir(mode=0o755)
     values = config_values_for(tmp_path / "state")
     values["controller"]["profile"] = "production"
-    values["libvirt"].update(domain_prefix=f"ft{uuid.uuid4().hex[:6]}-", virt_type=guest_virt.virt_type,
-                             cpu_mode=guest_virt.cpu_mode)
+    values["libvirt"].update(uri=remote.uri, storage_pool=remote.pool, domain_prefix=f"ft{uuid.uuid4().hex[:6]}-",
+                             virt_type=guest_virt.virt_type, cpu_mode=guest_virt.cpu_mode)
+    values["network"].update(name=remote.network, subnet=network.subnet)
     values["volumes"].update(home_root=home_root, quota_backend="none")
     values["unix"]["root"] = sysroot
     values["hosts"] = {"retry_seconds": RETRY_SECONDS, "connect_timeout_seconds": 5}
@@ -220,27 +233,15 @@ def base_values(tmp_path, guest_virt, sysroot) -> dict:
 
 
 # -- the mix ----------------------------------------------------------------------------------
-class Mix:
+class Mix(Loops):
     """CLIENTS threads running their loops until stopped, and the /healthz prober."""
 
     def __init__(self, deployment: Deployment, clients: list[Client], run: Run, *, needs, ldap_writes=False):
         self.d, self.clients, self.run = deployment, clients, run
         self.needs = needs  # needs(op, client, instance_id) -> bool
         self.ldap_writes = ldap_writes
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._client, args=(c,), daemon=True) for c in clients]
-        self.threads.append(threading.Thread(target=self._prober, daemon=True))
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stopping.set()
-        for t in self.threads:
-            t.join(CLIENT_TIMEOUT + 10)
-        assert not any(t.is_alive() for t in self.threads), "a client did not finish"
+        super().__init__([functools.partial(self._client, c) for c in clients] + [self._prober],
+                         join_seconds=CLIENT_TIMEOUT + 10)
 
     def call(self, client: Client, op: str, method: str, path: str, body=None, *, instance=None) -> Call:
         began = time.monotonic()
@@ -448,13 +449,6 @@ def report(tmp_path_factory, name: str, run: Run, summary: str) -> dict:
     return row
 
 
-def own_host(values: dict, remote, network) -> None:
-    """The config's own host is a libvirtd of this session's own (never the shared one, which
-    another session may stop or restart at any time), on the shared one's NAT bridge."""
-    values["libvirt"].update(uri=remote.uri, storage_pool=remote.pool)
-    values["network"].update(name=remote.network, subnet=network.subnet)
-
-
 def verdict(tmp_path_factory, name: str, run: Run, summary: str, drift: list, found: list[str]) -> None:
     """Print and keep the figures, then fail on anything the run broke (all of it, in one message)."""
     report(tmp_path_factory, name, run, summary)
@@ -472,14 +466,10 @@ def _instance_ops(op: str) -> bool:
 def test_libvirtd_stops_and_starts_again(tmp_path, tmp_path_factory, remote_libvirtd, libvirt_private_network,
                                          guest_virt, sysroot):
     """(a): the config's own host is a libvirtd of this session's own, stopped and started."""
-    values = base_values(tmp_path, guest_virt, sysroot)
-    own_host(values, remote_libvirtd, libvirt_private_network)
+    values = base_values(tmp_path, guest_virt, sysroot, remote_libvirtd, libvirt_private_network)
     d = Deployment(tmp_path, values)
     try:
-        d.catalog()
-        clients = d.make_clients("fa")
-        d.start()
-        give_volumes(d, clients)
+        clients = d.serve("fa")
         run = run_mix(d, clients, needs=lambda op, c, i: _instance_ops(op),
                       fault=lambda run: remote_libvirtd.stop(), restore=lambda run: remote_libvirtd.start())
         # --fix first: a create cut short when libvirtd stopped could not remove what it had
@@ -496,17 +486,13 @@ def test_libvirtd_stops_and_starts_again(tmp_path, tmp_path_factory, remote_libv
 def test_slapd_stops_and_starts_again(tmp_path, tmp_path_factory, private_slapd, remote_libvirtd,
                                       libvirt_private_network, guest_virt, sysroot):
     """(b): accounts in LDAP; the directory's slapd is stopped and started by its PID."""
-    values = base_values(tmp_path, guest_virt, sysroot)
-    own_host(values, remote_libvirtd, libvirt_private_network)
+    values = base_values(tmp_path, guest_virt, sysroot, remote_libvirtd, libvirt_private_network)
     values["directory"] = {"backend": "ldap", "uri": private_slapd.uri, "base_dn": SUFFIX, "bind_dn": ROOT_DN,
                            "bind_password_file": str(private_slapd.password_file), "uid_min": 42000,
                            "uid_max": 42999}
     d = Deployment(tmp_path, values)
     try:
-        d.catalog()
-        clients = d.make_clients("fb")
-        d.start()
-        give_volumes(d, clients)
+        clients = d.serve("fb")
         # With LDAP accounts the API's groups are directory entries too ([groups] backend follows).
         run = run_mix(d, clients, needs=lambda op, c, i: op in ("user-active", "group-create", "group-delete"),
                       ldap_writes=True,
@@ -529,15 +515,10 @@ def test_one_of_two_hosts_dies_for_good(tmp_path, tmp_path_factory, remote_libvi
                                         libvirt_private_network, guest_virt, sysroot):
     """(c): two hosts, libvirtds of this session's own; the second is SIGKILLed and stays dead. Instances on it are 503;
     everything else, creates included (placed on the host that lives), keeps succeeding."""
-    values = base_values(tmp_path, guest_virt, sysroot)
-    own_host(values, remote_libvirtd, libvirt_private_network)
+    values = base_values(tmp_path, guest_virt, sysroot, remote_libvirtd, libvirt_private_network)
     d = Deployment(tmp_path, values)
     try:
-        d.catalog()
-        clients = d.make_clients("fc")
-        d.add_remote_host(another_remote_libvirtd)
-        d.start()
-        give_volumes(d, clients)
+        clients = d.serve("fc", second_host=another_remote_libvirtd)
         # Two clients hold an instance on the host that will die (made while the default
         # host is disabled) and power it off and on throughout.
         d.agent("host", "disable", "default")
@@ -584,8 +565,7 @@ def test_one_of_two_hosts_dies_for_good(tmp_path, tmp_path_factory, remote_libvi
 def test_the_server_is_killed_and_started_again(tmp_path, tmp_path_factory, remote_libvirtd,
                                                 libvirt_private_network, guest_virt, sysroot):
     """(d): SIGKILL to `cloud-agent serve` mid-mix; a new one on the same database and port."""
-    values = base_values(tmp_path, guest_virt, sysroot)
-    own_host(values, remote_libvirtd, libvirt_private_network)
+    values = base_values(tmp_path, guest_virt, sysroot, remote_libvirtd, libvirt_private_network)
     d = Deployment(tmp_path, values)
     down_for = 3.0
 
@@ -598,10 +578,7 @@ def test_the_server_is_killed_and_started_again(tmp_path, tmp_path_factory, remo
         run.down = (run.fault_start, time.monotonic())
 
     try:
-        d.catalog()
-        clients = d.make_clients("fd")
-        d.start()
-        give_volumes(d, clients)
+        clients = d.serve("fd")
         run = run_mix(d, clients, needs=lambda op, c, i: True, fault=kill, restore=None, during=0)
         # Calls that began after the new server answered (plus the back-off) all succeed.
         run.fault_end = run.down[1]

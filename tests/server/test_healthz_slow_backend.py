@@ -9,12 +9,12 @@ once; when slapd runs again /healthz turns 200 without a restart.
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
 
 from tests.agent.test_agent_controller import Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
+from tests.fixtures.concurrency import Loops
 from tests.fixtures.server import Server
 from tests.server.test_slow_clients import set_config, timed_call
 
@@ -31,28 +31,17 @@ def ldap_sandbox(sandbox: Sandbox, slapd) -> Sandbox:
     return sandbox
 
 
-class Probes:
+class Probes(Loops):
     """PROBES threads asking /healthz in a loop; every answer's time, status and body."""
 
     def __init__(self, port: int):
         self.port = port
         self.answers: list[tuple[float, int, bytes]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(PROBES)]
+        super().__init__([self._run] * PROBES, join_seconds=10)
 
     def _run(self):
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             self.answers.append(timed_call(self.port, "GET", "/healthz"))
-
-    def __enter__(self):
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        for t in self._threads:
-            t.join(10)
 
 
 def wait_for_health(port: int, status: int, within: float) -> dict:

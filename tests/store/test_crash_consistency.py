@@ -17,13 +17,12 @@ from falcon import testing
 
 from controller import images
 from controller.accounts import enable_account
-from controller.config import config_from_dict
 from controller.context import build_context
 from controller.reconcile import reconcile
-from controller.security import generate_key_file
 from controller.store import Store
 from host_adapters.factory import build_adapters
-from tests.fixtures.api import config_values_for, make_caller
+from tests.fixtures.api import make_caller, new_context
+from tests.fixtures.libvirtd import cleanup_hypervisor, real_libvirt_values
 from tests.api.test_api_real_parts import group_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
@@ -33,19 +32,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 def world(tmp_path, sysroot, libvirt_dir_pool, libvirt_private_network, guest_virt):
     home_root = tmp_path / "homes"
     home_root.mkdir(mode=0o755)
-    values = config_values_for(tmp_path)
-    values["controller"]["profile"] = "production"
-    values["libvirt"].update(uri=libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name,
-                             domain_prefix=f"cr{uuid.uuid4().hex[:6]}-", virt_type=guest_virt.virt_type,
-                             cpu_mode=guest_virt.cpu_mode)
-    values["network"].update(name=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
-    values["volumes"].update(home_root=str(home_root), quota_backend="none")
-    values["unix"]["root"] = sysroot
-    config = config_from_dict(values)
-    generate_key_file(config.auth.secret_key_file)
-    store = Store(config.database_path, create=True)
-    store.migrate()
-    ctx = build_context(config, store=store, adapters=build_adapters(config))
+    values = real_libvirt_values(tmp_path, pool=libvirt_dir_pool, network=libvirt_private_network, virt=guest_virt,
+                                 sysroot=sysroot, home_root=home_root, prefix=f"cr{uuid.uuid4().hex[:6]}-")
+    ctx = new_context(values, real_adapters=True)
+    config, store = ctx.config, ctx.store
     alice = make_caller(ctx, "alice@example.org")
     enable_account(ctx, alice.email, username="alice")
     bob = make_caller(ctx, "bob@example.org")
@@ -62,11 +52,7 @@ def world(tmp_path, sysroot, libvirt_dir_pool, libvirt_private_network, guest_vi
     yield {"ctx": ctx, "client": client, "alice": alice, "bob": bob, "image": image, "flavor": flavor,
            "config": config, "sysroot": sysroot, "home_root": home_root,
            "kept_volume": kept_volume["data"][0], "kept_group": kept_group["data"][0]}
-    hv = ctx.adapters.hypervisor
-    for instance_id in hv.list_instances():
-        hv.destroy(instance_id)
-    for image_id in hv.list_base_images():
-        hv.delete_base_image(image_id)
+    cleanup_hypervisor(ctx.adapters.hypervisor)
     store.close()
 
 

@@ -1,7 +1,6 @@
 """LdapDirectory: unit tests against a recording stand-in for python-ldap, and
 integration tests against a private slapd (tests/fixtures/slapd.py)."""
 
-import inspect
 import os
 import signal
 import socket
@@ -16,6 +15,7 @@ from host_adapters import ldap_directory, subp
 from host_adapters.directory import Directory, PosixAccount
 from host_adapters.ldap_directory import LdapDirectory, ldap_directory_from_config, read_bind_password
 
+from tests.fixtures.interfaces import assert_offers_the_interface
 from tests.users.test_local_directory import DirectoryContract
 
 UID_MIN = 20000
@@ -33,6 +33,27 @@ def directory(ldap_tree):
     d = make(ldap_tree.server, ldap_tree.base_dn)
     yield d
     d._drop()
+
+
+def as_admin(server):
+    """A connection bound as the tree's admin: what an admin (or another tool) writes by hand."""
+    conn = ldap.initialize(server.uri)
+    conn.simple_bind_s(server.bind_dn, server.password)
+    return conn
+
+
+def add_group_by_hand(ldap_tree, name: str, gid: int, members=()) -> str:
+    """A posixGroup made without the directory; its DN."""
+    dn = f"cn={name},ou=groups,{ldap_tree.base_dn}"
+    entry = [("objectClass", [b"posixGroup"]), ("cn", [name.encode()]), ("gidNumber", [str(gid).encode()])]
+    if members:
+        entry.append(("memberUid", [m.encode() for m in members]))
+    conn = as_admin(ldap_tree.server)
+    try:
+        conn.add_s(dn, entry)
+    finally:
+        conn.unbind_s()
+    return dn
 
 
 def ldapsearch(server, base, flt, *attrs) -> dict[str, dict[str, list[str]]]:
@@ -56,13 +77,8 @@ def ldapsearch(server, base, flt, *attrs) -> dict[str, dict[str, list[str]]]:
 # -- interface and configuration ---------------------------------------------------
 
 
-def _public(cls) -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(member) for name, member in inspect.getmembers(cls, inspect.isfunction)
-            if not name.startswith("_")}
-
-
 def test_public_methods_match_the_interface():
-    assert _public(LdapDirectory) == _public(Directory)
+    assert_offers_the_interface(LdapDirectory, Directory)
 
 
 def test_read_bind_password_strips_one_trailing_newline(tmp_path):
@@ -309,12 +325,7 @@ def test_given_uid_raises_the_mark_and_numbers_are_never_reused(directory):
 
 @integration
 def test_numbers_used_as_gid_anywhere_below_base_are_skipped(directory, ldap_tree):
-    server = ldap_tree.server
-    conn = ldap.initialize(server.uri)
-    conn.simple_bind_s(server.bind_dn, server.password)
-    conn.add_s(f"cn=staff,ou=groups,{ldap_tree.base_dn}",
-               [("objectClass", [b"posixGroup"]), ("cn", [b"staff"]), ("gidNumber", [str(UID_MIN).encode()])])
-    conn.unbind_s()
+    add_group_by_hand(ldap_tree, "staff", UID_MIN)
     assert directory.create_account("alice", home="/home/alice").uid == UID_MIN + 1
     with pytest.raises(Conflict, match=f"uid {UID_MIN} is already used"):
         directory.create_account("bob", home="/home/bob", uid=UID_MIN)
@@ -368,26 +379,16 @@ def test_a_failed_group_add_removes_the_account(directory, monkeypatch):
 
 @integration
 def test_delete_leaves_a_group_that_is_not_the_accounts(directory, ldap_tree):
-    server = ldap_tree.server
-    conn = ldap.initialize(server.uri)
-    conn.simple_bind_s(server.bind_dn, server.password)
-    dn = f"cn=alice,ou=groups,{ldap_tree.base_dn}"
-    conn.add_s(dn, [("objectClass", [b"posixGroup"]), ("cn", [b"alice"]), ("gidNumber", [b"500"])])
+    dn = add_group_by_hand(ldap_tree, "alice", 500)
     directory.delete_account("alice")
-    assert conn.search_s(dn, ldap.SCOPE_BASE)
-    conn.unbind_s()
+    assert _entry(ldap_tree.server, dn) is not None
 
 
 @integration
 def test_a_number_another_tool_took_after_the_mark_is_skipped(directory, ldap_tree, caplog):
     caplog.set_level("INFO", logger="host_adapters.ldap_directory")
     assert directory.create_account("alice", home="/home/alice").uid == UID_MIN
-    server = ldap_tree.server
-    conn = ldap.initialize(server.uri)
-    conn.simple_bind_s(server.bind_dn, server.password)
-    conn.add_s(f"cn=handmade,ou=groups,{ldap_tree.base_dn}",
-               [("objectClass", [b"posixGroup"]), ("cn", [b"handmade"]), ("gidNumber", [str(UID_MIN + 1).encode()])])
-    conn.unbind_s()
+    add_group_by_hand(ldap_tree, "handmade", UID_MIN + 1)
     assert directory.create_account("bob", home="/home/bob").uid == UID_MIN + 2
     assert f"uidNumber {UID_MIN + 1} is held by an entry made without the mark; bob takes the next one" in caplog.text
 
@@ -445,8 +446,7 @@ def test_lock_sets_shadow_expire_and_unlock_removes_only_its_own(directory, ldap
     directory.unlock_account("alice")
     assert ldapsearch(server, base, "(uid=alice)", "shadowExpire")[f"uid=alice,ou=people,{base}"] == {}
     # An expiry an admin set is not the controller's lock: unlock leaves it.
-    conn = ldap.initialize(server.uri)
-    conn.simple_bind_s(server.bind_dn, server.password)
+    conn = as_admin(server)
     conn.modify_s(f"uid=alice,ou=people,{base}", [(ldap.MOD_REPLACE, "shadowExpire", [b"25000"])])
     conn.unbind_s()
     assert directory.get_account("alice").locked is False
@@ -475,13 +475,8 @@ def test_the_uid_mark_entry(directory, ldap_tree):
 def test_the_mark_starts_above_every_number_in_use(directory, ldap_tree):
     """A directory that had accounts before the mark existed: their numbers and the gaps
     between them are never handed out."""
-    server = ldap_tree.server
-    conn = ldap.initialize(server.uri)
-    conn.simple_bind_s(server.bind_dn, server.password)
     for name, number in (("old1", UID_MIN + 3), ("old2", UID_MIN + 7), ("outside", UID_MIN + 500)):
-        conn.add_s(f"cn={name},ou=groups,{ldap_tree.base_dn}",
-                   [("objectClass", [b"posixGroup"]), ("cn", [name.encode()]), ("gidNumber", [str(number).encode()])])
-    conn.unbind_s()
+        add_group_by_hand(ldap_tree, name, number)
     assert directory.create_account("alice", home="/home/alice").uid == UID_MIN + 8
 
 
@@ -621,22 +616,14 @@ class TestLdapDirectory(DirectoryContract):
         gids = iter(range(5000, 6000))
 
         def add(name, members):
-            conn = ldap.initialize(ldap_tree.server.uri)
-            conn.simple_bind_s(ldap_tree.server.bind_dn, ldap_tree.server.password)
-            entry = [("objectClass", [b"posixGroup"]), ("cn", [name.encode()]),
-                     ("gidNumber", [str(next(gids)).encode()])]
-            if members:
-                entry.append(("memberUid", [m.encode() for m in members]))
-            conn.add_s(f"cn={name},ou=groups,{ldap_tree.base_dn}", entry)
-            conn.unbind_s()
+            add_group_by_hand(ldap_tree, name, next(gids), members)
 
         return add
 
     @pytest.fixture
     def add_member(self, ldap_tree):
         def add(group, user):
-            conn = ldap.initialize(ldap_tree.server.uri)
-            conn.simple_bind_s(ldap_tree.server.bind_dn, ldap_tree.server.password)
+            conn = as_admin(ldap_tree.server)
             conn.modify_s(f"cn={group},ou=groups,{ldap_tree.base_dn}",
                           [(ldap.MOD_ADD, "memberUid", [user.encode()])])
             conn.unbind_s()

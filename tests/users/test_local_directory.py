@@ -1,6 +1,4 @@
-import inspect
 import os
-import subprocess
 
 import pytest
 
@@ -10,6 +8,7 @@ from host_adapters import sysroot as sysroot_mod
 from host_adapters.directory import Directory, FakeDirectory, PosixAccount
 from host_adapters.local_directory import LocalDirectory
 from host_adapters.sysroot import make_sysroot
+from tests.fixtures.interfaces import assert_offers_the_interface
 
 BAD_NAMES = ["bad;name", "-rf", "Root", "a" * 33, "", None, 5, "a b", "../etc", "dev\n"]
 BAD_HOMES = ["home/alice", "", None, "/home/a:b", "/home/a\nb", 7]
@@ -331,28 +330,7 @@ def test_make_sysroot_keeps_existing_accounts(tmp_path):
     assert etc_lines(root, "gshadow") == ["root:*::"]
 
 
-# Exact argv, no real commands.
-
-
-class Recorder:
-    def __init__(self):
-        self.calls: list[list[str]] = []
-        self.codes: dict[str, int] = {}  # command -> exit code
-        self.effects: dict[str, object] = {}  # command -> callable run before answering
-
-    def __call__(self, argv, **kwargs):
-        self.calls.append(list(argv))
-        if argv[0] in self.effects:
-            self.effects[argv[0]]()
-        code = self.codes.get(argv[0], 0)
-        return subprocess.CompletedProcess(argv, code, "", "simulated failure")
-
-
-@pytest.fixture
-def recorder(monkeypatch):
-    rec = Recorder()
-    monkeypatch.setattr(subp, "_run", rec)
-    return rec
+# Exact argv, no real commands (the `recorder` of tests/fixtures/commands.py).
 
 
 @pytest.fixture
@@ -417,7 +395,7 @@ def test_argv_lock_and_unlock(mode, fake_root, recorder):
 
 def test_usermod_of_a_vanished_account_is_not_found(fake_root, recorder):
     append_line(fake_root, "passwd", "alice:x:10000:10000::/home/alice:/bin/bash")
-    recorder.codes["usermod"] = 6
+    recorder.codes[("usermod",)] = 6
     with pytest.raises(NotFound):
         LocalDirectory(fake_root).lock_account("alice")
 
@@ -427,7 +405,7 @@ def test_argv_create_skips_uids_only_nss_knows(fake_root, recorder):
 
     def useradd():
         code = next(answers)
-        recorder.codes["useradd"] = code
+        recorder.codes[("useradd",)] = code
         if code == 0:
             pretend_useradd(fake_root, 10002)()
 
@@ -488,7 +466,7 @@ def test_delete_skips_groupdel_when_userdel_removed_the_group(fake_root, recorde
 @pytest.mark.parametrize("code", [4, 9])
 def test_useradd_conflict_codes(fake_root, recorder, code):
     # Taken only in NSS (e.g. LDAP), so the file pre-check passed.
-    recorder.codes["useradd"] = code
+    recorder.codes[("useradd",)] = code
     with pytest.raises(Conflict):
         LocalDirectory(fake_root).create_account("alice", home="/home/alice", uid=20000)
     assert [c[0] for c in recorder.calls] == ["useradd"]
@@ -496,7 +474,7 @@ def test_useradd_conflict_codes(fake_root, recorder, code):
 
 def test_failed_useradd_leaves_nothing(fake_root, recorder):
     recorder.effects["useradd"] = pretend_useradd(fake_root)
-    recorder.codes["useradd"] = 10  # wrote passwd, then could not update group
+    recorder.codes[("useradd",)] = 10  # wrote passwd, then could not update group
     with pytest.raises(CommandError):
         LocalDirectory(fake_root).create_account("alice", home="/home/alice")
     assert recorder.calls[1:] == [
@@ -508,7 +486,7 @@ def test_failed_useradd_leaves_nothing(fake_root, recorder):
 @pytest.mark.parametrize("code, error", [(6, None), (8, Conflict), (10, CommandError)])
 def test_userdel_exit_codes(fake_root, recorder, code, error):
     append_line(fake_root, "passwd", "alice:x:10000:10000::/home/alice:/bin/bash")
-    recorder.codes["userdel"] = code
+    recorder.codes[("userdel",)] = code
     directory = LocalDirectory(fake_root)
     if error is None:
         directory.delete_account("alice")
@@ -540,14 +518,6 @@ def test_missing_passwd_is_unavailable(tmp_path, no_commands):
 # The fake and the real class must offer exactly the interface.
 
 
-def public_methods(cls) -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in inspect.getmembers(cls, inspect.isfunction)
-        if not name.startswith("_")
-    }
-
-
 @pytest.mark.parametrize("cls", [LocalDirectory, FakeDirectory])
 def test_signatures_match_the_interface(cls):
-    assert public_methods(cls) == public_methods(Directory)
+    assert_offers_the_interface(cls, Directory)

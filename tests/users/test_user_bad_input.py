@@ -45,24 +45,31 @@ def post(client, caller, path, *, body=None, json_body=None, headers=None):
 
 
 # -- bodies that are not a JSON object ------------------------------------------
-BAD_BODIES = [
-    pytest.param(b'{"email": ', JSON, "malformed JSON", id="truncated"),
-    pytest.param(b"{'email': 'a@example.org'}", JSON, "malformed JSON", id="single-quotes"),
-    pytest.param(b'{"a": 1,}', JSON, "malformed JSON", id="trailing-comma"),
-    pytest.param(b'[{"email": "a@example.org"}]', JSON, "JSON object", id="array"),
-    pytest.param(b'"a string"', JSON, "JSON object", id="string"),
-    pytest.param(b"42", JSON, "JSON object", id="number"),
-    pytest.param(b"null", JSON, "JSON object", id="null"),
-    pytest.param(b"true", JSON, "JSON object", id="bool"),
-    pytest.param(b'{"name": "\xff\xfe"}', JSON, "UTF-8", id="not-utf8"),
-    pytest.param(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, "nested", id="deep-nesting"),
-    pytest.param(b'{"email": "\\ud800@example.org", "name": "\\udfff"}', JSON, "surrogate", id="lone-surrogate"),
-    pytest.param(b'{"email": ', None, "malformed JSON", id="truncated-untyped"),
-    pytest.param(b'{"email": ', FORM, "malformed JSON", id="json-labelled-form"),
-    pytest.param(b"[1, 2]", FORM, "form", id="array-as-form"),
-    pytest.param(b"email&password", FORM, "form", id="form-without-values"),
-    pytest.param(b"name=\xff", FORM, "form", id="form-not-utf8"),
-]
+def bodies(content_type: dict | None, rows: dict[str, tuple[bytes, str]]) -> list:
+    """One case per row, `id: (body, what the message names)`, sent with `content_type`."""
+    return [pytest.param(raw, content_type, message, id=name) for name, (raw, message) in rows.items()]
+
+
+BAD_BODIES = bodies(JSON, {
+    "truncated": (b'{"email": ', "malformed JSON"),
+    "single-quotes": (b"{'email': 'a@example.org'}", "malformed JSON"),
+    "trailing-comma": (b'{"a": 1,}', "malformed JSON"),
+    "array": (b'[{"email": "a@example.org"}]', "JSON object"),
+    "string": (b'"a string"', "JSON object"),
+    "number": (b"42", "JSON object"),
+    "null": (b"null", "JSON object"),
+    "bool": (b"true", "JSON object"),
+    "not-utf8": (b'{"name": "\xff\xfe"}', "UTF-8"),
+    "deep-nesting": (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+    "lone-surrogate": (b'{"email": "\\ud800@example.org", "name": "\\udfff"}', "surrogate"),
+}) + bodies(None, {
+    "truncated-untyped": (b'{"email": ', "malformed JSON"),
+}) + bodies(FORM, {
+    "json-labelled-form": (b'{"email": ', "malformed JSON"),
+    "array-as-form": (b"[1, 2]", "form"),
+    "form-without-values": (b"email&password", "form"),
+    "form-not-utf8": (b"name=\xff", "form"),
+})
 
 
 @pytest.mark.parametrize("raw, content_type, message", BAD_BODIES)

@@ -2,7 +2,6 @@
 quota, a fake quota, btrfs), then what only the real one can show: symlinks,
 mounts, rollback, and a btrfs quota a user really hits."""
 
-import inspect
 import os
 import re
 import subprocess
@@ -15,6 +14,7 @@ from host_adapters.btrfs_quota import BtrfsQuota, parse_qgroups
 from host_adapters.fake_quota import FakeQuota
 from host_adapters.homes import DirectoryHomeVolumes, FakeHomeVolumes, HomeInfo, HomeVolumes
 from host_adapters.quota import NoQuota
+from tests.fixtures.interfaces import assert_offers_the_interface
 
 GIB = 1 << 30
 UID, GID = 12345, 12345
@@ -62,21 +62,9 @@ def real(request, tmp_path) -> DirectoryHomeVolumes:
 # --- signatures ----------------------------------------------------------
 
 
-def _public_methods(cls):
-    return {
-        name: inspect.signature(member)
-        for name, member in inspect.getmembers(cls, inspect.isfunction)
-        if not name.startswith("_")
-    }
-
-
 @pytest.mark.parametrize("impl", [DirectoryHomeVolumes, FakeHomeVolumes])
 def test_public_methods_match_the_interface(impl):
-    interface = _public_methods(HomeVolumes)
-    methods = _public_methods(impl)
-    assert set(methods) == set(interface)
-    for name, signature in interface.items():
-        assert methods[name] == signature, name
+    assert_offers_the_interface(impl, HomeVolumes)
 
 
 def test_home_info_gives_the_limit_in_gb():
@@ -452,6 +440,19 @@ def _qgroup_ids(path) -> set[str]:
     return set(parse_qgroups(_btrfs("qgroup", "show", "-re", "--raw", path)))
 
 
+def _alice_home(volumes) -> tuple[str, int]:
+    """alice's new 1 GB home and the id of its subvolume."""
+    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
+    return path, int(_btrfs("inspect-internal", "rootid", path))
+
+
+def _assert_removed(volumes, path: str, *sids: int) -> None:
+    """Nothing left of a home: its path, its subvolumes (`sids`), their qgroups."""
+    assert not os.path.lexists(path)
+    assert not set(sids) & _subvolume_ids(volumes.home_root)
+    assert not {f"0/{sid}" for sid in sids} & _qgroup_ids(volumes.home_root)
+
+
 @pytest.fixture
 def btrfs_homes(btrfs_home_root):
     _needs_root()
@@ -462,24 +463,20 @@ def btrfs_homes(btrfs_home_root):
 @pytest.mark.integration
 def test_btrfs_retired_home_keeps_its_quota_until_purge_removes_subvolume_and_qgroup(btrfs_homes):
     volumes = btrfs_homes
-    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
-    sid = int(_btrfs("inspect-internal", "rootid", path))
+    path, sid = _alice_home(volumes)
     assert _dd(UID, os.path.join(path, "data"), 16).returncode == 0
     retired = volumes.retire("alice", token="vol-1", uid=UID)
     assert int(_btrfs("inspect-internal", "rootid", retired)) == sid  # the same subvolume, moved
     assert f"0/{sid}" in _qgroup_ids(btrfs_homes.home_root)
     volumes.purge(retired)
-    assert not os.path.exists(retired)
-    assert sid not in _subvolume_ids(btrfs_homes.home_root)
-    assert f"0/{sid}" not in _qgroup_ids(btrfs_homes.home_root)
+    _assert_removed(volumes, retired, sid)
 
 
 @pytest.mark.real_commands
 @pytest.mark.integration
 def test_btrfs_quota_stops_the_user_and_resize_lifts_it(btrfs_homes):
     volumes = btrfs_homes
-    path = volumes.create("alice", uid=UID, gid=GID, size_gb=1)
-    sid = int(_btrfs("inspect-internal", "rootid", path))
+    path, sid = _alice_home(volumes)
 
     small = _dd(UID, os.path.join(path, "small"), 64)
     assert small.returncode == 0, small.stderr
@@ -497,9 +494,7 @@ def test_btrfs_quota_stops_the_user_and_resize_lifts_it(btrfs_homes):
     assert more.returncode == 0, more.stderr
 
     volumes.delete("alice", uid=UID)
-    assert not os.path.lexists(path)
-    assert sid not in _subvolume_ids(volumes.home_root)
-    assert f"0/{sid}" not in _qgroup_ids(volumes.home_root)
+    _assert_removed(volumes, path, sid)
 
 
 @pytest.mark.real_commands
@@ -529,10 +524,8 @@ def test_btrfs_delete_with_nested_and_read_only_subvolumes(btrfs_homes):
 
     volumes.delete("alice", uid=UID)
 
-    assert not os.path.lexists(path)
+    _assert_removed(volumes, path, *ours)
     assert os.path.exists("/etc/passwd")
-    assert not ours & _subvolume_ids(volumes.home_root)
-    assert not {f"0/{sid}" for sid in ours} & _qgroup_ids(volumes.home_root)
 
 
 @pytest.mark.real_commands
