@@ -119,6 +119,9 @@ class FakeUnixGroups(FailOn, UnixGroups):
             raise NotFound(f"group {name} does not exist")
         return self.groups[name]
 
+    def check(self) -> str | None:  # the interface's signature: a backend may say where groups live
+        return FailOn.check(self)
+
     def get(self, name: str) -> list[str] | None:
         check_group_name(name)
         self._maybe_fail("get")
