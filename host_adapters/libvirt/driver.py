@@ -188,7 +188,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                 base = test_driver.stand_in_base(pool, self._names, base_image)
             if base is None:
                 raise HostError(
-                    f"spawn instance {instance_id}: base image volume {base_image}"
+                    f"{verb} instance {instance_id}: base image volume {base_image}"
                     f" is missing from storage pool {self.storage_pool}; see `cloud-agent reconcile`"
                 )
             if any((self._domain(conn, instance_id), self._volume(pool, disk_name), self._volume(pool, seed_name))):
