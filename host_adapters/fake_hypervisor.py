@@ -18,7 +18,7 @@ from host_adapters import seed as seeds
 from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes, start_of_tail
 from host_adapters.guest import GuestSpec, Reservation, Share, check_guest, check_positive, reservations_for
 from host_adapters.host_pool import HostSpec
-from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress
+from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
 from host_adapters.image_source import open_image_source
 from host_adapters.names import Names, check_id, check_volume_name
 from host_adapters.libvirt.nic_filters import nic_devices_for
@@ -351,6 +351,7 @@ class FakeHypervisor(Hypervisor):
 
     def shut_down(self, instance_id: str, *, wait_seconds: float) -> bool:
         check_id(instance_id, "instance id")
+        check_wait(wait_seconds)
         with self._lock:
             inst = self._existing(instance_id)
             self._step("shut_down")

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from common.errors import InvalidInput
 from host_adapters.console import ConsoleMark, ConsoleOutput
 from host_adapters.guest import GuestSpec, Reservation, Share
 
@@ -65,6 +66,12 @@ class HostCapacity:
 
     vcpus: int  # logical CPUs
     memory_mb: int
+
+
+def check_wait(wait_seconds: object) -> None:
+    """A bounded wait: a number of seconds, at least 0 (bool refused)."""
+    if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, (int, float)) or not 0 <= wait_seconds < 1e6:
+        raise InvalidInput(f"wait_seconds must be a number of seconds from 0, not {wait_seconds!r}")
 
 
 class Hypervisor:

@@ -23,7 +23,7 @@ from common.errors import Conflict, HostError, InvalidInput, NotFound
 from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes
 from host_adapters.disk_copy import open_disk_copy
 from host_adapters.guest import GuestSpec, Share, check_guest, check_positive, reservations_for
-from host_adapters.hypervisor import GiB, Hypervisor, InstanceInfo, NicDevice
+from host_adapters.hypervisor import GiB, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
 from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
@@ -258,8 +258,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
 
     def shut_down(self, instance_id: str, *, wait_seconds: float) -> bool:
         check_id(instance_id, "instance id")
-        if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, (int, float)) or wait_seconds < 0:
-            raise InvalidInput(f"wait_seconds must be a number of at least 0, not {wait_seconds!r}")
+        check_wait(wait_seconds)
 
         def asked(conn) -> bool:
             lv = _libvirt()
@@ -291,16 +290,16 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         finally:
             self._changed(instance_id)
 
-    def read_disk(self, instance_id: str, dest: int, *, max_bytes: int, progress=None) -> bool:
+    def read_disk(self, instance_id: str, dest: int, *, max_bytes: int, progress: Progress | None = None) -> bool:
         check_id(instance_id, "instance id")
         name = self._names.disk(instance_id)
-        if not self._io.keeps_content:
-            return False
 
         def op(conn):
             vol = self._volume(self._pool(conn), name)
             if vol is None:
                 raise NotFound(f"instance {instance_id} has no disk in storage pool {self.storage_pool}")
+            if not self._io.keeps_content:
+                return False
             self._io.download_file(conn, vol, dest, progress, limit=max_bytes)
             return True
 
