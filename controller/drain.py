@@ -58,14 +58,9 @@ def drain(ctx: Context, name: str, *, progress: Callable[[str], None] | None = N
     todo = [(i, False) for i in resumed] + [(r["id"], True) for r in live]
     for n, (instance_id, fresh) in enumerate(todo, 1):
         say(f"instance {n}/{len(todo)} of host {name} ({instance_id})")
-        try:
-            to = _move_one(ctx, instance_id, name, fresh=fresh)
-        except ControllerError as e:
-            log.warning("drain %s: instance %s not moved: %s", name, instance_id, e.message)
-            failed.append({"id": instance_id, "error": e.message})
-            continue
-        if to is not None:
-            moved.append({"id": instance_id, "to": to})
+        outcome = _attempt(ctx, instance_id, name, fresh=fresh)
+        if outcome is not None:
+            (failed if "error" in outcome else moved).append(outcome)
     for r in rows:
         if r.get("intent"):
             failed.append({"id": r["id"], "error": f"it is being {'created' if r['intent'] == 'creating' else 'deleted'}"
@@ -86,32 +81,44 @@ def _refuse_if_silent(ctx: Context, name: str) -> None:
                               "--host-is-down`)") from None
 
 
+def _attempt(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> dict | None:
+    """{"id", "to"} once moved, {"id", "error"} when not; None when it was deleted meanwhile."""
+    try:
+        to = _move_one(ctx, instance_id, name, fresh=fresh)
+    except ControllerError as e:
+        log.warning("drain %s: instance %s not moved: %s", name, instance_id, e.message)
+        return {"id": instance_id, "error": e.message}
+    return None if to is None else {"id": instance_id, "to": to}
+
+
 def _move_one(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> str | None:
     """Place (when fresh) and move one instance; the host it is on afterwards."""
     with host_changes(ctx), one_at_a_time("instance", instance_id):
-        if fresh:
-            row = _row(ctx, instance_id)
-            if row is None:
-                return None  # deleted meanwhile
-            # Its power state as the host has it now: it is given the same on the new host.
-            running = hypervisor_of_host(ctx, name).status(instance_id) in RUNS
-            to = ctx.store.begin_move(instance_id, name, placement(ctx, ctx.store.get_flavor(row["flavor_id"])),
-                                      was_running=running)
-            if to is None:
-                return None  # deleted, or moved, meanwhile
+        if fresh and _begin(ctx, instance_id, name) is None:
+            return None  # deleted, or moved, meanwhile
         return finish(ctx, instance_id)
 
 
-def _row(ctx: Context, instance_id: str) -> dict | None:
-    rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)
-    return rows[0] if rows else None
+def _begin(ctx: Context, instance_id: str, name: str) -> str | None:
+    """Record the move of a live instance of host `name` to the host placement picks (None:
+    it is no longer one), with its power state as the host has it now: it gets the same there."""
+    row = _record(ctx, instance_id)
+    if row is None:
+        return None
+    running = hypervisor_of_host(ctx, name).status(instance_id) in RUNS
+    flavor = ctx.store.get_flavor(row["flavor_id"])
+    return ctx.store.begin_move(instance_id, name, placement(ctx, flavor), was_running=running)
+
+
+def _record(ctx: Context, instance_id: str) -> dict | None:
+    return next(iter(ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)), None)
 
 
 def finish(ctx: Context, instance_id: str) -> str | None:
     """Carry a recorded move on from where it is (also reconcile --fix's repair of a move a
     crash cut short); the host the instance is on afterwards."""
     moves = ctx.store.list_moves(instance_id=instance_id)
-    row = _row(ctx, instance_id)
+    row = _record(ctx, instance_id)
     if not moves or row is None:
         return None
     move = moves[0]

@@ -288,18 +288,8 @@ class FakeHypervisor(Hypervisor):
         self._make("spawn", instance_id, base_image=base_image, vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb,
                    guest=guest, content=None, start=True)
 
-    def receive(
-        self,
-        instance_id: str,
-        *,
-        base_image: str,
-        vcpu: int,
-        memory_mb: int,
-        disk_gb: int,
-        guest: GuestSpec,
-        disk: str | None,
-        start: bool,
-    ) -> None:
+    def receive(self, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+                guest: GuestSpec, disk: str | None, start: bool) -> None:
         content = None
         if disk is not None:
             with open(disk, "rb") as f:

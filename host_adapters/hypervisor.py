@@ -214,18 +214,8 @@ class Hypervisor:
         the disk is missing; HostError once more than max_bytes arrive."""
         raise NotImplementedError
 
-    def receive(
-        self,
-        instance_id: str,
-        *,
-        base_image: str,
-        vcpu: int,
-        memory_mb: int,
-        disk_gb: int,
-        guest: GuestSpec,
-        disk: str | None,
-        start: bool,
-    ) -> None:
+    def receive(self, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+                guest: GuestSpec, disk: str | None, start: bool) -> None:
         """As spawn, for an instance moved from another host: its disk holds the content of
         the local file `disk` (what read_disk wrote there; None where that host keeps no
         content: a new overlay), pointed at this host's `base_image` (the file's header is

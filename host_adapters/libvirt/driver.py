@@ -156,18 +156,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         self._make("spawn", instance_id, base_image=base_image, vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb,
                    guest=guest, disk=None, start=True)
 
-    def receive(
-        self,
-        instance_id: str,
-        *,
-        base_image: str,
-        vcpu: int,
-        memory_mb: int,
-        disk_gb: int,
-        guest: GuestSpec,
-        disk: str | None,
-        start: bool,
-    ) -> None:
+    def receive(self, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+                guest: GuestSpec, disk: str | None, start: bool) -> None:
         self._make("receive", instance_id, base_image=base_image, vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb,
                    guest=guest, disk=disk, start=start)
 

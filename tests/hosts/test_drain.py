@@ -18,7 +18,7 @@ from controller import drain, host_records
 from controller.errors import Conflict, HostError, HostUnavailable
 from controller.reconcile import reconcile
 from tests.fixtures.agent import AGENT, agent_call
-from tests.hosts.test_evacuate import IDENTITY, drift_of, rows_by_id, three_on_node_a
+from tests.hosts.test_evacuate import IDENTITY, drift_of, full_but_two_on_node_b, rows_by_id, three_on_node_a
 from tests.hosts.test_hosts import alice, boot, cluster, flavor, host_of, node_file, ok  # noqa: F401 (fixtures)
 
 BASE = "/v1/server-instance"
@@ -66,10 +66,9 @@ def test_drain_moves_each_instance_with_its_identity_disk_and_power_state(client
                       "moved": [{"id": made[0], "to": "node-b"}, {"id": made[1], "to": "node-b"},
                                 {"id": made[2], "to": "default"}]}
     after = rows_by_id(cctx)
-    for entry in result["moved"]:
-        i, to = entry["id"], entry["to"]
-        assert {k: after[i][k] for k in IDENTITY} == {k: before[i][k] for k in IDENTITY}
-        assert after[i]["host"] == to and after[i]["intent"] is None
+    assert all(after[i][k] == before[i][k] for i in made for k in IDENTITY)
+    for i, to in ((m["id"], m["to"]) for m in result["moved"]):
+        assert (after[i]["host"], after[i]["intent"]) == (to, None)
         domain = cluster[to].instances[i]
         assert domain.guest == guests[i]  # hostname, NICs (MAC, addresses), users, shares
         assert cluster[to].disk_content[i] == disks[i]  # the root disk, not a new one
@@ -91,10 +90,7 @@ def test_drain_moves_each_instance_with_its_identity_disk_and_power_state(client
 
 def test_drain_without_room_says_what_is_missing_and_changes_nothing(client, cctx, adapters, cluster, alice,
                                                                      catalog, flavor):
-    made = [ok(boot(client, alice, catalog, flavor))[0]["id"] for _ in range(18)]  # every host full
-    on_b = [i for i in made if host_of(cctx, i) == "node-b"]
-    for i in on_b[:2]:
-        ok(client.simulate_delete(f"{BASE}/{i}", headers=alice.headers), 200)
+    full_but_two_on_node_b(client, cctx, alice, catalog, flavor)
     before = rows_by_id(cctx)
     held = {n: set(f.instances) for n, f in cluster.items()}
     with pytest.raises(Conflict) as err:
@@ -233,7 +229,9 @@ def sandbox_with_a_node(tmp_path, *, domain: bool):
     uri = node_file(tmp_path, "node-9", cpus=8, memory_mb=16384)
     if domain:
         path = uri.removeprefix("test://")
-        text = open(path).read().replace("</node>", f"""  <domain type='test'><name>{prefix}{INSTANCE}</name>
+        text = open(path).read().replace("</target></pool>", f"""</target>
+    <volume><name>{prefix}disk-{INSTANCE}.qcow2</name><capacity>1073741824</capacity></volume></pool>""")
+        text = text.replace("</node>", f"""  <domain type='test'><name>{prefix}{INSTANCE}</name>
     <memory>65536</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>
 </node>""")
         open(path, "w").write(text)
