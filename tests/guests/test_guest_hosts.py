@@ -19,6 +19,7 @@ Three boots in all (the create, the move, the rebuild): each costs about a minut
 software emulation.
 """
 
+import json
 import os
 import signal
 import time
@@ -28,15 +29,14 @@ import pytest
 
 from tests.fixtures.agent import run_agent
 from tests.fixtures.api import make_caller
+from tests.fixtures.libvirtd import _libvirt_answers
 from tests.fixtures.guest_e2e import (  # noqa: F401 (boot_virt, service: fixtures)
-    Guest, agent, boot_virt, console, ok, push_key, run, service)
+    Guest, agent, boot_virt, console, ok, push_key, run, service, wait_until_ready)
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
 
 def agent_json(config_path, *args) -> tuple[int, dict]:
-    import json
-
     proc = run_agent("--config", str(config_path), "--json", *args, timeout=900)
     return proc.returncode, json.loads(proc.stdout)
 
@@ -87,6 +87,8 @@ def test_a_guest_drained_then_evacuated_keeps_its_address_and_home(service, gues
     def log_in(uri: str) -> Guest:
         guest = Guest(uri, address)
         guest.wait_for_ssh(key, "alice", console(client, alice, instance_id)["console"][-3000:])
+        # cloud-init's last stage done (a first boot restarts sshd with new host keys before it).
+        assert wait_until_ready(client, alice, instance_id)["ready"] is True
         assert guest.ssh(key, "alice", "hostname").stdout.strip() == hostname
         return guest
 
@@ -109,36 +111,39 @@ def test_a_guest_drained_then_evacuated_keeps_its_address_and_home(service, gues
     assert "Linux version" in console(client, alice, instance_id)["console"]
     assert agent(config_path, "host", "enable", "default")["enabled"] is True  # the maintenance is over
 
-    # 2. The second host dies for good: its daemon and the guest's QEMU are killed (fenced).
-    qemu = qemu_of(domain)
-    assert qemu, "the guest's QEMU is not found"
-    remote.kill()
-    for pid in qemu:
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while qemu_of(domain) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not qemu_of(domain)
-    rc, evacuated = agent_json(config_path, "host", "evacuate", "remote", "--host-is-down")
-    assert (rc, evacuated) == (0, {"host": "remote", "rebuilt": [{"id": instance_id, "to": "default"}],
-                                   "failed": []})
-    assert host_of() == "default"
-    guest = log_in(libvirt_dir_pool.uri)
-    assert guest.ssh(key, "alice", "cat ~/kept.txt").stdout == "kept in the home\n"
-    assert guest.ssh(key, "alice", "test -e /var/tmp/alice-root.txt", check=False).returncode != 0  # a new root disk
-    assert (home / "kept.txt").read_text() == "kept in the home\n"
+    try:
+        # 2. The second host dies for good: its daemon and the guest's QEMU are killed (fenced).
+        qemu = qemu_of(domain)
+        assert qemu, "the guest's QEMU is not found"
+        remote.kill()
+        for pid in qemu:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while qemu_of(domain) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not qemu_of(domain)
+        rc, evacuated = agent_json(config_path, "host", "evacuate", "remote", "--host-is-down")
+        assert (rc, evacuated) == (0, {"host": "remote", "rebuilt": [{"id": instance_id, "to": "default"}],
+                                       "failed": []})
+        assert host_of() == "default"
+        guest = log_in(libvirt_dir_pool.uri)
+        assert guest.ssh(key, "alice", "cat ~/kept.txt").stdout == "kept in the home\n"
+        # Rebuilt from its image: a new root disk.
+        assert guest.ssh(key, "alice", "test -e /var/tmp/alice-root.txt", check=False).returncode != 0
+        assert (home / "kept.txt").read_text() == "kept in the home\n"
 
-    # 3. The dead host's daemon comes back: its stale copy is removed, never started.
-    remote.start()
-    assert domstate(remote.uri, domain) == "shut off"
-    proc = run_agent("--config", str(config_path), "--json", "reconcile", "--fix", timeout=900)
-    import json
-
-    fixed = json.loads(proc.stdout)["drift"]
-    assert [(d["kind"], d["target"], d["fixed"]) for d in fixed] == [("domain-stale", instance_id, True)], fixed
-    assert proc.returncode == 0
-    assert domstate(remote.uri, domain) == "none" and not qemu_of(domain)
-    assert not [f for f in os.listdir(remote.pool_path) if instance_id in f]
-    assert json.loads(run_agent("--config", str(config_path), "--json", "reconcile", timeout=900).stdout) == \
-        {"drift": []}
-    assert domstate(libvirt_dir_pool.uri, domain) == "running"
+        # 3. The dead host's daemon comes back: its stale copy is removed, never started.
+        remote.start()
+        assert domstate(remote.uri, domain) == "shut off"
+        proc = run_agent("--config", str(config_path), "--json", "reconcile", "--fix", timeout=900)
+        fixed = json.loads(proc.stdout)["drift"]
+        assert [(d["kind"], d["target"], d["fixed"]) for d in fixed] == [("domain-stale", instance_id, True)], fixed
+        assert proc.returncode == 0
+        assert domstate(remote.uri, domain) == "none" and not qemu_of(domain)
+        assert not [f for f in os.listdir(remote.pool_path) if instance_id in f]
+        assert json.loads(run_agent("--config", str(config_path), "--json", "reconcile", timeout=900).stdout) == \
+            {"drift": []}
+        assert domstate(libvirt_dir_pool.uri, domain) == "running"
+    finally:
+        if not _libvirt_answers(remote.uri):
+            remote.start()  # the session's other tests use this daemon

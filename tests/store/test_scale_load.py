@@ -362,6 +362,7 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     conn.execute("ALTER TABLE volumes DROP COLUMN uid")  # migration 11's
     conn.execute("DROP TABLE evacuations")  # migration 12's
     conn.execute("ALTER TABLE instances DROP COLUMN console_since")  # migration 13's
+    conn.execute("DROP TABLE moves")  # migration 15's (host drain)
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
     listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
