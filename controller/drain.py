@@ -63,8 +63,8 @@ def drain(ctx: Context, name: str, *, progress: Callable[[str], None] | None = N
             (failed if "error" in outcome else moved).append(outcome)
     for r in rows:
         if r.get("intent"):
-            failed.append({"id": r["id"], "error": f"it is being {'created' if r['intent'] == 'creating' else 'deleted'}"
-                                                   "; drain again once that has ended"})
+            doing = "created" if r["intent"] == "creating" else "deleted"
+            failed.append({"id": r["id"], "error": f"it is being {doing}; drain again once that has ended"})
     return {"host": name, "moved": moved, "failed": failed}
 
 
