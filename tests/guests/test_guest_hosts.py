@@ -132,14 +132,17 @@ def test_a_guest_drained_then_evacuated_keeps_its_address_and_home(service, gues
         assert guest.ssh(key, "alice", "test -e /var/tmp/alice-root.txt", check=False).returncode != 0
         assert (home / "kept.txt").read_text() == "kept in the home\n"
 
-        # 3. The dead host's daemon comes back: its stale copy is removed, never started.
+        # 3. The dead host's daemon comes back: its stale copy is removed, never started (the
+        # only QEMU of that domain name is the rebuilt guest's, on the first host).
+        rebuilt_qemu = qemu_of(domain)
+        assert len(rebuilt_qemu) == 1
         remote.start()
         assert domstate(remote.uri, domain) == "shut off"
         proc = run_agent("--config", str(config_path), "--json", "reconcile", "--fix", timeout=900)
         fixed = json.loads(proc.stdout)["drift"]
         assert [(d["kind"], d["target"], d["fixed"]) for d in fixed] == [("domain-stale", instance_id, True)], fixed
         assert proc.returncode == 0
-        assert domstate(remote.uri, domain) == "none" and not qemu_of(domain)
+        assert domstate(remote.uri, domain) == "none" and qemu_of(domain) == rebuilt_qemu
         assert not [f for f in os.listdir(remote.pool_path) if instance_id in f]
         assert json.loads(run_agent("--config", str(config_path), "--json", "reconcile", timeout=900).stdout) == \
             {"drift": []}
