@@ -5,7 +5,7 @@ import sys
 import click
 
 from agent.common import Options, command_options, emit, end_status_line, status_line
-from controller import evacuate, host_records
+from controller import drain, evacuate, host_records
 from controller.libvirt_uri import transport_risks
 
 
@@ -116,6 +116,38 @@ def host_evacuate(opts: Options, name, host_is_down):
                  + ("" if result["failed"] else f"; `cloud-agent host remove {name}` forgets it"))
     emit(opts, result, "\n".join(lines))
     if result["failed"]:
+        sys.exit(1)
+
+
+@host.command("drain")
+@click.argument("name")
+@command_options
+def host_drain(opts: Options, name):
+    """Move every instance of a host to other hosts with room, for maintenance: the host is
+    disabled first, then each instance is shut down (ACPI, then powered off after [hosts]
+    shutdown_wait_seconds), its disk copied and its domain defined on the new host with the
+    same id, hostname, addresses and users, and started there if it ran. Refused when the
+    host does not answer (a dead host is evacuated) and when the others lack room (nothing
+    changes). Running it again finishes a drain cut short. Exit 0 only when the host holds
+    no instance afterwards; `host enable NAME` takes it back after the maintenance.
+
+    \b
+    Example:
+      cloud-agent host drain node01
+    """
+    ctx = opts.context(adapters=True)
+    progress = status_line(opts, "drain")
+    try:
+        result = drain.drain(ctx, name, progress=progress)
+    finally:
+        end_status_line(progress)
+    held = ctx.store.host_with_allocation(name)["instances"]
+    lines = [f"moved {m['id']} to {m['to']}" for m in result["moved"]]
+    lines += [f"FAILED {f['id']}: {f['error']}" for f in result["failed"]]
+    lines.append(f"host {name}: {len(result['moved'])} moved, {len(result['failed'])} failed, {held} left"
+                 + ("" if held else f"; `cloud-agent host enable {name}` after the maintenance"))
+    emit(opts, result, "\n".join(lines))
+    if held or result["failed"]:
         sys.exit(1)
 
 

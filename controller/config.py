@@ -173,6 +173,9 @@ DEFAULTS["hosts"] = {
     # A create waits this long for another create's copy of the same image to the same
     # host (one upload per host and image), then answers 503.
     "image_copy_wait_seconds": "300",
+    # `host drain` asks each running guest to shut down (ACPI) and waits this long before
+    # powering it off hard.
+    "shutdown_wait_seconds": "120",
 }
 
 # GET /healthz answers from the last result of the checks, refreshed by one thread
@@ -447,6 +450,7 @@ class HostsConfig:
     capacity_max_age_seconds: int = _at_least(1)
     max_create_attempts: int = _at_least(1)
     image_copy_wait_seconds: int = _at_least(1)
+    shutdown_wait_seconds: int = _at_least(1)
 
 
 @dataclass(frozen=True)

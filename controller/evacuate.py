@@ -17,7 +17,6 @@ See docs/decisions.md and docs/scaling.md.
 """
 
 import logging
-from collections import Counter
 from collections.abc import Callable
 
 from controller import history, instances
@@ -26,7 +25,7 @@ from controller.host_records import check_host_name, get_host
 from controller.host_routing import hypervisor_of_instance, spec_of
 from controller.errors import Conflict, ControllerError, HostUnreachable, InvalidInput
 from controller.locks import host_changes, one_at_a_time
-from controller.placement import placement
+from controller.placement import placement, refuse_without_room
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def evacuate(ctx: Context, name: str, *, host_is_down: bool,
     resumed = ctx.store.list_evacuations(from_host=name)
     pending = [r for r in ctx.store.all_instances() if r["host"] == name]
     live = [r for r in pending if not r.get("intent")]
-    _refuse_without_room(ctx, name, live)
+    refuse_without_room(ctx, name, live, done="evacuated")
     # Nothing is placed on it again, whatever happens next.
     ctx.store.set_host_enabled(name, False)
     rebuilt, failed = [], []
@@ -89,31 +88,6 @@ def _refuse_if_answering(ctx: Context, row: dict) -> None:
         raise Conflict(f"host {row['name']} answers ({e.message}): its guests may still run. {DOWN_ONLY}") from None
     raise Conflict(f"host {row['name']} answers: its guests may still run, and two copies of a guest must never "
                    f"run at once. {DOWN_ONLY}")
-
-
-def _refuse_without_room(ctx: Context, name: str, rows: list[dict]) -> None:
-    """Placement tried for every instance against what the other hosts hold, before anything
-    changes: Conflict naming how much is missing when some would find no room."""
-    flavors = {r["flavor_id"]: ctx.store.get_flavor(r["flavor_id"]) for r in rows}
-    places = {fid: placement(ctx, f, failed={name: "being evacuated"}) for fid, f in flavors.items()}
-    simulated = [dict(h) for h in ctx.store.list_hosts() if h["name"] != name]
-    by_name = {h["name"]: h for h in simulated}
-    short = Counter()
-    for r in rows:
-        flavor = flavors[r["flavor_id"]]
-        try:
-            picked = by_name[places[r["flavor_id"]](simulated)]
-        except ControllerError:
-            short["instances"] += 1
-            short["vCPUs"] += flavor["vcpu"]
-            short["MB"] += flavor["memory"]
-            continue
-        picked["allocated_vcpus"] += flavor["vcpu"]
-        picked["allocated_memory_mb"] += flavor["memory"]
-    if short:
-        raise Conflict(f"host {name} not evacuated: the other hosts lack room for {short['instances']} of its "
-                       f"{len(rows)} instance(s) ({short['vCPUs']} vCPUs and {short['MB']} MB missing); "
-                       "nothing was changed")
 
 
 def _drop_interrupted(ctx: Context, row: dict, name: str) -> None:

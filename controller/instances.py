@@ -227,6 +227,7 @@ def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> Non
 def _delete_visible(ctx: Context, requester: Requester, row: dict) -> None:
     require_mutate(ctx, requester, row, "this server-instance")
     with host_changes(ctx):
+        _refuse_while_moving(ctx, row)
         # The intent first: a second delete of the same instance is refused here, and a
         # crash before the row goes is finished by reconcile, never undone.
         if not ctx.store.set_instance_intent(row["id"], "deleting", expect=None):
@@ -240,6 +241,14 @@ def _delete_visible(ctx: Context, requester: Requester, row: dict) -> None:
             ctx.store.set_instance_intent(row["id"], None, expect="deleting")
             raise
         ctx.store.delete_instance(row["id"])
+
+
+def _refuse_while_moving(ctx: Context, row: dict) -> None:
+    """An instance being moved to another host (`cloud-agent host drain`) is left alone until
+    it is there: a power-on mid-copy would run the guest on a disk being copied."""
+    if ctx.store.list_moves(instance_id=row["id"]):
+        raise Conflict(f"server-instance {row['id']} is being moved to another host by an admin; "
+                       "try again once it is there")
 
 
 def finish_interrupted(ctx: Context, row: dict) -> None:
@@ -262,6 +271,7 @@ def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None
     what = task["what"]
     hypervisor = hypervisor_of_instance(ctx, row)
     with host_changes(ctx), one_at_a_time("instance", row["id"]):
+        _refuse_while_moving(ctx, row)
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.
             row = instance_row(ctx, requester, row["id"])

@@ -345,10 +345,26 @@ _M15_INSTANCE_HISTORY = """
 """
 
 
+# An instance being moved off a host that answers (`cloud-agent host drain`), a cold move: the
+# row names the host it is on (the source until the target's copy is defined and checked,
+# then the target); this record names the target, whose allocation counts it from the start
+# (store._hosts), and the power state to give it there. Running drain again, or reconcile
+# --fix, finishes a move cut short; the source's disk is removed only after the commit.
+_M16_MOVES = """
+        CREATE TABLE moves (
+            instance_id TEXT PRIMARY KEY REFERENCES instances(id) ON DELETE CASCADE,
+            from_host TEXT NOT NULL,
+            to_host TEXT NOT NULL,
+            was_running INTEGER NOT NULL,
+            started_at_utc TEXT NOT NULL
+        );
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
-    _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY,
+    _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

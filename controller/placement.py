@@ -97,3 +97,29 @@ def placement(ctx: Context, flavor: dict, *, failed: dict[str, str] | None = Non
         raise Conflict(f"no hypervisor host has room for this flavor ({what}; {'; '.join(parts) or 'no host'})")
 
     return place
+
+
+def refuse_without_room(ctx: Context, name: str, rows: list[dict], *, done: str) -> None:
+    """Placement tried for every instance of host `name` (evacuated, drained: `done`) against
+    what the other hosts hold, before anything changes: Conflict naming how much is missing
+    when some would find no room."""
+    flavors = {r["flavor_id"]: ctx.store.get_flavor(r["flavor_id"]) for r in rows}
+    places = {fid: placement(ctx, f, failed={name: f"being {done}"}) for fid, f in flavors.items()}
+    simulated = [dict(h) for h in ctx.store.list_hosts() if h["name"] != name]
+    by_name = {h["name"]: h for h in simulated}
+    short = Counter()
+    for r in rows:
+        flavor = flavors[r["flavor_id"]]
+        try:
+            picked = by_name[places[r["flavor_id"]](simulated)]
+        except ControllerError:
+            short["instances"] += 1
+            short["vCPUs"] += flavor["vcpu"]
+            short["MB"] += flavor["memory"]
+            continue
+        picked["allocated_vcpus"] += flavor["vcpu"]
+        picked["allocated_memory_mb"] += flavor["memory"]
+    if short:
+        raise Conflict(f"host {name} not {done}: the other hosts lack room for {short['instances']} of its "
+                       f"{len(rows)} instance(s) ({short['vCPUs']} vCPUs and {short['MB']} MB missing); "
+                       "nothing was changed")

@@ -152,6 +152,14 @@ def _intents(run: _Run) -> None:
                   f"an evacuation from host {record['from_host']} to host {record['to_host']} did not finish; "
                   "finishing it (the instance is rebuilt from its image there)",
                   lambda r=record: evacuate.finish(ctx, r["instance_id"]))
+    from controller import drain
+
+    for record in ctx.store.list_moves():
+        # Finished, never undone past its commit: the old host's disk goes only after the new one's is checked.
+        run.found("instance-move-interrupted", record["instance_id"],
+                  f"a move from host {record['from_host']} to host {record['to_host']} did not finish; "
+                  "finishing it (the disk is copied again if it was not yet committed)",
+                  lambda r=record: drain.finish(ctx, r["instance_id"]))
     for row in ctx.store.all_instances():
         if row.get("intent"):
             verb = "delete" if row["intent"] == "deleting" else "create"
@@ -395,8 +403,11 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
     elsewhere = {r["id"]: r["host"] for r in everything
                  if r["host"] != host["name"] and uris.get(r["host"]) != host["uri"]}
     evacuating = {e["instance_id"] for e in ctx.store.list_evacuations()}
+    # An instance moving (drain) is in two places on purpose; its record is _intents' business.
+    moving = {m["instance_id"] for m in ctx.store.list_moves()}
     macs = {m for r in everything for m in (r.get("mac"), r.get("public_mac")) if m}
-    rows = [r for r in everything if not r.get("intent") and r["host"] == host["name"] and r["id"] not in evacuating]
+    rows = [r for r in everything if not r.get("intent") and r["host"] == host["name"]
+            and r["id"] not in evacuating | moving]
     # Each row is let go once it is compared (and repaired): 10,000 rows held until the
     # end of a sandbox's start were 20 MB, whose holes stayed in the server's memory.
     del everything
@@ -474,7 +485,7 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
                 "instance-status", row["id"], f"host says {info.status}, database says {row['status']}",
                 lambda r=row, s=info.status: ctx.store.set_instance_status(r["id"], s),
             )
-    for orphan in sorted(set(hypervisor.list_instances()) - known):
+    for orphan in sorted(set(hypervisor.list_instances()) - known - moving):
         if orphan in elsewhere:
             run.found("domain-stale", orphan,
                       f"a domain, disk or seed of an instance now on host {elsewhere[orphan]} (evacuated while "

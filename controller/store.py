@@ -92,6 +92,11 @@ def _with_users(row: dict) -> dict:
     return row
 
 
+
+# What instances moving to a host (cloud-agent host drain) allocate there before their row names it.
+_MOVES_IN_FLIGHT = """SELECT m.to_host, f.vcpu, f.memory FROM moves m JOIN instances i ON i.id = m.instance_id
+                      JOIN flavors f ON f.id = i.flavor_id WHERE i.host != m.to_host"""
+
 class Store:
     def __init__(self, path: str, *, create: bool = False):
         """Open the database at path; only with create=True (`cloud-agent init`) may it be made."""
@@ -749,7 +754,14 @@ class Store:
     def _hosts(cls, conn: sqlite3.Connection, name: str | None = None) -> list[dict]:
         """Hosts with what their live instances (every row, being created or deleted too) allocate."""
         sql = cls._HOSTS_SQL.format(where="WHERE h.name = ?" if name is not None else "")
-        return [dict(r) for r in conn.execute(sql, () if name is None else (name,)).fetchall()]
+        hosts = [dict(r) for r in conn.execute(sql, () if name is None else (name,)).fetchall()]
+        # An instance moving to a host (drain) counts there too until its row names it.
+        for m in conn.execute(_MOVES_IN_FLIGHT).fetchall():
+            for h in hosts:
+                if h["name"] == m["to_host"]:
+                    h["allocated_vcpus"] += m["vcpu"]
+                    h["allocated_memory_mb"] += m["memory"]
+        return hosts
 
     def list_hosts(self) -> list[dict]:
         return self._hosts(self.conn)
@@ -845,6 +857,45 @@ class Store:
                          "WHERE id = ? AND EXISTS (SELECT 1 FROM evacuations WHERE instance_id = ?)",
                          (instance_id, instance_id, instance_id))
             conn.execute("DELETE FROM evacuations WHERE instance_id = ?", (instance_id,))
+
+    # -- moves (cloud-agent host drain) ------------------------------------------------
+    def begin_move(self, instance_id: str, from_host: str, place, *, was_running: bool) -> str | None:
+        """Record the move of a live instance of `from_host` to the host `place(hosts)` picks
+        (hosts with their allocations, as list_hosts gives them), in one transaction: the
+        target's allocation counts it at once. The row still names `from_host`. None (nothing
+        changed) when the instance is no longer a live one of `from_host`."""
+        with self.write() as conn:
+            row = conn.execute("SELECT host, intent FROM instances WHERE id = ?", (instance_id,)).fetchone()
+            if row is None or row["host"] != from_host or row["intent"] is not None:
+                return None
+            target = place(self._hosts(conn))
+            conn.execute("INSERT INTO moves (instance_id, from_host, to_host, was_running, started_at_utc) "
+                         "VALUES (?, ?, ?, ?, ?)",
+                         (instance_id, from_host, target, int(was_running), utc_now()))
+        return target
+
+    def list_moves(self, *, from_host: str | None = None, instance_id: str | None = None) -> list[dict]:
+        """Moves not finished, oldest first."""
+        where, params = "WHERE 1", []
+        if from_host is not None:
+            where, params = where + " AND from_host = ?", params + [from_host]
+        if instance_id is not None:
+            where, params = where + " AND instance_id = ?", params + [instance_id]
+        return self._all(f"SELECT * FROM moves {where} ORDER BY started_at_utc, instance_id", tuple(params))
+
+    def commit_move(self, instance_id: str) -> None:
+        """The target holds the checked copy: the row names it (shut off there; its console
+        starts afresh with the run there)."""
+        with self.write() as conn:
+            conn.execute("UPDATE instances SET host = (SELECT to_host FROM moves WHERE instance_id = ?), "
+                         "status = 'shutoff', console_since = NULL "
+                         "WHERE id = ? AND EXISTS (SELECT 1 FROM moves WHERE instance_id = ?)",
+                         (instance_id, instance_id, instance_id))
+
+    def end_move(self, instance_id: str) -> None:
+        """The move is finished, or undone before its commit (the row names the source)."""
+        with self.write() as conn:
+            conn.execute("DELETE FROM moves WHERE instance_id = ?", (instance_id,))
 
     # -- volumes ------------------------------------------------------------------
     def insert_volume(self, volume: dict) -> None:

@@ -19,7 +19,7 @@ from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes, s
 from host_adapters.fail_on import FailOn
 from host_adapters.guest import GuestSpec, Reservation, Share, check_guest, check_positive, reservations_for
 from host_adapters.host_pool import HostSpec
-from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress
+from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
 from host_adapters.image_source import open_image_source
 from host_adapters.names import Names, check_id, check_volume_name
 from host_adapters.libvirt.nic_filters import nic_devices_for
@@ -73,7 +73,7 @@ class FakeHypervisor(FailOn, Hypervisor):
     `capacity` is what host_capacity() reports (a large head node unless a test sets it).
 
     Steps: every public method name, plus "volume", "seed", "reserve",
-    "define" and "start", the steps of spawn. Tests may edit `instances`
+    "define" and "start", the steps of spawn (and of receive, which starts only if asked). Tests may edit `instances`
     (domains), `disks` (instance id -> base image volume), `base_images`
     (volume -> size in GiB) and `networks` (name -> {mac: Reservation}; a
     missing name is a missing network).
@@ -97,6 +97,10 @@ class FakeHypervisor(FailOn, Hypervisor):
         self.dhcp = True
         # Base image content uploaded from a source file (volume -> bytes).
         self.base_content: dict[str, bytes] = {}
+        # What instance disks hold (instance id -> bytes; tests write it): a move copies it.
+        self.disk_content: dict[str, bytes] = {}
+        # Guests that ignore the ACPI power button: shut_down powers them off hard.
+        self.ignores_acpi: set[str] = set()
         # How often each step ran: tests count the calls a request makes to the host.
         self.calls: Counter[str] = Counter()
         # A slow host: a step named here waits for its event (at most 30 s) before it runs.
@@ -280,14 +284,28 @@ class FakeHypervisor(FailOn, Hypervisor):
         disk_gb: int,
         guest: GuestSpec,
     ) -> None:
+        self._make("spawn", instance_id, base_image=base_image, vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb,
+                   guest=guest, content=None, start=True)
+
+    def receive(self, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+                guest: GuestSpec, disk: str | None, start: bool) -> None:
+        content = None
+        if disk is not None:
+            with open(disk, "rb") as f:
+                content = f.read()
+        self._make("receive", instance_id, base_image=base_image, vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb,
+                   guest=guest, content=content, start=start)
+
+    def _make(self, what: str, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+              guest: GuestSpec, content: bytes | None, start: bool) -> None:
         check_id(instance_id, "instance id")
         check_volume_name(base_image)
         check_positive(vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb)
         check_guest(guest)
         with self._lock:
-            self._step("spawn")
+            self._step(what)
             if base_image not in self.base_images:
-                raise HostError(f"spawn instance {instance_id}: base image volume {base_image} is missing")
+                raise HostError(f"{what} instance {instance_id}: base image volume {base_image} is missing")
             if instance_id in self.instances or instance_id in self.disks:
                 raise Conflict(f"instance {instance_id} already exists on the hypervisor")
             if self.base_images[base_image] > disk_gb:
@@ -295,6 +313,8 @@ class FakeHypervisor(FailOn, Hypervisor):
             try:
                 self._step("volume")
                 self.disks[instance_id] = base_image
+                if content is not None:
+                    self.disk_content[instance_id] = content
                 self._step("seed")
                 self.seeds[instance_id] = seeds.render(instance_id, guest)
                 self._step("reserve")
@@ -303,8 +323,9 @@ class FakeHypervisor(FailOn, Hypervisor):
                 self.instances[instance_id] = FakeInstance(
                     "shutoff", guest, base_image, vcpu, memory_mb, disk_gb, nics=nic_devices_for(guest)
                 )
-                self._step("start")
-                self.instances[instance_id].start()
+                if start:
+                    self._step("start")
+                    self.instances[instance_id].start()
             except BaseException as err:
                 if self.dead:
                     # As the real one: a host that stopped answering mid-way cannot be cleaned up.
@@ -312,9 +333,37 @@ class FakeHypervisor(FailOn, Hypervisor):
                                         "remain") from err
                 self.instances.pop(instance_id, None)
                 self.disks.pop(instance_id, None)
+                self.disk_content.pop(instance_id, None)
                 self.seeds.pop(instance_id, None)
                 self._unreserve(n.mac for n in guest.nics)
                 raise
+
+    def shut_down(self, instance_id: str, *, wait_seconds: float) -> bool:
+        check_id(instance_id, "instance id")
+        check_wait(wait_seconds)
+        with self._lock:
+            inst = self._existing(instance_id)
+            self._step("shut_down")
+            clean = inst.status not in _FAKE_ACTIVE or instance_id not in self.ignores_acpi
+            inst.status = "shutoff"
+            inst.live_guest = None
+            return clean
+
+    def read_disk(self, instance_id: str, dest: int, *, max_bytes: int, progress: Progress | None = None) -> bool:
+        check_id(instance_id, "instance id")
+        self._step("read_disk")
+        if instance_id not in self.disks:
+            raise NotFound(f"instance {instance_id} has no disk on the hypervisor")
+        content = self.disk_content.get(instance_id)
+        if content is None:
+            return False  # a disk without content, like the test driver's
+        if len(content) > max_bytes:
+            raise HostError(f"the disk of instance {instance_id} streamed {len(content)} bytes, more than the "
+                            f"{max_bytes} bytes taken from it; stopped")
+        os.write(dest, content)
+        if progress is not None:
+            progress(len(content), len(content))
+        return True
 
     def power_on(self, instance_id: str) -> None:
         check_id(instance_id, "instance id")
@@ -381,6 +430,7 @@ class FakeHypervisor(FailOn, Hypervisor):
             if inst is not None:
                 self._unreserve(n.mac for n in inst.nics)
             self.disks.pop(instance_id, None)
+            self.disk_content.pop(instance_id, None)
             self.seeds.pop(instance_id, None)
 
     def list_instances(self) -> list[str]:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from common.errors import InvalidInput
 from host_adapters.console import ConsoleMark, ConsoleOutput
 from host_adapters.guest import GuestSpec, Reservation, Share
 
@@ -65,6 +66,12 @@ class HostCapacity:
 
     vcpus: int  # logical CPUs
     memory_mb: int
+
+
+def check_wait(wait_seconds: object) -> None:
+    """A bounded wait: a number of seconds, at least 0 (bool refused)."""
+    if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, (int, float)) or not 0 <= wait_seconds < 1e6:
+        raise InvalidInput(f"wait_seconds must be a number of seconds from 0, not {wait_seconds!r}")
 
 
 class Hypervisor:
@@ -191,6 +198,31 @@ class Hypervisor:
         nothing: on any other failure no domain, disk, seed or reservation
         remains and HostError says what failed.
         """
+        raise NotImplementedError
+
+    def shut_down(self, instance_id: str, *, wait_seconds: float) -> bool:
+        """Afterwards the instance is shut off: a running guest is asked to shut down (ACPI
+        power button) and given wait_seconds to do so, then powered off hard. True when it
+        was shut off by then without the hard power-off. NotFound if it has no domain."""
+        raise NotImplementedError
+
+    def read_disk(self, instance_id: str, dest: int, *, max_bytes: int, progress: Progress | None = None) -> bool:
+        """Write the content of the instance's disk (its overlay volume: a qcow2 file whose
+        backing file is its image's base volume) to the open file descriptor `dest`, streamed
+        from the host as read_base_image does; for a shut-off instance (a cold move). False,
+        writing nothing, where the host keeps no content (libvirt's test driver). NotFound if
+        the disk is missing; HostError once more than max_bytes arrive."""
+        raise NotImplementedError
+
+    def receive(self, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+                guest: GuestSpec, disk: str | None, start: bool) -> None:
+        """As spawn, for an instance moved from another host: its disk holds the content of
+        the local file `disk` (what read_disk wrote there; None where that host keeps no
+        content: a new overlay), pointed at this host's `base_image` (the file's header is
+        changed in place: host_adapters/disk_copy.py), and the domain is started only when
+        `start`. The stored disk is read back and checked against the file (SHA-256) before
+        this returns. Conflict if the instance already has a domain or a disk here. All or
+        nothing: on any other failure no domain, disk, seed or reservation remains."""
         raise NotImplementedError
 
     def power_on(self, instance_id: str) -> None:

@@ -15,12 +15,15 @@ libvirt's test driver; xml.py the XML objects; volume_io.py volume content.
 """
 
 import logging
+import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from common.errors import Conflict, HostError, InvalidInput, NotFound
 from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes
+from host_adapters.disk_copy import open_disk_copy
 from host_adapters.guest import GuestSpec, Share, check_guest, check_positive, reservations_for
-from host_adapters.hypervisor import GiB, Hypervisor, InstanceInfo, NicDevice
+from host_adapters.hypervisor import GiB, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
 from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
@@ -150,12 +153,23 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         disk_gb: int,
         guest: GuestSpec,
     ) -> None:
+        self._make("spawn", instance_id, base_image=base_image, vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb,
+                   guest=guest, disk=None, start=True)
+
+    def receive(self, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+                guest: GuestSpec, disk: str | None, start: bool) -> None:
+        self._make("receive", instance_id, base_image=base_image, vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb,
+                   guest=guest, disk=disk, start=start)
+
+    def _make(self, verb: str, instance_id: str, *, base_image: str, vcpu: int, memory_mb: int, disk_gb: int,
+              guest: GuestSpec, disk: str | None, start: bool) -> None:
+        """spawn (a new overlay) and receive (the copy in the local file `disk`), all or nothing."""
         check_id(instance_id, "instance id")
         check_volume_name(base_image)
         check_positive(vcpu=vcpu, memory_mb=memory_mb, disk_gb=disk_gb)
         check_guest(guest)
         disk_name, seed_name = self._names.disk(instance_id), self._names.seed(instance_id)
-        began = []  # past the existence checks: from here a failure removes what spawn makes, by name
+        began = []  # past the existence checks: from here a failure removes what this makes, by name
 
         def op(conn):
             pool = self._pool(conn)
@@ -164,7 +178,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                 base = test_driver.stand_in_base(pool, self._names, base_image)
             if base is None:
                 raise HostError(
-                    f"spawn instance {instance_id}: base image volume {base_image}"
+                    f"{verb} instance {instance_id}: base image volume {base_image}"
                     f" is missing from storage pool {self.storage_pool}; see `cloud-agent reconcile`"
                 )
             if any((self._domain(conn, instance_id), self._volume(pool, disk_name), self._volume(pool, seed_name))):
@@ -172,12 +186,15 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             if base.info()[1] > disk_gb * GiB:
                 raise InvalidInput(f"disk of {disk_gb} GiB is smaller than base image {base_image}")
             began.append(True)
-            overlay = domain_xml.Volume(
-                name=disk_name,
-                capacity_bytes=disk_gb * GiB,
-                backing=domain_xml.BackingStore(path=base.path(), format="qcow2"),
-            )
-            vol = step("create disk volume", pool.createXML, overlay.to_xml(), 0)
+            if disk is not None and self._io.keeps_content:
+                vol = step("copy the disk", self._receive_disk, conn, pool, disk_name, disk, base.path(), disk_gb)
+            else:
+                overlay = domain_xml.Volume(
+                    name=disk_name,
+                    capacity_bytes=disk_gb * GiB,
+                    backing=domain_xml.BackingStore(path=base.path(), format="qcow2"),
+                )
+                vol = step("create disk volume", pool.createXML, overlay.to_xml(), 0)
             step("write seed", self._write_seed, conn, pool, instance_id, guest)
             step("reserve addresses", self._update_hosts, conn, add=reservations_for(guest))
             step("define network filters", self._ensure_filters, conn, guest)
@@ -185,7 +202,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu, memory_mb=memory_mb,
                                           guest=guest)
             dom = step("define domain", conn.defineXML, definition.to_xml())
-            step("start domain", dom.create)
+            if start:
+                step("start domain", dom.create)
 
         def step(what, call, *args, **kwargs):
             lv = _libvirt()
@@ -194,11 +212,11 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             except lv.libvirtError as e:
                 if _connection_lost(e):
                     raise
-                raise HostError(f"spawn instance {instance_id}: cannot {what}: {_msg(e)}") from e
+                raise HostError(f"{verb} instance {instance_id}: cannot {what}: {_msg(e)}") from e
 
         try:
             try:
-                self._call(f"spawn instance {instance_id}", op, retry=False)
+                self._call(f"{verb} instance {instance_id}", op, retry=False)
             finally:
                 self._changed(instance_id)
         except BaseException as err:
@@ -208,6 +226,74 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                 self._undo(err, what, lambda conn: self._remove(
                     conn, instance_id=instance_id, volumes=[disk_name, seed_name], macs=macs))
             raise
+
+    def _receive_disk(self, conn, pool, name: str, disk: str, base_path: str, disk_gb: int):
+        """The disk volume `name`, holding the copy in the local file `disk` pointed at
+        base_path; checked where libvirt keeps it (format, backing file, SHA-256)."""
+        source = open_disk_copy(disk, disk_gb=disk_gb, backing=base_path)
+        try:
+            # Upload writes over the file without truncating it: an empty file of the exact size.
+            vol = pool.createXML(domain_xml.Volume(name=name, capacity_bytes=source.size, format="raw").to_xml(), 0)
+            self._io.upload_file(conn, vol, source, None)
+            pool.refresh(0)  # libvirt probes the file again: a qcow2 overlay on the base image
+            vol = pool.storageVolLookupByName(name)
+            fmt = ET.fromstring(vol.XMLDesc(0)).find("target/format")
+            if fmt is None or fmt.get("type") != "qcow2" or domain_xml.backing_path_of(vol.XMLDesc(0)) != base_path:
+                raise HostError(f"the copied disk {name} is not stored as a qcow2 overlay on {base_path}")
+            if self._io.digest(conn, vol) != source.sha256():
+                raise HostError(f"the copied disk {name} differs from what was sent (SHA-256)")
+            return vol
+        finally:
+            source.close()
+
+    def shut_down(self, instance_id: str, *, wait_seconds: float) -> bool:
+        check_id(instance_id, "instance id")
+        check_wait(wait_seconds)
+
+        def asked(conn) -> bool:
+            lv = _libvirt()
+            dom = self._existing_domain(conn, instance_id)
+            if not dom.isActive():
+                return False
+            try:
+                dom.shutdown()  # QEMU: the ACPI power button (the domains have no guest agent channel)
+            except lv.libvirtError as e:
+                if _code(e) != lv.VIR_ERR_OPERATION_INVALID:  # else it stopped meanwhile
+                    raise
+            return True
+
+        def stopped(conn) -> bool:
+            dom = self._existing_domain(conn, instance_id)
+            return not dom.isActive()
+
+        try:
+            if not self._call(f"shut down instance {instance_id}", asked):
+                return True
+            deadline = time.monotonic() + wait_seconds
+            while time.monotonic() < deadline:
+                if self._call(f"shut down instance {instance_id}", stopped):
+                    return True
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            log.warning("instance %s did not shut down within %s s; powered off", instance_id, wait_seconds)
+            self.power_off(instance_id)
+            return False
+        finally:
+            self._changed(instance_id)
+
+    def read_disk(self, instance_id: str, dest: int, *, max_bytes: int, progress: Progress | None = None) -> bool:
+        check_id(instance_id, "instance id")
+        name = self._names.disk(instance_id)
+
+        def op(conn):
+            vol = self._volume(self._pool(conn), name)
+            if vol is None:
+                raise NotFound(f"instance {instance_id} has no disk in storage pool {self.storage_pool}")
+            if not self._io.keeps_content:
+                return False
+            self._io.download_file(conn, vol, dest, progress, limit=max_bytes)
+            return True
+
+        return self._call(f"read the disk of instance {instance_id}", op, retry=False)
 
     def _remove(self, conn, *, instance_id: str | None = None, volumes: Iterable[str] = (),
                 macs: Iterable[str] = ()) -> None:

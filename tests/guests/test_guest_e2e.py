@@ -28,131 +28,24 @@ Its network lives in the test libvirtd's own network namespace
 (tests/fixtures/libvirtd.py); ssh runs there through nsenter.
 """
 
-import contextlib
 import json
 import os
 import shlex
 import shutil
 import subprocess
-import threading
 import time
-import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from falcon import testing
 
-from tests.fixtures.agent import agent_ok
-from tests.fixtures.api import PASSWORD, config_values_for, make_caller, new_context
+from tests.fixtures.api import PASSWORD, make_caller
 from tests.fixtures.cloud import Cloud
-from tests.fixtures.libvirtd import GuestVirt, assert_same_image, in_netns
+from tests.fixtures.guest_e2e import (  # noqa: F401 (boot_virt, service: fixtures)
+    BOOT_TIMEOUT, READY_TIMEOUT, Guest, agent, boot_virt, console, ok, push_key, run, service, wait_until_ready)
+from tests.fixtures.libvirtd import assert_same_image, in_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
-
-BOOT_TIMEOUT = 420  # seconds from start to SSH; software emulation on 2 shared cores
-KVM_PROBE_SECONDS = 25
-
-
-def run(argv, *, check=True, timeout=120, **kwargs):
-    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout, **kwargs)
-
-
-# -- how guests boot here ---------------------------------------------------------------------
-def _kvm_boots_linux(uri: str, pool, image: Path, tmp_path: Path) -> bool:
-    """Boot the image under KVM for a while; True when its kernel starts printing."""
-    import libvirt
-
-    overlay = tmp_path / "probe.qcow2"
-    run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image), str(overlay)])
-    console = tmp_path / "probe-console.log"
-    xml = f"""<domain type='kvm'><name>cc-kvm-probe-{uuid.uuid4().hex[:6]}</name>
-      <memory unit='MiB'>512</memory><vcpu>1</vcpu><os><type>hvm</type><boot dev='hd'/></os>
-      <cpu mode='host-model'/><features><acpi/><apic/></features>
-      <devices><disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
-      <source file='{overlay}'/><target dev='vda' bus='virtio'/></disk>
-      <serial type='file'><source path='{console}'/></serial></devices></domain>"""
-    conn = libvirt.open(uri)
-    try:
-        dom = conn.createXML(xml, 0)
-    except libvirt.libvirtError:
-        conn.close()
-        return False
-    try:
-        deadline = time.monotonic() + KVM_PROBE_SECONDS
-        while time.monotonic() < deadline:
-            text = console.read_text(errors="replace") if console.exists() else ""
-            if "Linux version" in text:
-                return True
-            if dom.state()[0] != libvirt.VIR_DOMAIN_RUNNING:  # nested KVM: paused on an internal error
-                return False
-            time.sleep(1)
-        return False
-    finally:
-        try:
-            dom.destroy()
-        except libvirt.libvirtError:
-            pass
-        conn.close()
-
-
-@pytest.fixture(scope="module")
-def boot_virt(libvirtd_system, libvirt_dir_pool, guest_virt, guest_image, tmp_path_factory) -> GuestVirt:
-    if os.environ.get("CC_TEST_VIRT_TYPE"):
-        return guest_virt
-    if guest_virt.virt_type == "kvm" and _kvm_boots_linux(
-        libvirtd_system, libvirt_dir_pool, guest_image, tmp_path_factory.mktemp("kvm-probe")
-    ):
-        return guest_virt
-    return GuestVirt("qemu", "qemu64")
-
-
-# -- the service on real parts ------------------------------------------------------------------
-@pytest.fixture
-def service(tmp_path, libvirt_dir_pool, libvirt_private_network, boot_virt, sysroot, btrfs_home_root,
-            remote_libvirtd):
-    # Homes with btrfs quotas, so a write in the guest is seen counting against its volume.
-    home_root = Path(btrfs_home_root)
-    prefix = f"e2e{uuid.uuid4().hex[:6]}-"
-    values = config_values_for(tmp_path)
-    values["controller"]["profile"] = "production"
-    values["libvirt"].update(uri=libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=prefix,
-                             virt_type=boot_virt.virt_type, cpu_mode=boot_virt.cpu_mode)
-    values["network"].update(name=libvirt_private_network.name, subnet=libvirt_private_network.subnet)
-    values["volumes"].update(home_root=str(home_root), quota_backend="btrfs")
-    values["unix"]["root"] = sysroot
-    config_path = tmp_path / "controller.ini"
-    ctx = new_context(values, path=config_path, real_adapters=True)
-    store = ctx.store
-    from api.app import create_app
-
-    app = create_app(ctx)
-    with served(app) as base:
-        yield ctx, testing.TestClient(app), config_path, base
-    from controller.host_routing import hypervisor_of_host
-
-    for hv in [ctx.adapters.hypervisor] + ([hypervisor_of_host(ctx, "remote")] if ctx.store.get_host("remote") else []):
-        for instance_id in hv.list_instances():
-            hv.destroy(instance_id)
-        for image_id in hv.list_base_images():
-            hv.delete_base_image(image_id)
-    store.close()
-
-
-@contextlib.contextmanager
-def served(app):
-    """The same app served over HTTP on a free loopback port, for the `cloud` command."""
-    from waitress.server import create_server
-
-    server = create_server(app, host="127.0.0.1", port=0, threads=8)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.effective_port}"
-    finally:
-        server.close()
-        thread.join(timeout=5)
-
 
 def cloud_as(home: Path, uri: str, key: Path) -> Cloud:
     """`cloud` as a cluster user runs it, with an `ssh` first on PATH that reaches the guest
@@ -165,70 +58,6 @@ def cloud_as(home: Path, uri: str, key: Path) -> Cloud:
     (bin_dir / "ssh").write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, ssh)) + ' "$@"\n')
     (bin_dir / "ssh").chmod(0o755)
     return Cloud(home, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
-
-
-def agent(config_path, *args) -> dict:
-    return agent_ok(config_path, *args, timeout=600)
-
-
-def ok(r, status=200):
-    assert r.status_code == status, r.text
-    return r.json["data"]
-
-
-def push_key(home: Path, uid: int, gid: int, key_dir: Path, name: str) -> Path:
-    """What a user does on a cluster login node: put a public key in the home volume."""
-    key = key_dir / name
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)])
-    ssh = home / ".ssh"
-    ssh.mkdir(mode=0o700)
-    (ssh / "authorized_keys").write_text((key_dir / f"{name}.pub").read_text())
-    (ssh / "authorized_keys").chmod(0o600)
-    for path in (ssh, ssh / "authorized_keys"):
-        os.chown(path, uid, gid)
-    return key
-
-
-class Guest:
-    def __init__(self, uri: str, address: str):
-        self.uri, self.address = uri, address
-
-    def ssh(self, key: Path, user: str, command: str, *, check=True, timeout=60):
-        argv = ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
-                f"{user}@{self.address}", command]
-        return run(in_netns(self.uri, argv), check=check, timeout=timeout)
-
-    def wait_for_ssh(self, key: Path, user: str, console: str = "") -> None:
-        deadline = time.monotonic() + BOOT_TIMEOUT
-        last = None
-        while time.monotonic() < deadline:
-            last = self.ssh(key, user, "true", check=False, timeout=30)
-            if last.returncode == 0:
-                return
-            time.sleep(3)
-        pytest.fail(f"no SSH as {user}@{self.address} after {BOOT_TIMEOUT} s: {last.stderr.strip()}\n{console}")
-
-
-READY_TIMEOUT = 180  # seconds from SSH answering to cloud-init's final stage printing its marker
-
-
-def console(client, caller, instance_id) -> dict:
-    """GET .../console (CONTRACT.md section 10): {"console": text, "ready": bool}."""
-    return ok(client.simulate_get(f"/v1/server-instance/{instance_id}/console", headers=caller.headers,
-                                  query_string="bytes=1048576"))[0]
-
-
-def wait_until_ready(client, caller, instance_id) -> dict:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while True:
-        got = console(client, caller, instance_id)
-        if got["ready"]:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"ready still false {READY_TIMEOUT} s after SSH answered; the console ends:\n"
-                        f"{got['console'][-3000:]}")
-        time.sleep(2)
 
 
 def test_users_log_in_to_a_real_guest_with_their_homes(service, guest_image, libvirt_dir_pool, remote_libvirtd,

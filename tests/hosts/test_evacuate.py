@@ -28,6 +28,13 @@ def three_on_node_a(client, cctx, alice, catalog, flavor):
     return [r["id"] for r in cctx.store.all_instances()]  # the order evacuate takes them in
 
 
+def full_but_two_on_node_b(client, cctx, alice, catalog, flavor):
+    """Every host full (4 + 8 + 6 GiB), then two of node-b's deleted: room for 2 of node-a's 8."""
+    made = [ok(boot(client, alice, catalog, flavor))[0]["id"] for _ in range(18)]
+    for i in [i for i in made if host_of(cctx, i) == "node-b"][:2]:
+        ok(client.simulate_delete(f"/v1/server-instance/{i}", headers=alice.headers), 200)
+
+
 def rows_by_id(cctx):
     return {r["id"]: r for r in cctx.store.all_instances()}
 
@@ -89,10 +96,7 @@ def test_evacuate_is_refused_while_the_host_answers(client, cctx, adapters, clus
 
 def test_evacuate_without_room_says_what_is_missing_and_changes_nothing(client, cctx, adapters, cluster, alice,
                                                                         catalog, flavor):
-    made = [ok(boot(client, alice, catalog, flavor))[0]["id"] for _ in range(18)]  # every host full
-    on_b = [i for i in made if host_of(cctx, i) == "node-b"]
-    for i in on_b[:2]:
-        ok(client.simulate_delete(f"/v1/server-instance/{i}", headers=alice.headers), 200)
+    full_but_two_on_node_b(client, cctx, alice, catalog, flavor)
     before = rows_by_id(cctx)
     adapters.fake_hosts.kill("node-a")
     with pytest.raises(Conflict) as err:

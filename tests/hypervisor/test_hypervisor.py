@@ -367,6 +367,51 @@ class HypervisorContract:
         assert found.filter.name == "cloud-controller-isolated"
         assert dict(found.filter.parameters)["GATEWAY"] == nic.gateway
 
+    def test_shut_down_leaves_the_instance_shut_off(self, hv, base_image):
+        """Issue 19 (drain): the guest is asked to shut down, then powered off; an instance
+        already shut off stays so; a missing domain is NotFound."""
+        instance_id = self.spawn(hv, base_image)
+        assert hv.shut_down(instance_id, wait_seconds=5) is True
+        assert hv.status(instance_id) == "shutoff" and hv.describe(instance_id).live_shares is None
+        assert hv.shut_down(instance_id, wait_seconds=5) is True and hv.status(instance_id) == "shutoff"
+        with pytest.raises(NotFound):
+            hv.shut_down(new_id(), wait_seconds=5)
+        with pytest.raises(InvalidInput):
+            hv.shut_down(instance_id, wait_seconds=-1)
+
+    def test_receive_defines_the_moved_instance_started_only_when_asked(self, hv, base_image, shares):
+        """Issue 19 (drain): where the sending host keeps no disk content (read_disk False), a
+        new overlay; the domain, seed and reservations as spawn makes them; all or nothing."""
+        from host_adapters import seed as seeds
+        from host_adapters.guest import reservations_for
+
+        stopped, running = new_id(), new_id()
+        guests = {i: guest_for(hv, shares) for i in (stopped, running)}
+        args = dict(base_image=base_image, vcpu=1, memory_mb=self.memory_mb, disk_gb=1)
+        hv.receive(stopped, **args, guest=guests[stopped], disk=None, start=False)
+        hv.receive(running, **args, guest=guests[running], disk=None, start=True)
+        assert hv.status(stopped) == "shutoff" and hv.status(running) == "running"
+        for i, guest in guests.items():
+            info = hv.describe(i)
+            assert info.defined and info.disk_path and info.shares == tuple(Share(*s) for s in sorted(shares))
+            assert info.seed == seeds.render(i, guest)
+            assert info.reservations == tuple(reservations_for(guest))
+        with pytest.raises(Conflict):
+            hv.receive(stopped, **args, guest=guests[stopped], disk=None, start=False)
+        assert hv.status(stopped) == "shutoff"
+        # Neither keeps disk content here (the test driver has no streams): nothing is written.
+        fd = os.open(os.devnull, os.O_WRONLY)
+        try:
+            assert hv.read_disk(stopped, fd, max_bytes=1 << 30) is False
+            with pytest.raises(NotFound):
+                hv.read_disk(new_id(), fd, max_bytes=1 << 30)
+        finally:
+            os.close(fd)
+        broken = new_id()
+        with pytest.raises(HostError, match="receive instance .*base image"):
+            hv.receive(broken, **dict(args, base_image="cc-base-missing.qcow2"), guest=guest_for(hv), disk=None,
+                       start=True)
+        self.assert_gone(hv, broken)
 
 # --- the fake ----------------------------------------------------------------
 
