@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from controller import history
 from controller.context import Context
 from controller.errors import ControllerError, HostUnavailable, HostUnreachable
 from controller.guests import guest_spec
@@ -87,6 +88,10 @@ def _attempt(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> dict 
         to = _move_one(ctx, instance_id, name, fresh=fresh)
     except ControllerError as e:
         log.warning("drain %s: instance %s not moved: %s", name, instance_id, e.message)
+        row = _record(ctx, instance_id)
+        if row is not None:  # its history says why it is still there (an admin command: no requester)
+            history.record(ctx, row, "move", requester=None, result="error",
+                           message=f"host {name} is drained; not moved: {e.message}")
         return {"id": instance_id, "error": e.message}
     return None if to is None else {"id": instance_id, "to": to}
 
@@ -134,6 +139,9 @@ def finish(ctx: Context, instance_id: str) -> str | None:
         pass  # the next list reads it from the host
     source.destroy(instance_id)  # its domain, disk, seed, console log and DHCP reservations
     ctx.store.end_move(instance_id)
+    history.record(ctx, row, "move", requester=None,
+                   message=f"moved from host {move['from_host']} to host {move['to_host']}: a cold move (the "
+                           "guest was shut down and booted there, with its disk)")
     return move["to_host"]
 
 

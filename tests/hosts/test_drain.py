@@ -14,7 +14,7 @@ import sqlite3
 
 import pytest
 
-from controller import drain, host_records
+from controller import drain, host_records, request_ids
 from controller.errors import Conflict, HostError, HostUnavailable
 from controller.reconcile import reconcile
 from tests.fixtures.agent import AGENT, agent_call
@@ -59,7 +59,11 @@ def test_drain_moves_each_instance_with_its_identity_disk_and_power_state(client
         return real_shut_down(instance_id, wait_seconds=wait_seconds)
 
     cluster["node-a"].shut_down = watching
-    result = drain.drain(cctx, "node-a")
+    request_ids.bind("drain-run")  # as cloud-agent binds one per command run
+    try:
+        result = drain.drain(cctx, "node-a")
+    finally:
+        request_ids.bind(None)
     assert enabled_at_shutdown == [0, 0, 0]
     # Most free memory first, as a create: node-b (6144), node-b (5120), then default and node-b tie: by name.
     assert result == {"host": "node-a", "failed": [],
@@ -80,6 +84,11 @@ def test_drain_moves_each_instance_with_its_identity_disk_and_power_state(client
         got = ok(client.simulate_get(f"{BASE}/{i}", headers=alice.headers), 200)[0]
         assert got["status"] == expected and got["hostname"] == before[i]["hostname"]
         assert got["private-ip"] == before[i]["private_ip"]
+        # Its history says what happened, under the command's request id.
+        *_, moved = ok(client.simulate_get(f"{BASE}/{i}/actions", headers=alice.headers), 200)
+        assert {k: moved[k] for k in ("action", "requester", "request-id", "result")} == {
+            "action": "move", "requester": None, "request-id": "drain-run", "result": "success"}
+        assert moved["message"].startswith(f"moved from host node-a to host {to}: a cold move")
     assert_gone_from(cluster["node-a"], made)
     assert cctx.store.list_moves() == [] and cctx.store.get_host("node-a")["enabled"] == 0
     assert cluster["node-b"].calls["spawn"] == 0  # received, not rebuilt
@@ -195,6 +204,11 @@ def test_a_failed_copy_is_undone_and_the_guest_runs_where_it_was(client, cctx, a
     assert seen == [("shutoff", "node-a")] * 3  # each undone: node-b has room again for the next
     assert result["moved"] == [] and [f["id"] for f in result["failed"]] == made
     assert {f["error"] for f in result["failed"]} == {"receive instance: cannot define domain: the host refused"}
+    for i in made:  # the owner reads why it is still where it was
+        *_, tried = ok(client.simulate_get(f"{BASE}/{i}/actions", headers=alice.headers), 200)
+        assert (tried["action"], tried["result"]) == ("move", "error")
+        assert tried["message"] == ("host node-a is drained; not moved: receive instance: cannot define domain: "
+                                    "the host refused")
     # Nothing remains on the targets; each guest runs again on node-a with its disk.
     assert not cluster["node-b"].instances and not cluster["node-b"].disks and not cluster["default"].instances
     assert all(cluster["node-a"].instances[i].status == "running" for i in made)
