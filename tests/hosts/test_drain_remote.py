@@ -17,7 +17,8 @@ import pytest
 from controller import drain, host_routing
 from controller.reconcile import reconcile
 from host_adapters.disk_copy import open_disk_copy
-from tests.hosts.test_hosts_remote import _alice_and_a_blank_create, cluster  # noqa: F401 (fixture)
+from tests.fixtures.api import ready_to_create
+from tests.hosts.test_hosts_remote import cluster  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -36,7 +37,7 @@ def test_drain_moves_a_domain_and_its_disk_to_the_other_libvirtd(cluster, libvir
                                                                    tmp_path):
     ctx = cluster
     ctx.config = ctx.config.with_values({"hosts": {"shutdown_wait_seconds": "2"}})
-    client, alice, body = _alice_and_a_blank_create(ctx)
+    client, alice, body = ready_to_create(ctx)
     r = client.simulate_post(BASE, headers=alice.headers, json=body)
     assert r.status_code == 201, r.json
     instance_id = r.json["data"][0]["id"]
