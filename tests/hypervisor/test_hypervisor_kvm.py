@@ -41,6 +41,8 @@ def kvm(libvirt_dir_pool, libvirt_private_network, guest_virt, prefix):
 
 class TestKvmContract(HypervisorContract):
     memory_mb = 96
+    answers_acpi = False  # a blank disk: no OS hears the power button
+    streams_disks = True
 
     @pytest.fixture
     def hv(self, kvm):
