@@ -88,7 +88,7 @@ def _attempt(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> dict 
         to = _move_one(ctx, instance_id, name, fresh=fresh)
     except ControllerError as e:
         log.warning("drain %s: instance %s not moved: %s", name, instance_id, e.message)
-        row = _record(ctx, instance_id)
+        row = ctx.store.find_instance(instance_id)
         if row is not None:  # its history says why it is still there (an admin command: no requester)
             history.record(ctx, row, "move", requester=None, result="error",
                            message=f"host {name} is drained; not moved: {e.message}")
@@ -107,7 +107,7 @@ def _move_one(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> str 
 def _begin(ctx: Context, instance_id: str, name: str) -> str | None:
     """Record the move of a live instance of host `name` to the host placement picks (None:
     it is no longer one), with its power state as the host has it now: it gets the same there."""
-    row = _record(ctx, instance_id)
+    row = ctx.store.find_instance(instance_id)
     if row is None:
         return None
     running = hypervisor_of_host(ctx, name).status(instance_id) in RUNS
@@ -115,15 +115,11 @@ def _begin(ctx: Context, instance_id: str, name: str) -> str | None:
     return ctx.store.begin_move(instance_id, name, placement(ctx, flavor), was_running=running)
 
 
-def _record(ctx: Context, instance_id: str) -> dict | None:
-    return next(iter(ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)), None)
-
-
 def finish(ctx: Context, instance_id: str) -> str | None:
     """Carry a recorded move on from where it is (also reconcile --fix's repair of a move a
     crash cut short); the host the instance is on afterwards."""
     moves = ctx.store.list_moves(instance_id=instance_id)
-    row = _record(ctx, instance_id)
+    row = ctx.store.find_instance(instance_id)
     if not moves or row is None:
         return None
     move = moves[0]

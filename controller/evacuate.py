@@ -57,7 +57,7 @@ def evacuate(ctx: Context, name: str, *, host_is_down: bool,
     todo = [(e["instance_id"], None) for e in resumed] + [(r["id"], r) for r in live]
     for i, (instance_id, live_row) in enumerate(todo, 1):
         say(f"instance {i}/{len(todo)} of host {name} ({instance_id})")
-        row = live_row or _row(ctx, instance_id)
+        row = live_row or ctx.store.find_instance(instance_id)
         try:
             to = _evacuate_one(ctx, instance_id, name, fresh=live_row is not None)
         except ControllerError as e:
@@ -103,7 +103,7 @@ def _evacuate_one(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> 
     """Place (when fresh) and rebuild one instance; the host it is on afterwards."""
     with host_changes(ctx), one_at_a_time("instance", instance_id):
         if fresh:
-            row = _row(ctx, instance_id)
+            row = ctx.store.find_instance(instance_id)
             if row is None:
                 return None  # deleted meanwhile
             flavor = ctx.store.get_flavor(row["flavor_id"])
@@ -113,15 +113,10 @@ def _evacuate_one(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> 
         return finish(ctx, instance_id)
 
 
-def _row(ctx: Context, instance_id: str) -> dict | None:
-    rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)
-    return rows[0] if rows else None
-
-
 def finish(ctx: Context, instance_id: str) -> str | None:
     """Rebuild an instance with an evacuation record on the host its row names (also
     reconcile --fix's repair of an evacuation a crash cut short); that host's name."""
-    row = _row(ctx, instance_id)
+    row = ctx.store.find_instance(instance_id)
     if row is None:
         return None
     target = hypervisor_of_instance(ctx, row)

@@ -111,12 +111,12 @@ def drop_account_everywhere(ctx: Context, account: dict) -> None:
     """Remove an account from the user lists (and guests) of every instance before it is disabled."""
     for instance_id in ctx.store.instances_with_account(account["uuid"]):
         with one_at_a_time("instance", instance_id):
-            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)
-            if not rows:
+            row = ctx.store.find_instance(instance_id)
+            if row is None:
                 continue
-            users = [u for u in rows[0]["users"] if u != account["uuid"]]
+            users = [u for u in row["users"] if u != account["uuid"]]
             try:
-                hypervisor_of_instance(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0], users))
+                hypervisor_of_instance(ctx, row).set_guest(instance_id, guest_spec(ctx, row, users))
             except NotFound:
                 pass
             ctx.store.set_instance_users(instance_id, users)

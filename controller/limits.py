@@ -105,6 +105,12 @@ def ratios(config) -> Ratios:
                   reserved_mb=capacity.reserved_host_memory_mb)
 
 
+def host_limits(config, *, vcpus: int, memory_mb: int) -> tuple[float, float]:
+    """(vCPUs, memory MB) a host of `vcpus` CPUs and `memory_mb` may allocate by [capacity]."""
+    r = ratios(config)
+    return vcpus * r.cpu, (memory_mb - r.reserved_mb) * r.ram
+
+
 def _reached(limit: int, used: int, wanted: int) -> bool:
     return limit != UNLIMITED and used + wanted > limit
 
@@ -131,9 +137,7 @@ def host_room(config, *, flavor: dict, capacity, allocated: dict) -> tuple[str |
     """(what the host is short of for one more instance of `flavor`: "vCPUs", "memory", or
     None when it fits; the memory MB it has free by the ratios) for a host of `capacity`
     (a HostCapacity) whose live instances allocate `allocated` (vcpus, memory_mb)."""
-    r = ratios(config)
-    cpu_limit = capacity.vcpus * r.cpu
-    ram_limit = (capacity.memory_mb - r.reserved_mb) * r.ram
+    cpu_limit, ram_limit = host_limits(config, vcpus=capacity.vcpus, memory_mb=capacity.memory_mb)
     free = ram_limit - allocated["memory_mb"]
     if allocated["vcpus"] + flavor["vcpu"] > cpu_limit:
         return "vCPUs", free

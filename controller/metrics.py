@@ -144,7 +144,6 @@ class StoreCollector:
 
     def _hosts(self):
         ctx = self._ctx
-        r = limits.ratios(ctx.config)
         pool = ctx.adapters.hosts if ctx.adapters is not None else None
         docs = {
             "host_enabled": "1 when the host takes new instances (not disabled).",
@@ -167,9 +166,10 @@ class StoreCollector:
             if pool is not None:
                 values["host_reachable"] = int(pool.reachable(name))
             if row["vcpus"] is not None:  # capacity not read yet: no value rather than a false 0
-                values.update(host_vcpus=row["vcpus"], host_vcpu_limit=row["vcpus"] * r.cpu,
+                cpu_limit, ram_limit = limits.host_limits(ctx.config, vcpus=row["vcpus"], memory_mb=row["memory_mb"])
+                values.update(host_vcpus=row["vcpus"], host_vcpu_limit=cpu_limit,
                               host_memory_bytes=row["memory_mb"] * MIB,
-                              host_memory_limit_bytes=max(0, row["memory_mb"] - r.reserved_mb) * r.ram * MIB)
+                              host_memory_limit_bytes=max(0, ram_limit) * MIB)
             for metric, value in values.items():
                 families[metric].add_metric([name], value)
         yield from families.values()
@@ -183,15 +183,14 @@ class StoreCollector:
         top = _gauge("user_usage_ratio", "Share of their limit held by the [metrics] top_users users closest "
                      "to it, per kind (user: the user's id).", ("kind", "user"))
         rows = ctx.store.usage_by_user()
-        defaults = limits.defaults(ctx.config)
+        # Each user's limits: its overrides over the config's, as admission reads them.
+        in_force = [limits.in_force(ctx.config, {k: row[f"limit_{k}"] for k in limits.KINDS}) for row in rows]
         wanted = ctx.config.metrics.top_users
         for kind in limits.KINDS:
-            override = f"limit_{kind}"
             ratios: list[tuple[float, str]] = []
             used_all = full = 0
-            for row in rows:
-                used, limit = row[kind], row[override]
-                limit = defaults[kind] if limit is None else limit
+            for row, limit_of in zip(rows, in_force):
+                used, limit = row[kind], limit_of[kind]
                 used_all += used
                 if limit != limits.UNLIMITED:
                     full += used >= limit

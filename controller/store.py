@@ -737,6 +737,10 @@ class Store:
     def all_instances(self) -> list[dict]:
         return self.list_instances(visible_to=None, with_intents=True)
 
+    def find_instance(self, instance_id: str) -> dict | None:
+        """The instance's row whatever its intent (being created, deleted, moved), or None."""
+        return next(iter(self.list_instances(visible_to=None, instance_id=instance_id, with_intents=True)), None)
+
     def set_instance_intent(self, instance_id: str, intent: str | None, *, expect: str | None = None) -> bool:
         """Set the instance's intent if it is `expect` now; False (nothing changed) otherwise."""
         with self.write() as conn:
