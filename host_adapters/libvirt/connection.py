@@ -12,6 +12,7 @@ process.
 import functools
 import logging
 import threading
+import time
 
 from common.errors import CleanupFailed, ControllerError, HostError, HostUnreachable
 
@@ -65,6 +66,36 @@ def _over_rpc_limit(err) -> bool:
     """The remote protocol refused a listing longer than it carries (16,384 volumes of one
     pool): an answer from the peer, not a lost connection."""
     return "for limit" in (err.get_error_message() or "")
+
+
+# How long a volume operation waits for a job of its pool (a volume being built or copied)
+# before the refusal counts: libvirt refuses, rather than queues, what meets one.
+POOL_JOB_WAIT = 60.0
+
+
+def _pool_busy(err) -> bool:
+    """libvirt refused because a job of the pool runs (a volume being built or copied): a
+    delete or refresh of the pool ("pool ... has asynchronous jobs running"), or a use of a
+    volume still being made ("volume ... is still being allocated"). Transient, not a failure."""
+    message = err.get_error_message() or ""
+    return "asynchronous jobs running" in message or "is still being allocated" in message
+
+
+def _while_pool_busy(call, *args, wait: float | None = None, **kwargs):
+    """call(*args, **kwargs), again after a short pause while the pool is busy (_pool_busy),
+    for at most `wait` seconds (POOL_JOB_WAIT): then the refusal is raised."""
+    lv = _libvirt()
+    deadline = time.monotonic() + (POOL_JOB_WAIT if wait is None else wait)
+    pause = 0.05
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except lv.libvirtError as e:
+            left = deadline - time.monotonic()
+            if not _pool_busy(e) or left <= 0:
+                raise
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 1.0)
 
 
 def _connection_lost(err) -> bool:

@@ -28,7 +28,8 @@ from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.checks import ChecksPart
-from host_adapters.libvirt.connection import ConnectionPart, _code, _connection_lost, _libvirt, _msg, _over_rpc_limit
+from host_adapters.libvirt.connection import (ConnectionPart, _code, _connection_lost, _libvirt, _msg, _over_rpc_limit,
+                                              _while_pool_busy)
 from host_adapters.libvirt.network import NetworkPart
 from host_adapters.libvirt.statuses import StatusesPart, status_of
 from host_adapters.libvirt.storage import StoragePart
@@ -194,13 +195,14 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                     capacity_bytes=disk_gb * GiB,
                     backing=domain_xml.BackingStore(path=base.path(), format="qcow2"),
                 )
-                vol = step("create disk volume", pool.createXML, overlay.to_xml(), 0)
+                vol = step("create disk volume", _while_pool_busy, pool.createXML, overlay.to_xml(), 0)
             step("write seed", self._write_seed, conn, pool, instance_id, guest)
+            console_pool = step("make the console files", self._console_files, conn, pool, instance_id)
             step("reserve addresses", self._update_hosts, conn, add=reservations_for(guest))
             step("define network filters", self._ensure_filters, conn, guest)
             seed_path = self._volume(pool, seed_name).path()
             definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu, memory_mb=memory_mb,
-                                          guest=guest)
+                                          guest=guest, console_pool=console_pool)
             dom = step("define domain", conn.defineXML, definition.to_xml())
             if start:
                 step("start domain", dom.create)
@@ -233,9 +235,12 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         source = open_disk_copy(disk, disk_gb=disk_gb, backing=base_path)
         try:
             # Upload writes over the file without truncating it: an empty file of the exact size.
-            vol = pool.createXML(domain_xml.Volume(name=name, capacity_bytes=source.size, format="raw").to_xml(), 0)
+            vol = _while_pool_busy(pool.createXML,
+                                   domain_xml.Volume(name=name, capacity_bytes=source.size, format="raw").to_xml(), 0)
             self._io.upload_file(conn, vol, source, None)
-            pool.refresh(0)  # libvirt probes the file again: a qcow2 overlay on the base image
+            # libvirt probes the file again: a qcow2 overlay on the base image (the pool holds no
+            # guest-written header: the consoles are in a pool of their own, console_log.py).
+            _while_pool_busy(pool.refresh, 0)
             vol = pool.storageVolLookupByName(name)
             fmt = ET.fromstring(vol.XMLDesc(0)).find("target/format")
             if fmt is None or fmt.get("type") != "qcow2" or domain_xml.backing_path_of(vol.XMLDesc(0)) != base_path:
@@ -306,7 +311,9 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             macs |= {n.mac for n in domain_xml.interfaces_of(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))}
             self._remove_domain(dom)
         if instance_id is not None:
-            console_log.remove(self._pool(conn), console_log.file_name(self._names.prefix, instance_id), lv)
+            pool = self._pool(conn)
+            console_log.remove([console_log.find_pool(conn, self.storage_pool, lv), pool],
+                               console_log.file_name(self._names.prefix, instance_id), lv)
         if macs:
             self._update_hosts(conn, remove=macs)
         self._remove_volumes(conn, volumes)
@@ -317,7 +324,23 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             return self.cpu_mode, None
         return "custom", self.cpu_mode
 
-    def _definition(self, conn, instance_id, disk_path, seed_path, *, vcpu, memory_mb, guest) -> domain_xml.Domain:
+    def _lean_test(self, conn) -> bool:
+        """Lean definitions on the test driver (the sandbox): no console, among others."""
+        return self._lean and test_driver.is_test_driver(conn)
+
+    def _console_files(self, conn, pool, instance_id: str):
+        """The console pool, with the instance's console files made in it (console_log.py);
+        None where no console is kept."""
+        if self._lean_test(conn):
+            return None
+        lv = _libvirt()
+        console_pool = console_log.ensure_pool(conn, pool, lv)
+        if console_pool is not None:
+            console_log.make_files(console_pool, console_log.file_name(self._names.prefix, instance_id), lv)
+        return console_pool
+
+    def _definition(self, conn, instance_id, disk_path, seed_path, *, vcpu, memory_mb, guest,
+                    console_pool=None) -> domain_xml.Domain:
         name = self._names.domain(instance_id)
         is_test = test_driver.is_test_driver(conn)
         if self._lean and is_test:
@@ -342,7 +365,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             cpu_mode=cpu_mode,
             cpu_model=cpu_model,
             serial_console=True,
-            serial_log=console_log.log_path(self._pool(conn), self._names.prefix, instance_id),
+            serial_log=console_log.log_path(console_pool, self._names.prefix, instance_id),
             bios_serial=True,
         )
 
@@ -536,5 +559,5 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         check_max_bytes(max_bytes)
         name = console_log.file_name(self._names.prefix, instance_id)
         return self._call(f"read the console of instance {instance_id}", lambda conn: console_log.read(
-            conn, self._pool(conn), self._domain(conn, instance_id), name=name, max_bytes=max_bytes, since=since,
-            lv=_libvirt()))
+            conn, console_log.find_pool(conn, self.storage_pool, _libvirt()), self._domain(conn, instance_id),
+            name=name, max_bytes=max_bytes, since=since, lv=_libvirt()))

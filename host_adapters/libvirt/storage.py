@@ -14,7 +14,7 @@ from host_adapters.guest import GuestSpec, check_positive
 from host_adapters.hypervisor import GiB, Progress
 from host_adapters.image_source import check_qcow2_header, open_image_source
 from host_adapters.libvirt import xml as domain_xml
-from host_adapters.libvirt.connection import _code, _connection_lost, _libvirt, _msg
+from host_adapters.libvirt.connection import _code, _connection_lost, _libvirt, _msg, _while_pool_busy
 from host_adapters.libvirt.volume_io import StreamVolumeIO, VolumeIO
 from host_adapters.names import check_id
 
@@ -57,7 +57,7 @@ class StoragePart:
     def _delete_volume(vol) -> None:
         lv = _libvirt()
         try:
-            vol.delete(0)
+            _while_pool_busy(vol.delete, 0)  # a create elsewhere in the pool makes libvirt refuse for a while
         except lv.libvirtError as e:
             if _code(e) != lv.VIR_ERR_NO_STORAGE_VOL:
                 raise
@@ -79,7 +79,8 @@ class StoragePart:
             raise HostError(f"the seed of instance {instance_id} is {len(data)} bytes, more than {SEED_BYTES}")
         vol = self._volume(pool, name)
         if vol is None:
-            vol = pool.createXML(domain_xml.Volume(name=name, capacity_bytes=SEED_BYTES, format="raw").to_xml(), 0)
+            vol = _while_pool_busy(pool.createXML,
+                                   domain_xml.Volume(name=name, capacity_bytes=SEED_BYTES, format="raw").to_xml(), 0)
         self._io.write(conn, vol, data, pad_to=SEED_BYTES)
 
     def _read_seed(self, conn, vol) -> dict[str, str] | None:
@@ -116,7 +117,7 @@ class StoragePart:
                 # in as a blank disk of the image's size: made whole by one call.
                 made.append(name)
                 volume = domain_xml.Volume(name=name, capacity_bytes=size_gb * GiB)
-                pool.createXML(volume.to_xml(), 0)
+                _while_pool_busy(pool.createXML, volume.to_xml(), 0)
                 if image is not None and progress is not None:
                     progress(image.size, image.size)
                 return
@@ -126,7 +127,8 @@ class StoragePart:
             # Upload writes over the file without truncating it: start from an empty file
             # of the exact size; libvirt probes it as qcow2 after.
             made.append(temp)
-            vol = pool.createXML(domain_xml.Volume(name=temp, capacity_bytes=image.size, format="raw").to_xml(), 0)
+            vol = _while_pool_busy(pool.createXML,
+                                   domain_xml.Volume(name=temp, capacity_bytes=image.size, format="raw").to_xml(), 0)
             self._io.upload_file(conn, vol, image, progress)
             self._check_stored_base(conn, pool, temp, size_gb)
             self._check_upload(conn, vol, image)
@@ -136,7 +138,8 @@ class StoragePart:
             # image's copy lock (controller/image_copy.py), held until this returns.
             made.append(name)
             try:
-                pool.createXMLFrom(domain_xml.Volume(name=name, capacity_bytes=image.size).to_xml(), vol, 0)
+                _while_pool_busy(pool.createXMLFrom, domain_xml.Volume(name=name, capacity_bytes=image.size).to_xml(),
+                                 vol, 0)
             except lv.libvirtError as e:
                 if _code(e) == getattr(lv, "VIR_ERR_STORAGE_VOL_EXIST", -1) or (
                         not _connection_lost(e) and self._volume(pool, name) is not None
@@ -176,8 +179,11 @@ class StoragePart:
         file, and its own header passes the source check (the source file may have been
         written to in place while it was uploaded). InvalidInput otherwise (the caller
         removes the volume)."""
-        # Upload ends with an asynchronous refresh; ours makes libvirt probe the file now.
-        pool.refresh(0)
+        # Upload ends with an asynchronous refresh; ours makes libvirt probe the file now. The
+        # pool holds no guest-written byte (the consoles have a pool of their own, console_log.py),
+        # so the probe reads only images the controller made; a volume being built elsewhere
+        # in the pool makes libvirt refuse the refresh for a while.
+        _while_pool_busy(pool.refresh, 0)
         vol = pool.storageVolLookupByName(name)
         xml = vol.XMLDesc(0)
         fmt = ET.fromstring(xml).find("target/format")

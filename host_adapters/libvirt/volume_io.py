@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from common.errors import HostError
 from host_adapters.hypervisor import Progress
 from host_adapters.image_source import ImageSource
+from host_adapters.libvirt.connection import _while_pool_busy
 
 
 class VolumeIO:
@@ -129,7 +130,7 @@ class StreamVolumeIO(VolumeIO):
     @staticmethod
     def _send(conn, vol, size: int, chunk) -> None:
         with _stream(conn) as stream:
-            vol.upload(stream, 0, size, 0)
+            _while_pool_busy(vol.upload, stream, 0, size, 0)
             stream.sendAll(chunk, None)
 
     @staticmethod

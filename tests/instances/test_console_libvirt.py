@@ -1,4 +1,5 @@
-"""The libvirt adapter's console: the domain's serial log in its pool folder, read as volumes.
+"""The libvirt adapter's console: the domain's serial log in a pool of its own beside the
+storage pool (`<pool>-console`), never refreshed, read as volumes the adapter made.
 
 On the test driver (fast) the definition; on a real libvirtd (integration) what SeaBIOS
 prints on the serial port of an instance with a blank disk: no guest OS is booted. A
@@ -17,7 +18,7 @@ from common.errors import InvalidInput
 from host_adapters.console import MAX_BYTES
 from host_adapters.guest import GuestSpec
 from host_adapters.libvirt.driver import LibvirtHypervisor
-from tests.fixtures.libvirtd import TEST_URI, cleanup_hypervisor, unique_prefix
+from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
 
 BOOT_END = b"No bootable device."
 
@@ -34,15 +35,25 @@ def console_file(hv, instance_id) -> str:
 
 
 # -- the test driver ---------------------------------------------------------------------------
-def test_the_serial_port_logs_to_a_file_of_the_pool_started_afresh(libvirt_test_driver):
+def test_the_serial_port_logs_to_a_file_of_the_console_pool_started_afresh(libvirt_test_driver):
     import libvirt
 
     hv = libvirt_test_driver
     instance_id = spawn(hv)
-    dom = ET.fromstring(libvirt.open(TEST_URI).lookupByName(hv._names.domain(instance_id)).XMLDesc(0))
+    conn = libvirt.open(TEST_URI)
+    dom = ET.fromstring(conn.lookupByName(hv._names.domain(instance_id)).XMLDesc(0))
     log = dom.find("devices/serial/log")
-    assert log.get("file") == f"/default-pool/{console_file(hv, instance_id)}" and log.get("append") == "off"
+    assert log.get("file") == f"/default-pool-console/{console_file(hv, instance_id)}" and log.get("append") == "off"
     assert dom.find("os/bios").get("useserial") == "yes"
+    # No byte of the guest's in the storage pool; the file and its kept copies are volumes
+    # of the console pool from the start (a read needs no refresh to find them).
+    name = console_file(hv, instance_id)
+    assert not [v for v in conn.storagePoolLookupByName(TEST_POOL).listAllVolumes(0) if "console" in v.name()]
+    console_pool = conn.storagePoolLookupByName(f"{TEST_POOL}-console")
+    assert sorted(v.name() for v in console_pool.listAllVolumes(0) if v.name().startswith(name)) == [
+        name, f"{name}.0", f"{name}.1", f"{name}.2"]
+    hv.destroy(instance_id)
+    assert not [v for v in console_pool.listAllVolumes(0) if v.name().startswith(name)]
 
 
 def test_the_test_driver_keeps_no_output_and_answers_empty(libvirt_test_driver):
@@ -80,18 +91,18 @@ def real(libvirt_dir_pool, libvirt_private_network, guest_virt):
     hv = LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=unique_prefix(),
                            network=libvirt_private_network.name, subnet=libvirt_private_network.subnet,
                            virt_type=guest_virt.virt_type, cpu_mode=guest_virt.cpu_mode)
-    yield hv, libvirt_dir_pool.path
+    yield hv, libvirt_dir_pool.path + "-console"  # the console pool's folder
     cleanup_hypervisor(hv)
 
 
 @pytest.mark.integration
 @pytest.mark.real_commands
 def test_console_of_a_real_guest_since_start_reset_and_power_cycle(real):
-    hv, pool_path = real
+    hv, console_path = real
     instance_id = spawn(hv)
     first = wait_for(hv, instance_id, BOOT_END)
     assert b"SeaBIOS" in first.data and first.running
-    assert first.mark.size == len(first.data) == os.path.getsize(f"{pool_path}/{console_file(hv, instance_id)}")
+    assert first.mark.size == len(first.data) == os.path.getsize(f"{console_path}/{console_file(hv, instance_id)}")
     # The end, at most max_bytes of it.
     assert hv.console(instance_id, max_bytes=10).data == first.data[-10:]
     assert hv.console(instance_id, max_bytes=0).data == b""
@@ -122,13 +133,13 @@ def test_console_of_a_real_guest_since_start_reset_and_power_cycle(real):
 def test_rotated_copies_are_read_in_order_and_deleted_with_the_instance(real):
     import libvirt
 
-    hv, pool_path = real
+    hv, console_path = real
     instance_id = spawn(hv)
     current = wait_for(hv, instance_id, BOOT_END).data
     name = console_file(hv, instance_id)
     # What virtlogd leaves when it rotates at its max_size: <name>.0 the newest copy, .1 older.
     for n, text in ((1, b"oldest part\n"), (0, b"newer part\n")):
-        with open(f"{pool_path}/{name}.{n}", "wb") as f:
+        with open(f"{console_path}/{name}.{n}", "wb") as f:
             f.write(text)
     out = hv.console(instance_id, max_bytes=MAX_BYTES)
     assert out.data == b"oldest part\nnewer part\n" + current
@@ -136,12 +147,12 @@ def test_rotated_copies_are_read_in_order_and_deleted_with_the_instance(real):
     assert hv.console(instance_id, max_bytes=len(current) + 5).data == b"part\n" + current
 
     hv.destroy(instance_id)
-    assert not [f for f in os.listdir(pool_path) if f.startswith(name)]
+    assert not [f for f in os.listdir(console_path) if f.startswith(name)]
     conn = libvirt.open(hv.uri)
     try:
-        pool = conn.storagePoolLookupByName(hv.storage_pool)
-        pool.refresh(0)
-        assert not [v for v in pool.listAllVolumes(0) if v.name().startswith(name)]
+        for pool_name in (hv.storage_pool, f"{hv.storage_pool}-console"):
+            assert not [v for v in conn.storagePoolLookupByName(pool_name).listAllVolumes(0)
+                        if v.name().startswith(name)]
     finally:
         conn.close()
     assert hv.console(instance_id, max_bytes=MAX_BYTES).data == b""
@@ -157,8 +168,8 @@ def test_a_remote_host_serves_the_console_of_its_instance(remote_libvirtd, guest
         instance_id = spawn(hv)
         out = wait_for(hv, instance_id, BOOT_END)
         assert b"SeaBIOS" in out.data and out.running
-        # The file is on the remote host, in its pool's folder; read over qemu+tcp:// all the same.
-        path = f"{remote_libvirtd.pool_path}/{console_file(hv, instance_id)}"
+        # The file is on the remote host, in its console pool's folder; read over qemu+tcp:// all the same.
+        path = f"{remote_libvirtd.pool_path}-console/{console_file(hv, instance_id)}"
         with open(path, "rb") as f:
             assert f.read() == out.data
         hv.destroy(instance_id)
