@@ -1,7 +1,7 @@
 """The controller interface (spec sections 4.1 to 4.5): thin resources over the service layer."""
 
 from api import schemas
-from api.envelopes import ok_controller, ok_controller_json, stream_controller
+from api.envelopes import controller_body, ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
 from controller import console, groups, history, images, instances, limits, volumes
@@ -52,8 +52,13 @@ class InstanceItem(_Resource):
         ok_controller(resp, [instances.run_task(self.ctx, req.context.requester, id, body["task"])])
 
     def on_delete(self, req, resp, id):
-        instances.delete_instance(self.ctx, req.context.requester, id)
-        ok_controller(resp, [])
+        unfinished = instances.delete_instance(self.ctx, req.context.requester, id)
+        if unfinished:
+            # Accepted, the instance gone for its users; the host's part is being finished.
+            resp.status = 202
+            resp.media = controller_body([], msg=unfinished)
+        else:
+            ok_controller(resp, [])
 
 
 class InstanceConsole(_Resource):

@@ -9,7 +9,7 @@ from controller import permissions as perms
 from controller.addresses import allocate, network_plan
 from controller.context import Context
 from controller.errors import (CleanupFailed, Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable,
-                               InvalidInput)
+                               InvalidInput, NotFound)
 from controller.guests import guest_spec
 from controller.host_routing import hypervisor_of_instance
 from controller.image_copy import ensure_image_on_host
@@ -218,13 +218,17 @@ def _record_failed_create(ctx: Context, row: dict, requester: Requester, error: 
     history.record(ctx, row, "create", requester=requester.id, result="error", message=message)
 
 
-def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> None:
+def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> str:
+    """"" when the instance is gone: its domain, disk, seed, console files, reservations and
+    row. Otherwise a message: the delete is accepted, the instance is gone for its users (the
+    row keeps its intent "deleting": not listed, 404 to every request), and what remains on
+    the host is removed by `cloud-agent reconcile --fix` (docs/decisions.md)."""
     row = instance_row(ctx, requester, instance_id)
     with history.recorded(ctx, row, "delete", requester=requester.id):
-        _delete_visible(ctx, requester, row)
+        return _delete_visible(ctx, requester, row)
 
 
-def _delete_visible(ctx: Context, requester: Requester, row: dict) -> None:
+def _delete_visible(ctx: Context, requester: Requester, row: dict) -> str:
     require_mutate(ctx, requester, row, "this server-instance")
     with host_changes(ctx):
         _refuse_while_moving(ctx, row)
@@ -232,15 +236,41 @@ def _delete_visible(ctx: Context, requester: Requester, row: dict) -> None:
         # crash before the row goes is finished by reconcile, never undone.
         if not ctx.store.set_instance_intent(row["id"], "deleting", expect=None):
             raise Conflict(f"server-instance {row['id']} is already being created or deleted")
-        # On a host that does not answer this is 503 and the instance stays: its domain,
-        # disk and guest may still run there, and a record deleted now could never be
-        # cleaned up on that host (docs/decisions.md).
+        hypervisor = hypervisor_of_instance(ctx, row)
         try:
-            hypervisor_of_instance(ctx, row).destroy(row["id"])
+            # The adapter waits (bounded) while the host's storage pool is busy with another
+            # volume: a transient refusal is no failure.
+            hypervisor.destroy(row["id"])
+        except ControllerError as e:
+            if _domain_remains(hypervisor, row["id"]):
+                # Nothing is gone (the domain goes first): 503 and the instance stays as it
+                # was. So on a host that does not answer: its domain, disk and guest may still
+                # run there, and a record deleted now could never be cleaned up on that host.
+                ctx.store.set_instance_intent(row["id"], None, expect="deleting")
+                raise
+            # The domain is gone, something else is not: never undone (that would show the
+            # owner an instance without a domain); the intent stays for reconcile to finish.
+            log.warning("delete of instance %s: the domain is gone but not all of it (%s); "
+                        "the delete stays recorded for `cloud-agent reconcile --fix`", row["id"], e.message)
+            return (f"server-instance {row['id']} is deleted; host {row['host']} is still removing what "
+                    f"remains of it ({e.message}): `cloud-agent reconcile --fix` finishes it")
         except BaseException:
             ctx.store.set_instance_intent(row["id"], None, expect="deleting")
             raise
         ctx.store.delete_instance(row["id"])
+        return ""
+
+
+def _domain_remains(hypervisor, instance_id: str) -> bool:
+    """After a failed destroy: whether the instance's domain is still defined, so that nothing
+    of it was removed yet (destroy removes the domain first). A host that cannot tell counts
+    as yes: its domain may still be there."""
+    try:
+        return hypervisor.describe(instance_id).defined
+    except NotFound:
+        return False
+    except ControllerError:
+        return True
 
 
 def _refuse_while_moving(ctx: Context, row: dict) -> None:
@@ -253,8 +283,14 @@ def _refuse_while_moving(ctx: Context, row: dict) -> None:
 
 def finish_interrupted(ctx: Context, row: dict) -> None:
     """Finish what a crash interrupted (reconcile): a delete is completed, and a create the
-    client never saw succeed is undone. Either way the domain, disk and row go."""
-    hypervisor_of_instance(ctx, row).destroy(row["id"])
+    client never saw succeed is undone. Either way the domain, disk and row go, and the
+    reservations of the row's MACs (a delete cut short after the domain went no longer has
+    the domain to read them from)."""
+    hypervisor = hypervisor_of_instance(ctx, row)
+    hypervisor.destroy(row["id"])
+    macs = [m for m in (row.get("mac"), row.get("public_mac")) if m]
+    if macs:
+        hypervisor.drop_reservations(macs)
     ctx.store.delete_instance(row["id"])
 
 

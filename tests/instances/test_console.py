@@ -173,6 +173,79 @@ def test_deleting_the_instance_deletes_its_console(client, adapters, people, run
     err(console_of(client, people["owner"], running["id"]), 404)
 
 
+# -- bounded reads -----------------------------------------------------------------------------
+def streamed(adapters):
+    """Count the bytes each console call brings from the host."""
+    counts = []
+    real = adapters.hypervisor.console
+
+    def counting(instance_id, **kw):
+        out = real(instance_id, **kw)
+        counts.append(len(out.data))
+        return out
+
+    adapters.hypervisor.console = counting
+    return counts
+
+
+def test_a_small_read_streams_what_it_answers_and_new_output_once(client, adapters, people, running):
+    prints(adapters, running["id"], "boot\r\n" * 100_000 + seeds.ready_marker(running["id"]) + "\r\n")
+    counts = streamed(adapters)
+    [got] = ok(console_of(client, people["owner"], running["id"], "bytes=1"))
+    assert got == {"console": "\n", "ready": True}
+    assert sum(counts) < 800_000  # what was printed, once (the 1 MiB bound of old: each read)
+    for _ in range(5):
+        counts.clear()
+        [got] = ok(console_of(client, people["owner"], running["id"], "bytes=1"))
+        assert got == {"console": "\n", "ready": True} and counts == [1]
+    # New output is looked through once, not the whole again; a marker cut by two reads is found.
+    prints(adapters, running["id"], "x" * 5000)
+    counts.clear()
+    ok(console_of(client, people["owner"], running["id"], "bytes=1"))
+    assert sum(counts) <= 1 + 5000
+
+
+def test_ready_is_found_across_two_reads_that_cut_the_marker(client, adapters, people, running):
+    marker = seeds.ready_marker(running["id"])
+    prints(adapters, running["id"], "y" * 3000 + marker[:5])
+    assert ok(console_of(client, people["owner"], running["id"], "bytes=1"))[0]["ready"] is False
+    prints(adapters, running["id"], marker[5:] + "\r\n" + "z" * 3000)
+    assert ok(console_of(client, people["owner"], running["id"], "bytes=1"))[0]["ready"] is True
+
+
+def test_console_reads_in_flight_are_bounded_per_user(client, adapters, people, running):
+    import threading
+
+    from controller import console as console_service
+
+    release, entered = threading.Event(), threading.Semaphore(0)
+    real = adapters.hypervisor.console
+
+    def slow(instance_id, **kw):
+        entered.release()
+        assert release.wait(10)
+        return real(instance_id, **kw)
+
+    adapters.hypervisor.console = slow
+    answers = []
+    readers = [threading.Thread(target=lambda: answers.append(console_of(client, people["owner"], running["id"])))
+               for _ in range(console_service.READS_PER_USER)]
+    for t in readers:
+        t.start()
+    for _ in readers:
+        assert entered.acquire(timeout=10)
+    try:
+        refused = console_of(client, people["owner"], running["id"])
+        assert refused.status_code == 429 and refused.headers.get("Retry-After") == "1"
+        assert "console reads" in refused.json["msg"]
+    finally:
+        release.set()
+        for t in readers:
+            t.join(10)
+    assert [a.status_code for a in answers] == [200] * console_service.READS_PER_USER
+    ok(console_of(client, people["owner"], running["id"]))  # the slots are free again
+
+
 # -- the fake adapter --------------------------------------------------------------------------
 def test_fake_console_validates_its_arguments():
     from common.errors import InvalidInput
