@@ -88,8 +88,9 @@ def test_instance_lifecycle_on_kvm(kvm_service):
     assert "type='virtiofs'" in xml and inst["private-ip"] in virsh(pool.uri, "net-dumpxml",
                                                                     libvirt_network_name(ctx)).stdout
     files = [f for f in os.listdir(pool.path) if inst["id"] in f]
-    assert len([f for f in files if "console-" not in f]) == 2  # the overlay and the seed
-    assert [f for f in files if "console-" in f]  # and the guest's console output, kept beside them
+    assert len(files) == 2 and not [f for f in files if "console-" in f]  # the overlay and the seed
+    # The guest's console output is kept in a pool of its own (no guest byte in the storage pool).
+    assert [f for f in os.listdir(pool.path + "-console") if inst["id"] in f]
 
     def task(what):
         [r] = ok(client.simulate_put(f"/v1/server-instance/{inst['id']}", headers=alice.headers,
@@ -109,6 +110,7 @@ def test_instance_lifecycle_on_kvm(kvm_service):
     assert ok(client.simulate_delete(f"/v1/server-instance/{inst['id']}", headers=alice.headers)) == []
     assert virsh(pool.uri, "dominfo", domain, check=False).returncode != 0
     assert not any(inst["id"] in f for f in os.listdir(pool.path))
+    assert not any(inst["id"] in f for f in os.listdir(pool.path + "-console"))
     assert ctx.store.all_instances() == []
 
 
