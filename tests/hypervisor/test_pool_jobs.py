@@ -273,6 +273,8 @@ def test_a_qcow2_header_with_a_fifo_backing_in_a_console_holds_nothing_up(servic
                                                    capture_output=True, text=True, timeout=60))
         assert listed.returncode == 0 and iid not in listed.stdout
     finally:
+        if os.path.exists(path):
+            open(path, "wb").close()  # no later probe (a teardown's refresh) meets the header again
         # Whatever opened the FIFO for reading (a refresh that probed the header) gets its end.
         def release():
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
