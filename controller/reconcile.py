@@ -142,6 +142,14 @@ def _intents(run: _Run) -> None:
         run.found(f"group-{verb}-interrupted", group["name"],
                   f"a group {verb} did not finish; " + ("finishing it" if verb == "delete" else "undoing it"),
                   finish_group)
+    from controller import instance_claims
+
+    for held in instance_claims.stale_claims(ctx):
+        # Its process is gone: what it left half way is in the records below (moves, evacuations).
+        run.found("instance-claim-stale", held["instance_id"],
+                  f"the claim of process {held['pid']} on {held['machine']} ({held['operation']}, since "
+                  f"{held['claimed_at_utc']}) remains after that process ended; removing it",
+                  lambda h=held: instance_claims.drop_stale(ctx, h))
     if ctx.adapters.hypervisor_in_process and not run.hypervisor:
         return
     from controller import evacuate

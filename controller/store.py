@@ -901,6 +901,60 @@ class Store:
         with self.write() as conn:
             conn.execute("DELETE FROM moves WHERE instance_id = ?", (instance_id,))
 
+    # -- instance claims (controller/instance_claims.py) -------------------------------
+    def take_instance_claim(self, claim: dict, *, replacing: str | None = None) -> tuple[bool, dict | None]:
+        """Compare-and-set of the instance's claim: made when the instance has none, or (with
+        `replacing`, a dead holder's token) put in its place only while that claim is still
+        there. (True, None) when taken; (False, the claim that holds it); (False, None) when
+        the instance does not exist. A replaced claim's refresh_wanted is kept."""
+        with self.write() as conn:
+            if replacing is None:
+                cur = conn.execute(
+                    """INSERT INTO instance_claims (instance_id, operation, token, pid, proc_start, boot_id, machine,
+                       claimed_at_utc) SELECT :instance_id, :operation, :token, :pid, :proc_start, :boot_id, :machine,
+                       :claimed_at_utc FROM instances WHERE id = :instance_id
+                       ON CONFLICT (instance_id) DO NOTHING""", claim)
+            else:
+                cur = conn.execute(
+                    """UPDATE instance_claims SET operation = :operation, token = :token, pid = :pid,
+                       proc_start = :proc_start, boot_id = :boot_id, machine = :machine,
+                       claimed_at_utc = :claimed_at_utc WHERE instance_id = :instance_id AND token = :replacing""",
+                    dict(claim, replacing=replacing))
+            if cur.rowcount == 1:
+                return True, None
+            held = conn.execute("SELECT * FROM instance_claims WHERE instance_id = ?",
+                                (claim["instance_id"],)).fetchone()
+        return False, dict(held) if held is not None else None
+
+    def release_instance_claim(self, instance_id: str, token: str) -> bool:
+        """Drop the claim with this token unless a guest refresh was asked for meanwhile: True
+        when it is gone; False when one was (the request is cleared: the holder refreshes the
+        guest, then releases again)."""
+        with self.write() as conn:
+            if conn.execute("DELETE FROM instance_claims WHERE instance_id = ? AND token = ? AND refresh_wanted = 0",
+                            (instance_id, token)).rowcount:
+                return True
+            cur = conn.execute("UPDATE instance_claims SET refresh_wanted = 0 WHERE instance_id = ? AND token = ?",
+                               (instance_id, token))
+        return cur.rowcount == 0
+
+    def drop_instance_claim(self, instance_id: str, token: str) -> bool:
+        """Remove the claim with this token whatever it asks (a dead holder's, or one let go
+        after its refreshes failed); False when it is no longer that claim."""
+        with self.write() as conn:
+            cur = conn.execute("DELETE FROM instance_claims WHERE instance_id = ? AND token = ?", (instance_id, token))
+        return cur.rowcount == 1
+
+    def want_guest_refresh(self, instance_id: str) -> bool:
+        """Ask the holder of the instance's claim to rebuild its guest before it lets go;
+        False when no claim is held (the caller refreshes it itself)."""
+        with self.write() as conn:
+            cur = conn.execute("UPDATE instance_claims SET refresh_wanted = 1 WHERE instance_id = ?", (instance_id,))
+        return cur.rowcount == 1
+
+    def list_instance_claims(self) -> list[dict]:
+        return self._all("SELECT * FROM instance_claims ORDER BY claimed_at_utc, instance_id")
+
     # -- volumes ------------------------------------------------------------------
     def insert_volume(self, volume: dict) -> None:
         try:
