@@ -47,7 +47,7 @@ OPERATIONS = {
     "modify-users": "a change of its users",
     "guest-refresh": "an update of its guest after a change of its users",
     "user-apply": "an admin's `cloud-agent user apply`",
-    "reconcile": "a repair by `cloud-agent reconcile --fix`",
+    "delete": "a delete",
 }
 # How many times a holder rebuilds the guest for refreshes asked while it works before it lets
 # go anyway (reconcile compares the seeds and shares with the database and repairs the rest).
@@ -65,8 +65,6 @@ def claim(ctx: Context, instance_id: str, operation: str) -> Claim:
     """Take the instance's claim for `operation` (a key of OPERATIONS). Conflict naming the
     operation in progress while a live process holds it; NotFound when there is no such
     instance. A dead process's claim is taken over (compare-and-set on its token)."""
-    if operation not in OPERATIONS:
-        raise ValueError(f"unknown operation {operation!r}")
     mine = dict(_me(), instance_id=instance_id, operation=operation, token=uuid.uuid4().hex,
                 claimed_at_utc=utc_now())
     replacing = None
@@ -117,6 +115,18 @@ def defer_refresh(ctx: Context, instance_id: str) -> bool:
     """Ask the holder of the instance's claim to rebuild its guest before it lets go (True);
     False when nobody holds it (the caller claims it and refreshes itself)."""
     return ctx.store.want_guest_refresh(instance_id)
+
+
+def refuse_while_moving(ctx: Context, instance_id: str) -> None:
+    """Conflict while a move or an evacuation of the instance is recorded and not finished
+    (its holder may have died: the record stays until it is finished or abandoned). A
+    power-on then would run a guest on a disk being copied, or a copy the row does not name."""
+    if ctx.store.list_moves(instance_id=instance_id):
+        raise Conflict(f"server-instance {instance_id} is being moved to another host by an admin; "
+                       "try again once it is there")
+    if any(e["instance_id"] == instance_id for e in ctx.store.list_evacuations()):
+        raise Conflict(f"server-instance {instance_id} is being rebuilt on another host by an admin; "
+                       "try again once it is there")
 
 
 def busy_message(held: dict) -> str:

@@ -159,15 +159,17 @@ def _intents(run: _Run) -> None:
         run.found("instance-evacuate-interrupted", record["instance_id"],
                   f"an evacuation from host {record['from_host']} to host {record['to_host']} did not finish; "
                   "finishing it (the instance is rebuilt from its image there)",
-                  lambda r=record: evacuate.finish(ctx, r["instance_id"]))
+                  lambda r=record: evacuate.resume(ctx, r["instance_id"]))
     from controller import drain
 
     for record in ctx.store.list_moves():
         # Finished, never undone past its commit: the old host's disk goes only after the new one's is checked.
         run.found("instance-move-interrupted", record["instance_id"],
                   f"a move from host {record['from_host']} to host {record['to_host']} did not finish; "
-                  "finishing it (the disk is copied again if it was not yet committed)",
-                  lambda r=record: drain.finish(ctx, r["instance_id"]))
+                  "finishing it (the disk is copied again if it was not yet committed; if host "
+                  f"{record['to_host']} is dead, `cloud-agent host evacuate {record['to_host']} --host-is-down` "
+                  f"returns the instance to its own disk on host {record['from_host']})",
+                  lambda r=record: drain.resume(ctx, r["instance_id"]))
     for row in ctx.store.all_instances():
         if row.get("intent"):
             verb = "delete" if row["intent"] == "deleting" else "create"

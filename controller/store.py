@@ -827,6 +827,15 @@ class Store:
             held = conn.execute("SELECT COUNT(*) FROM instances WHERE host = ?", (name,)).fetchone()[0]
             if held:
                 raise Conflict(f"hypervisor host {name} holds {held} instance(s); delete or move them first")
+            # A move or evacuation not finished names it as where a copy of a disk is or goes.
+            named = conn.execute(
+                "SELECT 'move', instance_id, from_host, to_host FROM moves WHERE from_host = ?1 OR to_host = ?1 "
+                "UNION ALL SELECT 'evacuation', instance_id, from_host, to_host FROM evacuations "
+                "WHERE from_host = ?1 OR to_host = ?1 ORDER BY 2", (name,)).fetchall()
+            if named:
+                what = ", ".join(f"the {r[0]} of instance {r[1]} from host {r[2]} to host {r[3]}" for r in named)
+                raise Conflict(f"hypervisor host {name} is named by {what}, not finished; finish it (drain or "
+                               "evacuate again, `reconcile --fix`) or abandon it (`host drain HOST --abandon`) first")
             conn.execute("DELETE FROM hosts WHERE name = ?", (name,))
 
     # -- evacuations (cloud-agent host evacuate) --------------------------------------
@@ -839,6 +848,8 @@ class Store:
             row = conn.execute("SELECT host, intent FROM instances WHERE id = ?", (instance_id,)).fetchone()
             if row is None or row["host"] != from_host or row["intent"] is not None:
                 return None
+            # A move off the dead host not committed is moot: the copy it was making is not checked.
+            conn.execute("DELETE FROM moves WHERE instance_id = ? AND from_host = ?", (instance_id, from_host))
             target = place(self._hosts(conn))
             conn.execute("UPDATE instances SET host = ? WHERE id = ?", (target, instance_id))
             conn.execute("INSERT INTO evacuations (instance_id, from_host, to_host, started_at_utc) "
@@ -895,6 +906,19 @@ class Store:
                          "status = 'shutoff', console_since = NULL "
                          "WHERE id = ? AND EXISTS (SELECT 1 FROM moves WHERE instance_id = ?)",
                          (instance_id, instance_id, instance_id))
+
+    def abandon_move(self, instance_id: str) -> dict | None:
+        """The move is given up and the instance stays on, or returns to, its source (whose copy
+        of the disk was never removed): the row names the source again (shut off there when it
+        had been committed), and the record goes, in one transaction. The record, or None."""
+        with self.write() as conn:
+            move = conn.execute("SELECT * FROM moves WHERE instance_id = ?", (instance_id,)).fetchone()
+            if move is None:
+                return None
+            conn.execute("UPDATE instances SET host = ?, status = 'shutoff', console_since = NULL "
+                         "WHERE id = ? AND host = ?", (move["from_host"], instance_id, move["to_host"]))
+            conn.execute("DELETE FROM moves WHERE instance_id = ?", (instance_id,))
+        return dict(move)
 
     def end_move(self, instance_id: str) -> None:
         """The move is finished, or undone before its commit (the row names the source)."""
