@@ -123,3 +123,26 @@ def test_a_refresh_asked_meanwhile_is_done_by_the_holder_before_it_lets_go(cctx,
     assert refreshed == [1] and cctx.store.list_instance_claims() == []
     with pytest.raises(NotFound):
         instance_claims.claim(cctx, "0f8fad5b-d9cb-469f-a165-70867728950e", "move")
+
+
+def test_a_task_is_409_while_another_process_moves_the_instance_and_runs_after(client, cctx, alice, instance,
+                                                                              tmp_path, adapters):
+    procs, lines = takers(cctx, instance, 1, tmp_path)
+    assert lines[0].startswith("taken")
+    try:
+        r = client.simulate_put(f"/v1/server-instance/{instance}", headers=alice.headers,
+                                json={"task": {"what": "power-off"}})
+        assert r.status_code == 409 and r.json["msg"].startswith(
+            f"server-instance {instance} is busy: a move to another host by an admin (`cloud-agent host drain`) "
+            "is in progress")
+        assert adapters.hypervisor.instances[instance].status == "running"  # nothing was done
+        r = client.simulate_delete(f"/v1/server-instance/{instance}", headers=alice.headers)
+        assert r.status_code == 409 and adapters.hypervisor.instances[instance].status == "running"
+        assert cctx.store.find_instance(instance) is not None
+    finally:
+        end(procs)
+    # Its holder gone, the next task takes the claim over.
+    r = client.simulate_put(f"/v1/server-instance/{instance}", headers=alice.headers,
+                            json={"task": {"what": "power-off"}})
+    assert r.status_code == 200 and adapters.hypervisor.instances[instance].status == "shutoff"
+    assert cctx.store.list_instance_claims() == []
