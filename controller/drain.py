@@ -35,7 +35,7 @@ from controller.guests import guest_spec, refresh_guest
 from controller.host_records import check_host_name, get_host
 from controller.host_routing import hypervisor_of_host, spec_of
 from controller.image_copy import ensure_image_on_host
-from controller.locks import host_changes, one_at_a_time
+from controller.locks import host_changes
 from controller.placement import placement, refuse_without_room
 from host_adapters.disk_copy import disk_file_limit
 
@@ -111,17 +111,18 @@ def resume(ctx: Context, instance_id: str, *, begin: Callable[[], str | None] | 
     """finish() under the instance's claim (`begin` first records a new move; None from it:
     nothing to move). Also reconcile --fix's repair of a move a crash cut short (it holds the
     host-change lock itself)."""
-    with one_at_a_time("instance", instance_id):
-        try:
-            taken = instance_claims.claim(ctx, instance_id, "move")
-        except NotFound:
-            return None  # deleted meanwhile
-        try:
-            if begin is not None and begin() is None:
-                return None  # deleted, or moved, meanwhile
-            return finish(ctx, instance_id)
-        finally:
-            instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
+    # The claim alone (no in-process lock held for the whole copy): a user change arriving
+    # meanwhile, from this process or the server, is deferred to this holder, never waits.
+    try:
+        taken = instance_claims.claim(ctx, instance_id, "move")
+    except NotFound:
+        return None  # deleted meanwhile
+    try:
+        if begin is not None and begin() is None:
+            return None  # deleted, or moved, meanwhile
+        return finish(ctx, instance_id)
+    finally:
+        instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
 
 
 def _begin(ctx: Context, instance_id: str, name: str) -> str | None:
@@ -185,7 +186,7 @@ def abandon(ctx: Context, name: str, *, progress: Callable[[str], None] | None =
         instance_id = move["instance_id"]
         say(f"instance {n}/{len(moves)} of host {name} ({instance_id})")
         try:
-            with host_changes(ctx), one_at_a_time("instance", instance_id):
+            with host_changes(ctx):
                 try:
                     taken = instance_claims.claim(ctx, instance_id, "abandon")
                 except NotFound:

@@ -26,7 +26,7 @@ from controller.host_records import check_host_name, get_host
 from controller.host_routing import hypervisor_of_host, hypervisor_of_instance, spec_of
 from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, \
     NotFound
-from controller.locks import host_changes, one_at_a_time
+from controller.locks import host_changes
 from controller.placement import placement, refuse_without_room
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def _keep_own_disk(ctx: Context, move: dict, name: str) -> str | None:
     the instance is on afterwards with its own disk; "rebuild" when no copy is left but the
     dead host's; None when there is nothing to do (finished, or deleted, meanwhile)."""
     instance_id = move["instance_id"]
-    with host_changes(ctx), one_at_a_time("instance", instance_id):
+    with host_changes(ctx):
         try:
             taken = instance_claims.claim(ctx, instance_id, "evacuation")
         except NotFound:
@@ -213,17 +213,16 @@ def resume(ctx: Context, instance_id: str, *, begin=None) -> str | None:
     """finish() under the instance's claim (`begin` first records a new evacuation; None from
     it: nothing to do). Also reconcile --fix's repair of an evacuation a crash cut short (it
     holds the host-change lock itself)."""
-    with one_at_a_time("instance", instance_id):
-        try:
-            taken = instance_claims.claim(ctx, instance_id, "evacuation")
-        except NotFound:
-            return None  # deleted meanwhile
-        try:
-            if begin is not None and begin() is None:
-                return None  # deleted, or moved, meanwhile
-            return finish(ctx, instance_id)
-        finally:
-            instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
+    try:
+        taken = instance_claims.claim(ctx, instance_id, "evacuation")
+    except NotFound:
+        return None  # deleted meanwhile
+    try:
+        if begin is not None and begin() is None:
+            return None  # deleted, or moved, meanwhile
+        return finish(ctx, instance_id)
+    finally:
+        instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
 
 
 def finish(ctx: Context, instance_id: str) -> str | None:
