@@ -212,3 +212,29 @@ def test_a_head_node_without_room_for_the_copy_changes_nothing(client, cctx, ada
     assert cluster["node-a"].calls["shut_down"] == 0  # the guests never stopped
     assert all(cluster["node-a"].instances[i].status == "running" for i in made)
     assert cctx.store.list_moves() == [] and drift_of(cctx) == []
+
+
+def test_agent_host_drain_abandon_and_host_remove_of_a_host_a_move_names(tmp_path):
+    from tests.fixtures.agent import agent_call
+    from tests.hosts.test_drain import INSTANCE, sandbox_with_a_node
+
+    config, db = sandbox_with_a_node(tmp_path, domain=True)
+    # A drain of node-9 cut short while moving to a host that then died for good.
+    db.execute("INSERT INTO hosts (name, uri, storage_pool, network, created_at_utc, updated_at_utc) "
+               "VALUES ('gone', 'qemu+tls://127.0.0.1:1/system', 'p', 'cc-private', 'x', 'x')")
+    db.execute("INSERT INTO moves (instance_id, from_host, to_host, was_running, started_at_utc) "
+               "VALUES (?, 'node-9', 'gone', 1, 'x')", (INSTANCE,))
+    db.execute("UPDATE hosts SET enabled = 0 WHERE name = 'node-9'")
+    db.commit()
+    rc, doc = agent_call(config, "host", "remove", "gone")
+    assert rc != 0 and f"host gone is named by the move of instance {INSTANCE} from host node-9 to host gone" \
+        in doc["error"]
+    rc, doc = agent_call(config, "host", "drain", "node-9", "--abandon")
+    assert (rc, doc) == (0, {"host": "node-9", "abandoned": [{"id": INSTANCE, "host": "node-9"}], "failed": []})
+    assert db.execute("SELECT host FROM instances WHERE id = ?", (INSTANCE,)).fetchone()[0] == "node-9"
+    assert db.execute("SELECT COUNT(*) FROM moves").fetchone()[0] == 0
+    assert db.execute("SELECT COUNT(*) FROM instance_claims").fetchone()[0] == 0
+    assert agent_call(config, "host", "remove", "gone")[0] == 0
+    # Nothing left to abandon: exit 0, an empty list.
+    assert agent_call(config, "host", "drain", "node-9", "--abandon") == \
+        (0, {"host": "node-9", "abandoned": [], "failed": []})
