@@ -106,16 +106,19 @@ def refresh_guest(ctx: Context, instance_id: str) -> None:
         hypervisor_of_instance(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0]))
 
 
-def _claimed_or_deferred(ctx: Context, instance_id: str, work) -> None:
+def _claimed_or_deferred(ctx: Context, instance_id: str, work, *, on_busy=None) -> None:
     """`work()` under the instance's claim; while another process holds it (a move copying
-    the disk), the holder is asked to rebuild the guest from the database before it lets go
-    instead: the change this follows is never lost, and never waits for a disk copy."""
+    the disk), `on_busy()` writes what the guest must get to the database and the holder is
+    asked to rebuild the guest from it before it lets go instead: the change this follows is
+    never lost, and never waits for a disk copy."""
     for _attempt in range(3):
         try:
             taken = instance_claims.claim(ctx, instance_id, "guest-refresh")
         except NotFound:
             return  # deleted meanwhile
         except Conflict:
+            if on_busy is not None:
+                on_busy()
             if instance_claims.defer_refresh(ctx, instance_id):
                 return
             continue  # let go meanwhile: claimed again
@@ -138,11 +141,15 @@ def drop_account_everywhere(ctx: Context, account: dict) -> None:
     """Remove an account from the user lists (and guests) of every instance before it is disabled."""
     for instance_id in ctx.store.instances_with_account(account["uuid"]):
         with one_at_a_time("instance", instance_id):
-            _claimed_or_deferred(ctx, instance_id, lambda i=instance_id: _drop_account(ctx, i, account))
-            row = ctx.store.find_instance(instance_id)
-            if row is not None and account["uuid"] in row["users"]:
-                # Claimed elsewhere (its holder rebuilds the guest from this list before it lets go).
-                ctx.store.set_instance_users(instance_id, [u for u in row["users"] if u != account["uuid"]])
+            # Claimed elsewhere: the list is changed first, then its holder rebuilds the guest from it.
+            _claimed_or_deferred(ctx, instance_id, lambda i=instance_id: _drop_account(ctx, i, account),
+                                 on_busy=lambda i=instance_id: _drop_from_list(ctx, i, account))
+
+
+def _drop_from_list(ctx: Context, instance_id: str, account: dict) -> None:
+    row = ctx.store.find_instance(instance_id)
+    if row is not None and account["uuid"] in row["users"]:
+        ctx.store.set_instance_users(instance_id, [u for u in row["users"] if u != account["uuid"]])
 
 
 def _drop_account(ctx: Context, instance_id: str, account: dict) -> None:

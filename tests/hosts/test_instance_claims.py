@@ -16,6 +16,7 @@ import pytest
 
 from controller import instance_claims
 from controller.errors import Conflict, NotFound
+from controller.guests import refresh_guest
 from controller.reconcile import reconcile
 from tests.hosts.test_hosts import alice, boot, flavor, ok  # noqa: F401 (fixtures)
 
@@ -145,4 +146,37 @@ def test_a_task_is_409_while_another_process_moves_the_instance_and_runs_after(c
     r = client.simulate_put(f"/v1/server-instance/{instance}", headers=alice.headers,
                             json={"task": {"what": "power-off"}})
     assert r.status_code == 200 and adapters.hypervisor.instances[instance].status == "shutoff"
+    assert cctx.store.list_instance_claims() == []
+
+
+def test_user_changes_while_another_process_holds_the_claim_are_done_by_the_holder(client, cctx, alice, instance,
+                                                                                  tmp_path, adapters):
+    from controller import accounts, users
+    from controller.permissions import Requester
+    from tests.fixtures.api import enable, make_caller
+
+    bob = make_caller(cctx, "bob@example.org", owner=alice)
+    bob_uuid = enable(cctx, bob, username="bob")["uuid"]
+    carol = make_caller(cctx, "carol@example.org", owner=alice)
+    carol_uuid = enable(cctx, carol, username="carol")["uuid"]
+    ok(client.simulate_put(f"/v1/server-instance/{instance}", headers=alice.headers,
+                           json={"task": {"what": "modify-users", "how": "add", "users": [bob_uuid, carol_uuid]}}), 200)
+    guest = adapters.hypervisor.instances[instance]
+    assert {"bob", "carol"} <= {u.username for u in guest.guest.users}
+    procs, lines = takers(cctx, instance, 1, tmp_path)
+    assert lines[0].startswith("taken")
+    try:
+        # Neither waits for the holder, and neither is lost: the database has them, the claim asks.
+        users.update_user(cctx, Requester(id="admin", roles=frozenset({"superuser"})), bob.id, active=0)
+        accounts.disable_account(cctx, "carol@example.org")
+        assert carol_uuid not in cctx.store.find_instance(instance)["users"]
+        [held] = cctx.store.list_instance_claims()
+        assert held["refresh_wanted"] == 1
+        assert {"bob", "carol"} <= {u.username for u in guest.guest.users}  # the holder's to do
+    finally:
+        end(procs)
+    # The holder died without doing it: the next taker does (it took the mark over with the claim).
+    instance_claims.release(cctx, instance_claims.claim(cctx, instance, "reboot"),
+                            refresh=lambda: refresh_guest(cctx, instance))
+    assert {u.username for u in guest.guest.users} == {"alice"}
     assert cctx.store.list_instance_claims() == []
