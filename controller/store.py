@@ -849,6 +849,9 @@ class Store:
             if row is None or row["host"] != from_host or row["intent"] is not None:
                 return None
             # A move off the dead host not committed is moot: the copy it was making is not checked.
+            # The guest it shut down is rebuilt in the power state it had before.
+            conn.execute("UPDATE instances SET status = 'running' WHERE id = ?1 AND EXISTS (SELECT 1 FROM moves "
+                         "WHERE instance_id = ?1 AND from_host = ?2 AND was_running = 1)", (instance_id, from_host))
             conn.execute("DELETE FROM moves WHERE instance_id = ? AND from_host = ?", (instance_id, from_host))
             target = place(self._hosts(conn))
             conn.execute("UPDATE instances SET host = ? WHERE id = ?", (target, instance_id))

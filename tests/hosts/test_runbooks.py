@@ -50,7 +50,7 @@ def cut_short(cctx, cluster, monkeypatch, when):
 
 
 def running_copies(cluster, instance_id):
-    return [n for n, fake in cluster.items() if instance_id in fake.instances
+    return [n for n, fake in cluster.items() if not fake.dead and instance_id in fake.instances
             and fake.instances[instance_id].status == "running"]
 
 
@@ -238,3 +238,28 @@ def test_agent_host_drain_abandon_and_host_remove_of_a_host_a_move_names(tmp_pat
     # Nothing left to abandon: exit 0, an empty list.
     assert agent_call(config, "host", "drain", "node-9", "--abandon") == \
         (0, {"host": "node-9", "abandoned": [], "failed": []})
+
+
+@pytest.mark.parametrize("when", ["before-commit", "after-commit"])
+def test_evacuating_the_source_of_a_move_cut_short(client, cctx, adapters, cluster, alice, catalog, flavor,
+                                                   monkeypatch, when):
+    made = three_on_node_a(client, cctx, alice, catalog, flavor)
+    disks = with_disks(cluster, made)
+    cut_short(cctx, cluster, monkeypatch, when)
+    moving = made[0]
+    adapters.fake_hosts.kill("node-a")  # the source dies
+    result = evacuate.evacuate(cctx, "node-a", host_is_down=True)
+    assert result["failed"] == []
+    if when == "after-commit":
+        # Its copy on node-b was checked and committed: finished there, with its own disk.
+        assert result["kept"] == [{"id": moving, "to": "node-b"}]
+        assert cluster["node-b"].disk_content[moving] == disks[moving]
+        assert [r["id"] for r in result["rebuilt"]] == made[1:]
+    else:
+        # Not committed: the copy was never checked; rebuilt from its image like the others.
+        assert "kept" not in result and [r["id"] for r in result["rebuilt"]] == made
+    for i in made:
+        assert running_copies(cluster, i) == [host_of(cctx, i)] and host_of(cctx, i) != "node-a", (i, result)
+    assert cctx.store.list_moves() == [] and cctx.store.list_evacuations() == []
+    host_records.remove_host(cctx, "node-a")
+    assert drift_of(cctx) == []
