@@ -17,7 +17,11 @@ defined on the new one and checked (SHA-256 read back); then it names the new ho
 made again; after: the start and the old host's removal). The old host's disk is
 removed only after the commit, so no crash loses it. A failure before the commit
 undoes the move: nothing remains on the new host and the guest runs again where it
-was. See docs/decisions.md and docs/scaling.md.
+was (a target that died too: its leftovers are reconcile's). Each move holds the instance's
+claim (controller/instance_claims.py) while it works, and rebuilds the target's guest from
+the database after the commit, before the start. `--abandon` (abandon()) gives up the moves
+a drain left before their commit; evacuating a dead target returns its instances to their
+source (return_to_source()). See docs/decisions.md and docs/scaling.md.
 """
 
 import errno

@@ -13,6 +13,10 @@ the instance is spawned there as a create spawns it; the record is cleared. A
 crash in between leaves the record: running the command again, or `reconcile
 --fix`, finishes it, and reconcile never mistakes it for a create to undo. When
 the old host answers again, reconcile removes its stale copies (domain-stale).
+
+An instance a drain was moving to the dead host goes back to its source's copy instead
+(never rebuilt from its image while a copy exists); one moving off it whose copy was
+committed is finished on its target. Each holds the instance's claim while it works.
 See docs/decisions.md and docs/scaling.md.
 """
 
