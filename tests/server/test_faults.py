@@ -612,6 +612,7 @@ def test_a_drain_cut_short_whose_target_dies_then_the_runbook(tmp_path, remote_l
     from controller.host_routing import hypervisor_of_host
 
     values = base_values(tmp_path, guest_virt, sysroot, remote_libvirtd, libvirt_private_network)
+    values["hosts"]["shutdown_wait_seconds"] = 1  # a blank disk boots nothing that would answer ACPI
     d = Deployment(tmp_path, values)
     try:
         d.catalog()
