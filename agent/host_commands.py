@@ -111,6 +111,8 @@ def host_evacuate(opts: Options, name, host_is_down):
     finally:
         end_status_line(progress)
     lines = [f"rebuilt {r['id']} on {r['to']}" for r in result["rebuilt"]]
+    lines += [f"kept {k['id']} on {k['to']} with its own disk (a move to or from {name})"
+              for k in result.get("kept", [])]
     lines += [f"FAILED {f['id']}: {f['error']}" for f in result["failed"]]
     lines.append(f"host {name}: {len(result['rebuilt'])} rebuilt, {len(result['failed'])} failed"
                  + ("" if result["failed"] else f"; `cloud-agent host remove {name}` forgets it"))
@@ -121,8 +123,11 @@ def host_evacuate(opts: Options, name, host_is_down):
 
 @host.command("drain")
 @click.argument("name")
+@click.option("--abandon", is_flag=True, default=False,
+              help="Give up the unfinished moves off the host instead (a target that died): each instance "
+                   "stays on the host with its own disk, started again if it ran.")
 @command_options
-def host_drain(opts: Options, name):
+def host_drain(opts: Options, name, abandon):
     """Move every instance of a host to other hosts with room, for maintenance: the host is
     disabled first, then each instance is shut down (ACPI, then powered off after [hosts]
     shutdown_wait_seconds), its disk copied and its domain defined on the new host with the
@@ -131,11 +136,22 @@ def host_drain(opts: Options, name):
     changes). Running it again finishes a drain cut short. Exit 0 only when the host holds
     no instance afterwards; `host enable NAME` takes it back after the maintenance.
 
+    With --abandon, the moves a drain cut short are given up instead (their target died):
+    each instance stays on NAME with its own disk and runs again if it ran; what the target
+    holds is removed (by reconcile once it answers again). A move already committed is the
+    target's: drain again finishes it, or, that host being dead and fenced, `host evacuate
+    TARGET --host-is-down` returns the instance to its disk on NAME. Exit 0 only when every
+    move was given up. JSON: {"host", "abandoned": [{"id", "host"}], "failed": [{"id", "error"}]}.
+
     \b
-    Example:
+    Examples:
       cloud-agent host drain node01
+      cloud-agent host drain node01 --abandon
     """
     ctx = opts.context(adapters=True)
+    if abandon:
+        _abandon(opts, ctx, name)
+        return
     progress = status_line(opts, "drain")
     try:
         result = drain.drain(ctx, name, progress=progress)
@@ -148,6 +164,20 @@ def host_drain(opts: Options, name):
                  + ("" if held else f"; `cloud-agent host enable {name}` after the maintenance"))
     emit(opts, result, "\n".join(lines))
     if held or result["failed"]:
+        sys.exit(1)
+
+
+def _abandon(opts: Options, ctx, name) -> None:
+    progress = status_line(opts, "drain --abandon")
+    try:
+        result = drain.abandon(ctx, name, progress=progress)
+    finally:
+        end_status_line(progress)
+    lines = [f"abandoned the move of {a['id']}: it stays on {a['host']}" for a in result["abandoned"]]
+    lines += [f"FAILED {f['id']}: {f['error']}" for f in result["failed"]]
+    lines.append(f"host {name}: {len(result['abandoned'])} moves abandoned, {len(result['failed'])} failed")
+    emit(opts, result, "\n".join(lines))
+    if result["failed"]:
         sys.exit(1)
 
 

@@ -17,23 +17,29 @@ defined on the new one and checked (SHA-256 read back); then it names the new ho
 made again; after: the start and the old host's removal). The old host's disk is
 removed only after the commit, so no crash loses it. A failure before the commit
 undoes the move: nothing remains on the new host and the guest runs again where it
-was. See docs/decisions.md and docs/scaling.md.
+was (a target that died too: its leftovers are reconcile's). Each move holds the instance's
+claim (controller/instance_claims.py) while it works, and rebuilds the target's guest from
+the database after the commit, before the start. `--abandon` (abandon()) gives up the moves
+a drain left before their commit; evacuating a dead target returns its instances to their
+source (return_to_source()). See docs/decisions.md and docs/scaling.md.
 """
 
+import errno
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from controller import history
+from controller import history, instance_claims
 from controller.context import Context
-from controller.errors import ControllerError, HostUnavailable, HostUnreachable
-from controller.guests import guest_spec
+from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, NotFound
+from controller.guests import guest_spec, refresh_guest
 from controller.host_records import check_host_name, get_host
 from controller.host_routing import hypervisor_of_host, spec_of
 from controller.image_copy import ensure_image_on_host
-from controller.locks import host_changes, one_at_a_time
+from controller.locks import host_changes
 from controller.placement import placement, refuse_without_room
 from host_adapters.disk_copy import disk_file_limit
 
@@ -41,6 +47,9 @@ log = logging.getLogger(__name__)
 
 # Statuses in which a guest runs (a paused one too): it is started on the new host.
 RUNS = ("running", "paused", "building")
+# Free space kept on the head node's spool folder beyond the most a disk's copy may take: the
+# database lives there too, and the undo of a failed move writes to it.
+SPOOL_MARGIN_BYTES = 256 * 1024 * 1024
 
 
 def drain(ctx: Context, name: str, *, progress: Callable[[str], None] | None = None) -> dict:
@@ -98,10 +107,26 @@ def _attempt(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> dict 
 
 def _move_one(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> str | None:
     """Place (when fresh) and move one instance; the host it is on afterwards."""
-    with host_changes(ctx), one_at_a_time("instance", instance_id):
-        if fresh and _begin(ctx, instance_id, name) is None:
+    with host_changes(ctx):
+        return resume(ctx, instance_id, begin=(lambda: _begin(ctx, instance_id, name)) if fresh else None)
+
+
+def resume(ctx: Context, instance_id: str, *, begin: Callable[[], str | None] | None = None) -> str | None:
+    """finish() under the instance's claim (`begin` first records a new move; None from it:
+    nothing to move). Also reconcile --fix's repair of a move a crash cut short (it holds the
+    host-change lock itself)."""
+    # The claim alone (no in-process lock held for the whole copy): a user change arriving
+    # meanwhile, from this process or the server, is deferred to this holder, never waits.
+    try:
+        taken = instance_claims.claim(ctx, instance_id, "move")
+    except NotFound:
+        return None  # deleted meanwhile
+    try:
+        if begin is not None and begin() is None:
             return None  # deleted, or moved, meanwhile
         return finish(ctx, instance_id)
+    finally:
+        instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
 
 
 def _begin(ctx: Context, instance_id: str, name: str) -> str | None:
@@ -123,10 +148,18 @@ def finish(ctx: Context, instance_id: str) -> str | None:
     if not moves or row is None:
         return None
     move = moves[0]
+    if row["host"] not in (move["from_host"], move["to_host"]):
+        # Nothing is started or removed on either end for a row that names neither.
+        raise Conflict(f"instance {instance_id} is recorded on host {row['host']}, neither end of its move from "
+                       f"host {move['from_host']} to host {move['to_host']}; left for the admin")
     source, target = hypervisor_of_host(ctx, move["from_host"]), hypervisor_of_host(ctx, move["to_host"])
     if row["host"] == move["from_host"]:
         _copy(ctx, row, move, source, target)
         ctx.store.commit_move(instance_id)
+    # What changed while the disk was copied (a user deactivated, a group, a home) is in the
+    # database, not in the guest defined before: rebuilt from it before the guest boots there.
+    row = ctx.store.find_instance(instance_id) or row
+    target.set_guest(instance_id, guest_spec(ctx, row))
     if move["was_running"]:
         target.power_on(instance_id)
     try:
@@ -141,6 +174,102 @@ def finish(ctx: Context, instance_id: str) -> str | None:
     return move["to_host"]
 
 
+# -- giving a move up (`host drain NAME --abandon`, and evacuate of a dead target) -------------
+def abandon(ctx: Context, name: str, *, progress: Callable[[str], None] | None = None) -> dict:
+    """Give up every unfinished move off host `name`: each instance stays on (runs again on)
+    that host with its own disk, and what its target holds goes (now, or by reconcile once
+    that host answers again). A move already committed is refused: the target's copy is the
+    instance then (drain again finishes it; a dead target is evacuated, which returns it).
+    {"host", "abandoned": [{"id", "host"}], "failed": [{"id", "error"}]}."""
+    say = progress or (lambda _m: None)
+    check_host_name(name)
+    get_host(ctx, name, probe=False)  # NotFound for an unknown host
+    moves = ctx.store.list_moves(from_host=name)
+    abandoned, failed = [], []
+    for n, move in enumerate(moves, 1):
+        instance_id = move["instance_id"]
+        say(f"instance {n}/{len(moves)} of host {name} ({instance_id})")
+        try:
+            with host_changes(ctx):
+                try:
+                    taken = instance_claims.claim(ctx, instance_id, "abandon")
+                except NotFound:
+                    continue  # deleted meanwhile
+                try:
+                    done = _abandon_one(ctx, instance_id)
+                finally:
+                    instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
+        except ControllerError as e:
+            log.warning("drain --abandon %s: instance %s: %s", name, instance_id, e.message)
+            failed.append({"id": instance_id, "error": e.message})
+            continue
+        if done:
+            abandoned.append({"id": instance_id, "host": name})
+    return {"host": name, "abandoned": abandoned, "failed": failed}
+
+
+def _abandon_one(ctx: Context, instance_id: str) -> bool:
+    moves = ctx.store.list_moves(instance_id=instance_id)
+    row = ctx.store.find_instance(instance_id)
+    if not moves or row is None:
+        return False  # finished, or deleted, meanwhile
+    move = moves[0]
+    source, to = move["from_host"], move["to_host"]
+    if row["host"] == to:
+        if _answers(ctx, to):
+            raise Conflict(f"its move was committed: the copy on host {to} is the instance now; "
+                           f"`cloud-agent host drain {source}` finishes the move")
+        raise Conflict(f"its move was committed: the copy on host {to} is the instance now, and that host does "
+                       f"not answer. If it is dead and fenced, `cloud-agent host evacuate {to} --host-is-down` "
+                       f"returns the instance to its own disk on host {source}")
+    try:
+        hypervisor_of_host(ctx, to).destroy(instance_id)  # never started there
+    except HostUnreachable:
+        log.warning("drain --abandon: instance %s: host %s does not answer; its copy there is left for reconcile",
+                    instance_id, to)
+    return_to_source(ctx, move, why=f"the move to host {to} was abandoned by an admin")
+    return True
+
+
+def return_to_source(ctx: Context, move: dict, *, why: str) -> str:
+    """The instance of an unfinished move back on its source host, whose copy of the disk is
+    still there (it goes only after the target's copy is committed and started): the row
+    names the source again, its guest is rebuilt from the database and started if it ran.
+    HostError (nothing changed) when the source does not hold it any more."""
+    instance_id, name = move["instance_id"], move["from_host"]
+    source = hypervisor_of_host(ctx, name)
+    try:
+        info = source.describe(instance_id)
+    except NotFound:
+        info = None
+    if info is None or not info.defined or info.disk_path is None:
+        raise HostError(f"host {name} no longer holds the domain and disk of instance {instance_id}")
+    ctx.store.abandon_move(instance_id)
+    row = ctx.store.find_instance(instance_id)
+    source.set_guest(instance_id, guest_spec(ctx, row))
+    if move["was_running"]:
+        source.power_on(instance_id)
+    try:
+        ctx.store.set_instance_status(instance_id, source.status(instance_id))
+    except ControllerError:
+        pass  # the next list reads it from the host
+    history.record(ctx, row, "move", requester=None, result="error",
+                   message=f"not moved: {why}; it is on host {name} with its own disk")
+    return name
+
+
+def _answers(ctx: Context, name: str) -> bool:
+    pool, row = ctx.adapters.hosts, ctx.store.get_host(name)
+    if row is None:
+        return False
+    pool.forget(name)
+    try:
+        pool.hypervisor(spec_of(row)).host_capacity()
+    except HostUnreachable:
+        return False
+    return True
+
+
 def _copy(ctx: Context, row: dict, move: dict, source, target) -> None:
     """The instance shut down on the source and its checked copy defined (not started) on the
     target. On failure nothing remains on the target, the guest runs again where it ran, and
@@ -148,6 +277,8 @@ def _copy(ctx: Context, row: dict, move: dict, source, target) -> None:
     instance_id, to = row["id"], move["to_host"]
     image, flavor = ctx.store.get_image(row["image_id"]), ctx.store.get_flavor(row["flavor_id"])
     try:
+        # Before the guest is stopped: a head node without room for the copy changes nothing.
+        _check_spool_room(ctx, disk_file_limit(flavor["disk"]))
         source.shut_down(instance_id, wait_seconds=ctx.config.hosts.shutdown_wait_seconds)
         ctx.store.set_instance_status(instance_id, "shutoff")  # what the user sees meanwhile
         # The config's own host has its base images made by `image add` (as a create's spawn).
@@ -162,6 +293,12 @@ def _copy(ctx: Context, row: dict, move: dict, source, target) -> None:
     except ControllerError as e:
         try:
             target.destroy(instance_id)
+        except HostUnreachable:
+            # A target that died: what it holds was never started and the row names the source;
+            # reconcile removes it (domain-stale) when that host answers again. The guest runs
+            # again where its disk is, instead of staying off while the record waits.
+            log.warning("drain: instance %s: host %s does not answer; its copy there is left for reconcile",
+                        instance_id, to)
         except ControllerError:
             raise e from None
         if move["was_running"]:
@@ -175,13 +312,51 @@ def _copy(ctx: Context, row: dict, move: dict, source, target) -> None:
         raise
 
 
+def _spool_folder(ctx: Context) -> str:
+    """Beside the database (where image copies spool too)."""
+    if ctx.store.path == ":memory:":
+        return tempfile.gettempdir()
+    return os.path.dirname(os.path.abspath(ctx.store.path))
+
+
+def _free_bytes(folder: str) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def _check_spool_room(ctx: Context, most: int) -> None:
+    """HostError, before anything changes, when the spool folder lacks room for the most a
+    copy of this disk may take (the flavor's bound) and a margin for the database."""
+    folder = _spool_folder(ctx)
+    try:
+        free = _free_bytes(folder)
+    except OSError as e:
+        raise HostError(f"the head node cannot read the free space of {folder}: {e.strerror}") from None
+    if free < most + SPOOL_MARGIN_BYTES:
+        raise HostError(f"the head node has {free // 2**20} MiB free in {folder}, where the disk is copied through; "
+                        f"a disk of this flavor may take up to {most // 2**20} MiB (and "
+                        f"{SPOOL_MARGIN_BYTES // 2**20} MiB are kept for the database): free space there first")
+
+
 @contextmanager
 def _spool(ctx: Context) -> Iterator[tuple[int, str]]:
-    """A private temporary file beside the database (where image copies spool too) for one disk."""
-    folder = os.path.dirname(os.path.abspath(ctx.store.path)) if ctx.store.path != ":memory:" else None
-    fd, path = tempfile.mkstemp(prefix=".disk-", suffix=".qcow2", dir=folder)
+    """A private temporary file of the head node for one disk. An I/O error of the head node
+    (its disk full) while it is made, written or read is a HostError: the move is undone as
+    for any other failure, and says why."""
+    folder = _spool_folder(ctx)
     try:
-        yield fd, path
+        fd, path = tempfile.mkstemp(prefix=".disk-", suffix=".qcow2", dir=folder)
+    except OSError as e:
+        raise _spool_error(folder, e) from None
+    try:
+        try:
+            yield fd, path
+        except OSError as e:
+            raise _spool_error(folder, e) from None
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+def _spool_error(folder: str, e: OSError) -> HostError:
+    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+    return HostError(f"the head node could not copy the disk through {folder}: {why}; the move was undone")

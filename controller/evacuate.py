@@ -13,18 +13,24 @@ the instance is spawned there as a create spawns it; the record is cleared. A
 crash in between leaves the record: running the command again, or `reconcile
 --fix`, finishes it, and reconcile never mistakes it for a create to undo. When
 the old host answers again, reconcile removes its stale copies (domain-stale).
+
+An instance a drain was moving to the dead host goes back to its source's copy instead
+(never rebuilt from its image while a copy exists); one moving off it whose copy was
+committed is finished on its target. Each holds the instance's claim while it works.
 See docs/decisions.md and docs/scaling.md.
 """
 
 import logging
 from collections.abc import Callable
 
-from controller import history, instances
+from controller import drain, history, instance_claims, instances
 from controller.context import Context
+from controller.guests import guest_spec, refresh_guest
 from controller.host_records import check_host_name, get_host
-from controller.host_routing import hypervisor_of_instance, spec_of
-from controller.errors import Conflict, ControllerError, HostUnreachable, InvalidInput
-from controller.locks import host_changes, one_at_a_time
+from controller.host_routing import hypervisor_of_host, hypervisor_of_instance, spec_of
+from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, InvalidInput, \
+    NotFound
+from controller.locks import host_changes
 from controller.placement import placement, refuse_without_room
 
 log = logging.getLogger(__name__)
@@ -36,7 +42,9 @@ DOWN_ONLY = ("evacuate is only for a dead host that is fenced (powered off, or c
 
 def evacuate(ctx: Context, name: str, *, host_is_down: bool,
              progress: Callable[[str], None] | None = None) -> dict:
-    """Rebuild every instance of dead host `name` elsewhere; {"host", "rebuilt", "failed"}."""
+    """Rebuild every instance of dead host `name` elsewhere; {"host", "rebuilt", "failed"}, and
+    "kept" ([{"id", "to"}]: instances of a move to or from it, each on a host with its own disk)
+    when there were any."""
     say = progress or (lambda _m: None)
     check_host_name(name)
     if not host_is_down:
@@ -46,14 +54,38 @@ def evacuate(ctx: Context, name: str, *, host_is_down: bool,
     _refuse_if_answering(ctx, row)
     resumed = ctx.store.list_evacuations(from_host=name)
     pending = [r for r in ctx.store.all_instances() if r["host"] == name]
-    live = [r for r in pending if not r.get("intent")]
+    # Moves to the dead host go back to their source, whose copy of the disk was never
+    # removed: such an instance is never rebuilt from its image (nor needs room elsewhere).
+    moves_in = [m for m in ctx.store.list_moves() if m["to_host"] == name]
+    # Moves off it that were committed are finished on their target (its copy is checked).
+    moves_out = [m for m in ctx.store.list_moves(from_host=name)]
+    returning = {m["instance_id"] for m in moves_in}
+    live = [r for r in pending if not r.get("intent") and r["id"] not in returning]
     refuse_without_room(ctx, name, live, done="evacuated")
     # Nothing is placed on it again, whatever happens next.
     ctx.store.set_host_enabled(name, False)
-    rebuilt, failed = [], []
+    rebuilt, failed, kept = [], [], []
     for r in pending:
         if r.get("intent"):
             _drop_interrupted(ctx, r, name)
+    for i, move in enumerate(moves_in + moves_out, 1):
+        say(f"move {i}/{len(moves_in) + len(moves_out)} to or from host {name} ({move['instance_id']})")
+        try:
+            outcome = _keep_own_disk(ctx, move, name)
+        except ControllerError as e:
+            log.warning("evacuate %s: instance %s not kept: %s", name, move["instance_id"], e.message)
+            failed.append({"id": move["instance_id"], "error": e.message})
+            row = ctx.store.find_instance(move["instance_id"])
+            if row is not None:
+                history.record(ctx, row, "evacuate", requester=None, result="error",
+                               message=f"host {name} is down: {e.message}")
+            continue
+        if outcome == "rebuild":  # no copy is left but the dead host's: rebuilt as the others
+            row = ctx.store.find_instance(move["instance_id"])
+            if row is not None and row["host"] == name:
+                live.append(row)
+        elif outcome is not None:
+            kept.append({"id": move["instance_id"], "to": outcome})
     todo = [(e["instance_id"], None) for e in resumed] + [(r["id"], r) for r in live]
     for i, (instance_id, live_row) in enumerate(todo, 1):
         say(f"instance {i}/{len(todo)} of host {name} ({instance_id})")
@@ -72,7 +104,71 @@ def evacuate(ctx: Context, name: str, *, host_is_down: bool,
             history.record(ctx, row, "evacuate", requester=None,
                            message=f"host {name} is down: rebuilt on host {to} from its image (the root disk "
                                    "was lost, the homes were not)")
-    return {"host": name, "rebuilt": rebuilt, "failed": failed}
+    result = {"host": name, "rebuilt": rebuilt, "failed": failed}
+    if kept:  # only after a move to or from the dead host was cut short
+        result["kept"] = kept
+    return result
+
+
+def _keep_own_disk(ctx: Context, move: dict, name: str) -> str | None:
+    """An unfinished move to or from dead host `name`, under the instance's claim: the host
+    the instance is on afterwards with its own disk; "rebuild" when no copy is left but the
+    dead host's; None when there is nothing to do (finished, or deleted, meanwhile)."""
+    instance_id = move["instance_id"]
+    with host_changes(ctx):
+        try:
+            taken = instance_claims.claim(ctx, instance_id, "evacuation")
+        except NotFound:
+            return None
+        try:
+            moves = ctx.store.list_moves(instance_id=instance_id)
+            row = ctx.store.find_instance(instance_id)
+            if not moves or row is None:
+                return None
+            move = moves[0]
+            if move["to_host"] == name:
+                return _back_to_source(ctx, move, row, name)
+            if row["host"] == move["to_host"]:
+                return _finish_off_dead_source(ctx, move, row, name)
+            return None  # not committed: its copy is unchecked; rebuilt as the others (begin_evacuation ends it)
+        finally:
+            instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
+
+
+def _back_to_source(ctx: Context, move: dict, row: dict, name: str) -> str:
+    source = move["from_host"]
+    try:
+        return drain.return_to_source(ctx, move, why=f"host {name}, where it was moving, is down")
+    except HostUnreachable as e:
+        raise HostUnavailable(f"its own disk is on host {source}, which does not answer ({e.message}); it is not "
+                              "rebuilt from its image while that copy may exist. Evacuate that host too if it is "
+                              "dead") from None
+    except HostError:
+        if row["host"] != name:
+            raise
+    # Committed, and the source's copy is gone (removed after the start there): the dead
+    # host held the only one.
+    ctx.store.end_move(row["id"])
+    return "rebuild"
+
+
+def _finish_off_dead_source(ctx: Context, move: dict, row: dict, name: str) -> str:
+    """A committed move off the dead host: the target's copy is checked and the row names it;
+    the guest is rebuilt from the database and started there if it ran. The dead host's copy
+    is reconcile's (domain-stale) when it answers again."""
+    target = hypervisor_of_host(ctx, move["to_host"])
+    target.set_guest(row["id"], guest_spec(ctx, row))
+    if move["was_running"]:
+        target.power_on(row["id"])
+    try:
+        ctx.store.set_instance_status(row["id"], target.status(row["id"]))
+    except ControllerError:
+        pass
+    ctx.store.end_move(row["id"])
+    history.record(ctx, row, "move", requester=None,
+                   message=f"moved from host {name} to host {move['to_host']} (its copy there was checked; host "
+                           f"{name} is down)")
+    return move["to_host"]
 
 
 def _refuse_if_answering(ctx: Context, row: dict) -> None:
@@ -101,16 +197,36 @@ def _drop_interrupted(ctx: Context, row: dict, name: str) -> None:
 
 def _evacuate_one(ctx: Context, instance_id: str, name: str, *, fresh: bool) -> str | None:
     """Place (when fresh) and rebuild one instance; the host it is on afterwards."""
-    with host_changes(ctx), one_at_a_time("instance", instance_id):
-        if fresh:
-            row = ctx.store.find_instance(instance_id)
-            if row is None:
-                return None  # deleted meanwhile
-            flavor = ctx.store.get_flavor(row["flavor_id"])
-            to = ctx.store.begin_evacuation(instance_id, name, placement(ctx, flavor))
-            if to is None:
-                return None  # deleted, or moved, meanwhile
+
+    def begin() -> str | None:
+        row = ctx.store.find_instance(instance_id)
+        if row is None:
+            return None  # deleted meanwhile
+        if any(m["to_host"] == name for m in ctx.store.list_moves(instance_id=instance_id)):
+            # Its own disk is on the move's source: never rebuilt from its image.
+            raise Conflict(f"its own disk is on host {row['host']}, which it was moving from; not rebuilt from "
+                           "its image")
+        flavor = ctx.store.get_flavor(row["flavor_id"])
+        return ctx.store.begin_evacuation(instance_id, name, placement(ctx, flavor))
+
+    with host_changes(ctx):
+        return resume(ctx, instance_id, begin=begin if fresh else None)
+
+
+def resume(ctx: Context, instance_id: str, *, begin=None) -> str | None:
+    """finish() under the instance's claim (`begin` first records a new evacuation; None from
+    it: nothing to do). Also reconcile --fix's repair of an evacuation a crash cut short (it
+    holds the host-change lock itself)."""
+    try:
+        taken = instance_claims.claim(ctx, instance_id, "evacuation")
+    except NotFound:
+        return None  # deleted meanwhile
+    try:
+        if begin is not None and begin() is None:
+            return None  # deleted, or moved, meanwhile
         return finish(ctx, instance_id)
+    finally:
+        instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
 
 
 def finish(ctx: Context, instance_id: str) -> str | None:

@@ -14,9 +14,10 @@ guests through here, never through one another.
 import dataclasses
 import logging
 
+from controller import instance_claims
 from controller.addresses import hostname_for, network_plan, nics_of
 from controller.context import Context
-from controller.errors import HostError, NotFound
+from controller.errors import Conflict, HostError, NotFound
 from controller.host_routing import hypervisor_of_instance
 from controller.locks import host_changes, one_at_a_time
 from controller.lookups import account_of, user_account
@@ -91,13 +92,42 @@ def refresh_guests(ctx: Context, account_uuids: list[str]) -> None:
         return
     for instance_id in instance_ids:
         with one_at_a_time("instance", instance_id):
-            rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id)
-            if not rows:
-                continue
             try:
-                hypervisor_of_instance(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0]))
+                _claimed_or_deferred(ctx, instance_id, lambda i=instance_id: refresh_guest(ctx, i))
             except (NotFound, HostError) as e:
                 log.warning("guest of instance %s not updated (reconcile will): %s", instance_id, e.message)
+
+
+def refresh_guest(ctx: Context, instance_id: str) -> None:
+    """Rebuild one instance's guest (shares, seed) from the database, on the host its row
+    names (nothing for an instance deleted, or being created or deleted)."""
+    rows = ctx.store.list_instances(visible_to=None, instance_id=instance_id)
+    if rows:
+        hypervisor_of_instance(ctx, rows[0]).set_guest(instance_id, guest_spec(ctx, rows[0]))
+
+
+def _claimed_or_deferred(ctx: Context, instance_id: str, work, *, on_busy=None) -> None:
+    """`work()` under the instance's claim; while another process holds it (a move copying
+    the disk), `on_busy()` writes what the guest must get to the database and the holder is
+    asked to rebuild the guest from it before it lets go instead: the change this follows is
+    never lost, and never waits for a disk copy."""
+    for _attempt in range(3):
+        try:
+            taken = instance_claims.claim(ctx, instance_id, "guest-refresh")
+        except NotFound:
+            return  # deleted meanwhile
+        except Conflict:
+            if on_busy is not None:
+                on_busy()
+            if instance_claims.defer_refresh(ctx, instance_id):
+                return
+            continue  # let go meanwhile: claimed again
+        try:
+            work()
+        finally:
+            instance_claims.release(ctx, taken, refresh=lambda: refresh_guest(ctx, instance_id))
+        return
+    log.warning("guest of instance %s not updated (reconcile will): its claim kept changing hands", instance_id)
 
 
 def refresh_guests_of_usernames(ctx: Context, usernames) -> None:
@@ -111,15 +141,27 @@ def drop_account_everywhere(ctx: Context, account: dict) -> None:
     """Remove an account from the user lists (and guests) of every instance before it is disabled."""
     for instance_id in ctx.store.instances_with_account(account["uuid"]):
         with one_at_a_time("instance", instance_id):
-            row = ctx.store.find_instance(instance_id)
-            if row is None:
-                continue
-            users = [u for u in row["users"] if u != account["uuid"]]
-            try:
-                hypervisor_of_instance(ctx, row).set_guest(instance_id, guest_spec(ctx, row, users))
-            except NotFound:
-                pass
-            ctx.store.set_instance_users(instance_id, users)
+            # Claimed elsewhere: the list is changed first, then its holder rebuilds the guest from it.
+            _claimed_or_deferred(ctx, instance_id, lambda i=instance_id: _drop_account(ctx, i, account),
+                                 on_busy=lambda i=instance_id: _drop_from_list(ctx, i, account))
+
+
+def _drop_from_list(ctx: Context, instance_id: str, account: dict) -> None:
+    row = ctx.store.find_instance(instance_id)
+    if row is not None and account["uuid"] in row["users"]:
+        ctx.store.set_instance_users(instance_id, [u for u in row["users"] if u != account["uuid"]])
+
+
+def _drop_account(ctx: Context, instance_id: str, account: dict) -> None:
+    row = ctx.store.find_instance(instance_id)
+    if row is None:
+        return
+    users = [u for u in row["users"] if u != account["uuid"]]
+    try:
+        hypervisor_of_instance(ctx, row).set_guest(instance_id, guest_spec(ctx, row, users))
+    except NotFound:
+        pass
+    ctx.store.set_instance_users(instance_id, users)
 
 
 def refresh_guests_of_user(ctx: Context, user_id: str) -> None:
@@ -170,20 +212,27 @@ def apply_to_instances(ctx: Context, rows: list[dict], *, may_cycle: set[str]) -
             result = {"id": row["id"], "hostname": row["hostname"], "host": row["host"], "cycled": False}
             with one_at_a_time("instance", row["id"]):
                 try:
-                    current = ctx.store.list_instances(visible_to=None, instance_id=row["id"])
-                    if not current:
-                        raise NotFound(f"server-instance {row['id']} was deleted meanwhile")
-                    hypervisor = hypervisor_of_instance(ctx, current[0])
-                    hypervisor.set_guest(row["id"], guest_spec(ctx, current[0]))
-                    if row["id"] in may_cycle and hypervisor.status(row["id"]) in _LIVE:
-                        # Off and on again: a new QEMU process with the definition's shares
-                        # (a reset keeps the old ones) boots the guest with the new seed.
-                        hypervisor.power_off(row["id"])
-                        hypervisor.power_on(row["id"])
-                        result["cycled"] = True
-                    result["status"] = hypervisor.status(row["id"])
-                    ctx.store.set_instance_status(row["id"], result["status"])
-                except (NotFound, HostError) as e:
+                    with instance_claims.held(ctx, row["id"], "user-apply",
+                                              refresh=lambda i=row["id"]: refresh_guest(ctx, i)):
+                        _apply_one(ctx, row, result, may_cycle)
+                except (NotFound, HostError, Conflict) as e:
                     result.update(status=_status(ctx, row), error=e.message)
             results.append(result)
     return results
+
+
+def _apply_one(ctx: Context, row: dict, result: dict, may_cycle: set[str]) -> None:
+    instance_claims.refuse_while_moving(ctx, row["id"])
+    current = ctx.store.list_instances(visible_to=None, instance_id=row["id"])
+    if not current:
+        raise NotFound(f"server-instance {row['id']} was deleted meanwhile")
+    hypervisor = hypervisor_of_instance(ctx, current[0])
+    hypervisor.set_guest(row["id"], guest_spec(ctx, current[0]))
+    if row["id"] in may_cycle and hypervisor.status(row["id"]) in _LIVE:
+        # Off and on again: a new QEMU process with the definition's shares
+        # (a reset keeps the old ones) boots the guest with the new seed.
+        hypervisor.power_off(row["id"])
+        hypervisor.power_on(row["id"])
+        result["cycled"] = True
+    result["status"] = hypervisor.status(row["id"])
+    ctx.store.set_instance_status(row["id"], result["status"])

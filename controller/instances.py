@@ -4,13 +4,13 @@ import json
 import logging
 from collections.abc import Iterator
 
-from controller import console, history, limits
+from controller import console, history, instance_claims, limits
 from controller import permissions as perms
 from controller.addresses import allocate, network_plan
 from controller.context import Context
 from controller.errors import (CleanupFailed, Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable,
                                InvalidInput, NotFound)
-from controller.guests import guest_spec
+from controller.guests import guest_spec, refresh_guest
 from controller.host_routing import hypervisor_of_instance
 from controller.image_copy import ensure_image_on_host
 from controller.locks import host_changes, one_at_a_time
@@ -230,7 +230,7 @@ def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> str
 
 def _delete_visible(ctx: Context, requester: Requester, row: dict) -> str:
     require_mutate(ctx, requester, row, "this server-instance")
-    with host_changes(ctx):
+    with host_changes(ctx), instance_claims.held(ctx, row["id"], "delete", refresh=None):
         _refuse_while_moving(ctx, row)
         # The intent first: a second delete of the same instance is refused here, and a
         # crash before the row goes is finished by reconcile, never undone.
@@ -275,10 +275,9 @@ def _domain_remains(hypervisor, instance_id: str) -> bool:
 
 def _refuse_while_moving(ctx: Context, row: dict) -> None:
     """An instance being moved to another host (`cloud-agent host drain`) is left alone until
-    it is there: a power-on mid-copy would run the guest on a disk being copied."""
-    if ctx.store.list_moves(instance_id=row["id"]):
-        raise Conflict(f"server-instance {row['id']} is being moved to another host by an admin; "
-                       "try again once it is there")
+    it is there: a power-on mid-copy would run the guest on a disk being copied (an evacuation
+    too)."""
+    instance_claims.refuse_while_moving(ctx, row["id"])
 
 
 def finish_interrupted(ctx: Context, row: dict) -> None:
@@ -306,7 +305,8 @@ def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None
     require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
     hypervisor = hypervisor_of_instance(ctx, row)
-    with host_changes(ctx), one_at_a_time("instance", row["id"]):
+    with host_changes(ctx), one_at_a_time("instance", row["id"]), \
+            instance_claims.held(ctx, row["id"], what, refresh=lambda: refresh_guest(ctx, row["id"])):
         _refuse_while_moving(ctx, row)
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.

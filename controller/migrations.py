@@ -361,10 +361,30 @@ _M16_MOVES = """
 """
 
 
+# One claim per instance on its host state (controller/instance_claims.py): whichever process
+# moves, evacuates, powers, re-users or refreshes an instance's guest holds it while it works,
+# taken by compare-and-set on this row. The holder is named by its process (pid, the kernel's
+# start time of that pid, the machine's boot id) so that the claim of a process that died is
+# known as stale and taken over or removed (reconcile --fix). `refresh_wanted`: a user
+# change arrived while the claim was held; the holder rebuilds the guest before it lets go.
+_M_INSTANCE_CLAIMS = """
+        CREATE TABLE instance_claims (
+            instance_id TEXT PRIMARY KEY REFERENCES instances(id) ON DELETE CASCADE,
+            operation TEXT NOT NULL,
+            token TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            proc_start TEXT NOT NULL,
+            boot_id TEXT NOT NULL,
+            machine TEXT NOT NULL,
+            refresh_wanted INTEGER NOT NULL DEFAULT 0,
+            claimed_at_utc TEXT NOT NULL
+        );
+"""
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
-    _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES,
+    _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES, _M_INSTANCE_CLAIMS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

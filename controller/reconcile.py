@@ -142,6 +142,14 @@ def _intents(run: _Run) -> None:
         run.found(f"group-{verb}-interrupted", group["name"],
                   f"a group {verb} did not finish; " + ("finishing it" if verb == "delete" else "undoing it"),
                   finish_group)
+    from controller import instance_claims
+
+    for held in instance_claims.stale_claims(ctx):
+        # Its process is gone: what it left half way is in the records below (moves, evacuations).
+        run.found("instance-claim-stale", held["instance_id"],
+                  f"the claim of process {held['pid']} on {held['machine']} ({held['operation']}, since "
+                  f"{held['claimed_at_utc']}) remains after that process ended; removing it",
+                  lambda h=held: instance_claims.drop_stale(ctx, h))
     if ctx.adapters.hypervisor_in_process and not run.hypervisor:
         return
     from controller import evacuate
@@ -151,15 +159,17 @@ def _intents(run: _Run) -> None:
         run.found("instance-evacuate-interrupted", record["instance_id"],
                   f"an evacuation from host {record['from_host']} to host {record['to_host']} did not finish; "
                   "finishing it (the instance is rebuilt from its image there)",
-                  lambda r=record: evacuate.finish(ctx, r["instance_id"]))
+                  lambda r=record: evacuate.resume(ctx, r["instance_id"]))
     from controller import drain
 
     for record in ctx.store.list_moves():
         # Finished, never undone past its commit: the old host's disk goes only after the new one's is checked.
         run.found("instance-move-interrupted", record["instance_id"],
                   f"a move from host {record['from_host']} to host {record['to_host']} did not finish; "
-                  "finishing it (the disk is copied again if it was not yet committed)",
-                  lambda r=record: drain.finish(ctx, r["instance_id"]))
+                  "finishing it (the disk is copied again if it was not yet committed; if host "
+                  f"{record['to_host']} is dead, `cloud-agent host evacuate {record['to_host']} --host-is-down` "
+                  f"returns the instance to its own disk on host {record['from_host']})",
+                  lambda r=record: drain.resume(ctx, r["instance_id"]))
     for row in ctx.store.all_instances():
         if row.get("intent"):
             verb = "delete" if row["intent"] == "deleting" else "create"

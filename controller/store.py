@@ -827,6 +827,15 @@ class Store:
             held = conn.execute("SELECT COUNT(*) FROM instances WHERE host = ?", (name,)).fetchone()[0]
             if held:
                 raise Conflict(f"hypervisor host {name} holds {held} instance(s); delete or move them first")
+            # A move or evacuation not finished names it as where a copy of a disk is or goes.
+            named = conn.execute(
+                "SELECT 'move', instance_id, from_host, to_host FROM moves WHERE from_host = ?1 OR to_host = ?1 "
+                "UNION ALL SELECT 'evacuation', instance_id, from_host, to_host FROM evacuations "
+                "WHERE from_host = ?1 OR to_host = ?1 ORDER BY 2", (name,)).fetchall()
+            if named:
+                what = ", ".join(f"the {r[0]} of instance {r[1]} from host {r[2]} to host {r[3]}" for r in named)
+                raise Conflict(f"hypervisor host {name} is named by {what}, not finished; finish it (drain or "
+                               "evacuate again, `reconcile --fix`) or abandon it (`host drain HOST --abandon`) first")
             conn.execute("DELETE FROM hosts WHERE name = ?", (name,))
 
     # -- evacuations (cloud-agent host evacuate) --------------------------------------
@@ -839,6 +848,11 @@ class Store:
             row = conn.execute("SELECT host, intent FROM instances WHERE id = ?", (instance_id,)).fetchone()
             if row is None or row["host"] != from_host or row["intent"] is not None:
                 return None
+            # A move off the dead host not committed is moot: the copy it was making is not checked.
+            # The guest it shut down is rebuilt in the power state it had before.
+            conn.execute("UPDATE instances SET status = 'running' WHERE id = ?1 AND EXISTS (SELECT 1 FROM moves "
+                         "WHERE instance_id = ?1 AND from_host = ?2 AND was_running = 1)", (instance_id, from_host))
+            conn.execute("DELETE FROM moves WHERE instance_id = ? AND from_host = ?", (instance_id, from_host))
             target = place(self._hosts(conn))
             conn.execute("UPDATE instances SET host = ? WHERE id = ?", (target, instance_id))
             conn.execute("INSERT INTO evacuations (instance_id, from_host, to_host, started_at_utc) "
@@ -896,10 +910,77 @@ class Store:
                          "WHERE id = ? AND EXISTS (SELECT 1 FROM moves WHERE instance_id = ?)",
                          (instance_id, instance_id, instance_id))
 
+    def abandon_move(self, instance_id: str) -> dict | None:
+        """The move is given up and the instance stays on, or returns to, its source (whose copy
+        of the disk was never removed): the row names the source again (shut off there when it
+        had been committed), and the record goes, in one transaction. The record, or None."""
+        with self.write() as conn:
+            move = conn.execute("SELECT * FROM moves WHERE instance_id = ?", (instance_id,)).fetchone()
+            if move is None:
+                return None
+            conn.execute("UPDATE instances SET host = ?, status = 'shutoff', console_since = NULL "
+                         "WHERE id = ? AND host = ?", (move["from_host"], instance_id, move["to_host"]))
+            conn.execute("DELETE FROM moves WHERE instance_id = ?", (instance_id,))
+        return dict(move)
+
     def end_move(self, instance_id: str) -> None:
         """The move is finished, or undone before its commit (the row names the source)."""
         with self.write() as conn:
             conn.execute("DELETE FROM moves WHERE instance_id = ?", (instance_id,))
+
+    # -- instance claims (controller/instance_claims.py) -------------------------------
+    def take_instance_claim(self, claim: dict, *, replacing: str | None = None) -> tuple[bool, dict | None]:
+        """Compare-and-set of the instance's claim: made when the instance has none, or (with
+        `replacing`, a dead holder's token) put in its place only while that claim is still
+        there. (True, None) when taken; (False, the claim that holds it); (False, None) when
+        the instance does not exist. A replaced claim's refresh_wanted is kept."""
+        with self.write() as conn:
+            if replacing is None:
+                cur = conn.execute(
+                    """INSERT INTO instance_claims (instance_id, operation, token, pid, proc_start, boot_id, machine,
+                       claimed_at_utc) SELECT :instance_id, :operation, :token, :pid, :proc_start, :boot_id, :machine,
+                       :claimed_at_utc FROM instances WHERE id = :instance_id
+                       ON CONFLICT (instance_id) DO NOTHING""", claim)
+            else:
+                cur = conn.execute(
+                    """UPDATE instance_claims SET operation = :operation, token = :token, pid = :pid,
+                       proc_start = :proc_start, boot_id = :boot_id, machine = :machine,
+                       claimed_at_utc = :claimed_at_utc WHERE instance_id = :instance_id AND token = :replacing""",
+                    dict(claim, replacing=replacing))
+            if cur.rowcount == 1:
+                return True, None
+            held = conn.execute("SELECT * FROM instance_claims WHERE instance_id = ?",
+                                (claim["instance_id"],)).fetchone()
+        return False, dict(held) if held is not None else None
+
+    def release_instance_claim(self, instance_id: str, token: str) -> bool:
+        """Drop the claim with this token unless a guest refresh was asked for meanwhile: True
+        when it is gone; False when one was (the request is cleared: the holder refreshes the
+        guest, then releases again)."""
+        with self.write() as conn:
+            if conn.execute("DELETE FROM instance_claims WHERE instance_id = ? AND token = ? AND refresh_wanted = 0",
+                            (instance_id, token)).rowcount:
+                return True
+            cur = conn.execute("UPDATE instance_claims SET refresh_wanted = 0 WHERE instance_id = ? AND token = ?",
+                               (instance_id, token))
+        return cur.rowcount == 0
+
+    def drop_instance_claim(self, instance_id: str, token: str) -> bool:
+        """Remove the claim with this token whatever it asks (a dead holder's, or one let go
+        after its refreshes failed); False when it is no longer that claim."""
+        with self.write() as conn:
+            cur = conn.execute("DELETE FROM instance_claims WHERE instance_id = ? AND token = ?", (instance_id, token))
+        return cur.rowcount == 1
+
+    def want_guest_refresh(self, instance_id: str) -> bool:
+        """Ask the holder of the instance's claim to rebuild its guest before it lets go;
+        False when no claim is held (the caller refreshes it itself)."""
+        with self.write() as conn:
+            cur = conn.execute("UPDATE instance_claims SET refresh_wanted = 1 WHERE instance_id = ?", (instance_id,))
+        return cur.rowcount == 1
+
+    def list_instance_claims(self) -> list[dict]:
+        return self._all("SELECT * FROM instance_claims ORDER BY claimed_at_utc, instance_id")
 
     # -- volumes ------------------------------------------------------------------
     def insert_volume(self, volume: dict) -> None:

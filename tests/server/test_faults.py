@@ -595,3 +595,70 @@ def _answers(uri: str) -> bool:
     from tests.fixtures.libvirtd import _libvirt_answers
 
     return _libvirt_answers(uri)
+
+
+class _Crash(BaseException):
+    """The `cloud-agent host drain` process dying mid-way."""
+
+
+def test_a_drain_cut_short_whose_target_dies_then_the_runbook(tmp_path, remote_libvirtd, another_remote_libvirtd,
+                                                              libvirt_private_network, guest_virt, sysroot):
+    """(e), issue 27: a drain of the config's host moves an instance to the second host and
+    dies just after the commit (the second host's copy is the instance now; the first still
+    holds its own disk, shut off); then the second host dies for good. The runbook (evacuate
+    the dead host, `reconcile --fix`, `host remove`) leaves the instance on its own disk on
+    the first host, running once, and reconcile finds nothing. The server serves throughout."""
+    from controller import drain
+    from controller.host_routing import hypervisor_of_host
+
+    values = base_values(tmp_path, guest_virt, sysroot, remote_libvirtd, libvirt_private_network)
+    values["hosts"]["shutdown_wait_seconds"] = 1  # a blank disk boots nothing that would answer ACPI
+    d = Deployment(tmp_path, values)
+    try:
+        d.catalog()
+        [owner] = d.make_clients("fe")[:1]
+        d.add_remote_host(another_remote_libvirtd)
+        d.start()
+        give_volumes(d, [owner], every=1)
+        d.agent("host", "disable", "remote")
+        status, _, body = d.http.call("POST", "/v1/server-instance", {"server-image": d.image,
+                                      "server-flavor": d.flavor}, headers=owner.headers, timeout=CLIENT_TIMEOUT)
+        assert status == 201, body
+        moving = body["data"][0]["id"]
+        assert d.host_of(moving) == "default"
+        d.agent("host", "enable", "remote")
+        source = hypervisor_of_host(d.ctx, "default")
+        disk_before = source.describe(moving).disk_path
+        real = d.store.commit_move
+
+        def crash(instance_id):
+            real(instance_id)
+            raise _Crash()
+
+        d.store.commit_move = crash
+        with pytest.raises(_Crash):
+            drain.drain(d.ctx, "default")  # this process is the agent here; the server runs on
+        d.store.commit_move = real
+        assert d.host_of(moving) == "remote" and source.describe(moving).disk_path == disk_before
+        another_remote_libvirtd.kill()  # the target dies for good (fenced: it stays killed)
+        # The runbook.
+        code, evacuated = d.agent("host", "evacuate", "remote", "--host-is-down", check=False)
+        assert code == 0 and evacuated == {"host": "remote", "rebuilt": [], "failed": [],
+                                           "kept": [{"id": moving, "to": "default"}]}, evacuated
+        d.agent("reconcile", "--fix", check=False)
+        d.agent("host", "remove", "remote")
+        summary, drift = reconciled(d)
+        assert drift == [], summary
+        # Its own disk (never rebuilt from the image), running once, on the host its row names.
+        info = source.describe(moving)
+        assert d.host_of(moving) == "default" and info.disk_path == disk_before and info.status == "running"
+        status, _, body = d.http.call("GET", f"/v1/server-instance/{moving}", headers=owner.headers,
+                                      timeout=CLIENT_TIMEOUT)
+        assert status == 200 and body["data"][0]["status"] == "running", body
+        status, _, body = d.http.call("PUT", f"/v1/server-instance/{moving}", {"task": {"what": "power-off"}},
+                                      headers=owner.headers, timeout=CLIENT_TIMEOUT)
+        assert status == 200, body  # not 409 forever
+    finally:
+        if not _answers(another_remote_libvirtd.uri):
+            another_remote_libvirtd.start()  # to remove what this test left there
+        d.close()

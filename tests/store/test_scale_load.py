@@ -367,6 +367,7 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     conn.execute("DROP TABLE instance_actions")  # migration 15's
     conn.execute("ALTER TABLE audit DROP COLUMN request_id")
     conn.execute("DROP TABLE moves")  # migration 16's (host drain)
+    conn.execute("DROP TABLE instance_claims")  # _M_INSTANCE_CLAIMS (one claim per instance)
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
     listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))

@@ -601,6 +601,9 @@ class _Store:
     def record_reconcile(self, counts, *, fix):
         self.report = (counts, fix)
 
+    def list_instance_claims(self):
+        return []
+
 
 def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
     from types import SimpleNamespace
