@@ -4,7 +4,7 @@ import json
 import logging
 from collections.abc import Iterator
 
-from controller import console, history, limits
+from controller import history, limits, power_tasks
 from controller import permissions as perms
 from controller.addresses import allocate, network_plan
 from controller.context import Context
@@ -13,7 +13,7 @@ from controller.errors import (CleanupFailed, Conflict, ControllerError, HostErr
 from controller.guests import guest_spec
 from controller.host_routing import hypervisor_of_instance
 from controller.image_copy import ensure_image_on_host
-from controller.locks import host_changes, one_at_a_time
+from controller.locks import claimed, claimed_by, host_changes, one_at_a_time
 from controller.lookups import (account_of, account_uuids, flavor_row, instance_row, require_mutate,
                                 requester_account, resolve_grantable)
 from controller.permissions import Requester
@@ -261,32 +261,30 @@ def finish_interrupted(ctx: Context, row: dict) -> None:
 # -- tasks -------------------------------------------------------------------------------
 def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -> dict:
     row = instance_row(ctx, requester, instance_id)
-    with history.recorded(ctx, row, task["what"], requester=requester.id):
-        _run_task(ctx, requester, row, task)
+    with history.recorded(ctx, row, task["what"], requester=requester.id) as outcome:
+        outcome.message = _run_task(ctx, requester, row, task)
     return get_instance(ctx, requester, row["id"])
 
 
-def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None:
+def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> str:
+    """Carry out the task; its history message."""
     require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
-    hypervisor = hypervisor_of_instance(ctx, row)
-    with host_changes(ctx), one_at_a_time("instance", row["id"]):
-        _refuse_while_moving(ctx, row)
-        if what == "modify-users":
+    if what == "modify-users":
+        # Refused at once during a power task rather than waiting the guest's shutdown out.
+        running = claimed_by("server-instance", row["id"])
+        if running is not None:
+            raise Conflict(f"server-instance {row['id']} is busy with a {running}; try again once it has ended")
+        with host_changes(ctx), one_at_a_time("instance", row["id"]):
+            _refuse_while_moving(ctx, row)
             # Read again under the lock: another modify-users may just have changed the list.
             row = instance_row(ctx, requester, row["id"])
             _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
-        elif what == "power-on":
-            hypervisor.power_on(row["id"])
-        elif what == "power-off":
-            hypervisor.power_off(row["id"])
-        elif what == "reboot":
-            if hypervisor.status(row["id"]) != "running":
-                raise Conflict("reboot needs a running server-instance")
-            # Where the console ended: a reset keeps the run's output, the console answers what follows.
-            mark = hypervisor.console(row["id"], max_bytes=0).mark
-            hypervisor.reboot(row["id"])
-            ctx.store.set_console_since(row["id"], console.mark_text(mark))
+        return ""
+    # A power task may wait for the guest's shutdown: one at a time per instance, a second 409.
+    with claimed("server-instance", row["id"], what), host_changes(ctx), one_at_a_time("instance", row["id"]):
+        _refuse_while_moving(ctx, row)
+        return power_tasks.run(ctx, row, what)
 
 
 def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> None:

@@ -14,6 +14,10 @@ Two locks, both advisory:
   resource (modify-users on one instance, member changes of one group) run one
   after the other, so none reads a list another is about to replace (a lost
   update).
+- `claimed(kind, id, doing)`: within the server process, a long task on one
+  resource (a power task, which may wait a guest's shutdown out) is the only
+  one: a second is refused at once with Conflict naming the first, rather
+  than holding a request thread until the first ends.
 """
 
 import fcntl
@@ -73,3 +77,29 @@ def one_at_a_time(kind: str, resource_id: str, *, wait_seconds: float | None = N
         yield
     finally:
         lock.release()
+
+
+_claims: dict[tuple[str, str], str] = {}
+
+
+@contextmanager
+def claimed(kind: str, resource_id: str, doing: str) -> Iterator[None]:
+    """Hold the claim of one resource for a long task (`doing`, e.g. "reboot") in this process;
+    Conflict at once while another task holds it."""
+    key = (kind, resource_id)
+    with _resource_locks_guard:
+        running = _claims.get(key)
+        if running is not None:
+            raise Conflict(f"{kind} {resource_id} is busy with a {running}; try again once it has ended")
+        _claims[key] = doing
+    try:
+        yield
+    finally:
+        with _resource_locks_guard:
+            _claims.pop(key, None)
+
+
+def claimed_by(kind: str, resource_id: str) -> str | None:
+    """What task holds the claim of a resource in this process now (None: none)."""
+    with _resource_locks_guard:
+        return _claims.get((kind, resource_id))
