@@ -16,10 +16,10 @@ one runs is refused at once (409, locks.claimed) rather than waiting it out.
 
 import time
 
+from controller import console
 from controller.context import Context
 from controller.errors import Conflict
 from controller.host_routing import hypervisor_of_instance
-from controller import console
 
 POWER_TASKS = ("reboot", "power-on", "power-off")
 # Statuses in which a guest runs (QEMU is there): a power-off shuts it down.
