@@ -65,8 +65,10 @@ def wait_for_guest(client: Client, server: Server, *, timeout: float,
                 return server
             if reach:
                 state = "SSH answers; finishing its boot setup (console not ready yet)"
+            elif reach is False:
+                state = "booting: no SSH answer yet"
             else:
-                state = "booting: no SSH answer yet" if reach is False else f"booting ({address} not reachable from here)"
+                state = f"booting ({address} not reachable from here)"
         else:
             state = server.status
         if state != said:
