@@ -184,3 +184,14 @@ def test_the_shutdown_timeout_defaults_to_60(tmp_path):
     values = config_values_for(tmp_path)
     values["guest"].pop("shutdown_timeout_seconds", None)
     assert config_from_dict(values).guest.shutdown_timeout_seconds == 60
+
+
+def test_user_apply_shuts_guests_down_cleanly_before_it_starts_them(cctx, adapters, people, running):
+    """`cloud-agent user apply`'s power cycle is no pulled plug either: the same clean shutdown."""
+    from controller import guests
+
+    hv = adapters.hypervisor
+    rows = cctx.store.list_instances(visible_to=None, instance_id=running["id"])
+    [result] = guests.apply_to_instances(cctx, rows, may_cycle={running["id"]})
+    assert result["cycled"] is True and result["status"] == "running"
+    assert (hv.calls["shut_down"], hv.calls["power_off"], hv.calls["power_on"]) == (1, 0, 1)
