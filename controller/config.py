@@ -103,6 +103,10 @@ DEFAULTS: dict[str, dict[str, str]] = {
     "guest": {
         # none, or owner: the instance's owner gets root (sudo) in the guest.
         "sudo": "none",
+        # reboot and power-off ask the guest to shut down (ACPI power button) and wait this
+        # long before powering it off hard; 0: at once (a pulled plug). A Debian or RHEL
+        # guest shuts down in 2 to 20 s; systemd gives a stuck service 90 s.
+        "shutdown_timeout_seconds": "60",
     },
     "volumes": {
         "home_root": "/home",
@@ -367,6 +371,7 @@ class NetworkConfig:
 @dataclass(frozen=True)
 class GuestConfig:
     sudo: str = _one_of(GUEST_SUDO)
+    shutdown_timeout_seconds: int = _at_least(0, "0 (a hard power-off at once) or more")
 
 
 @dataclass(frozen=True)
@@ -581,6 +586,7 @@ def parse_config(written: dict[str, dict[str, str]], path: str | None = None) ->
     config = Config(**sections, path=path,
                     written=MappingProxyType({s: MappingProxyType(dict(k)) for s, k in written.items()}))
     _check_guest_root_quota(config)
+    _check_shutdown_timeout(config)
     from controller.addresses import network_plan
 
     network_plan(config)  # raises InvalidInput naming the bad [network] key
@@ -612,6 +618,17 @@ def _check_guest_root_quota(config: Config) -> None:
             f"{backend} {limits}, and root in a guest writes into the homes shared with it "
             "as root, past every user's quota; use quota_backend btrfs or xfs (they limit the home "
             "whoever writes) or [guest] sudo = none")
+
+
+# A power task's request waits for the guest's shutdown: the `cloud` command and the client
+# library wait for a task's answer this long and more (common/client/session.py TASK_TIMEOUT).
+MAX_SHUTDOWN_TIMEOUT_SECONDS = 600
+
+
+def _check_shutdown_timeout(config: Config) -> None:
+    if config.guest.shutdown_timeout_seconds > MAX_SHUTDOWN_TIMEOUT_SECONDS:
+        raise InvalidInput(f"config [guest] shutdown_timeout_seconds must be at most {MAX_SHUTDOWN_TIMEOUT_SECONDS}: "
+                           "a reboot or power-off request waits for the guest's shutdown")
 
 
 def default_config_path() -> str:

@@ -1,9 +1,10 @@
 """An instance's serial console since its last start, and whether its guest is ready.
 
 The host keeps the output of the guest's last run (host_adapters/console.py); a
-reboot through the API is a reset of the same run, so run_task records where the
-output ended then (`console_since`) and the answer starts after it. A power cycle
-starts a new run: the mark is of another run and counts no more.
+reboot through the API records where the output ended then (`console_since`, for a
+hypervisor whose reboot kept the run) and the answer starts after it. A power cycle,
+and the API's reboot (a shutdown, then a start), starts a new run: the mark is of
+another run and counts no more.
 """
 
 import json

@@ -230,8 +230,9 @@ def _apply_one(ctx: Context, row: dict, result: dict, may_cycle: set[str]) -> No
     hypervisor.set_guest(row["id"], guest_spec(ctx, current[0]))
     if row["id"] in may_cycle and hypervisor.status(row["id"]) in _LIVE:
         # Off and on again: a new QEMU process with the definition's shares
-        # (a reset keeps the old ones) boots the guest with the new seed.
-        hypervisor.power_off(row["id"])
+        # (a reset keeps the old ones) boots the guest with the new seed. Shut
+        # down cleanly first, as a reboot is (power_tasks.py): no pulled plug.
+        hypervisor.shut_down(row["id"], wait_seconds=ctx.config.guest.shutdown_timeout_seconds)
         hypervisor.power_on(row["id"])
         result["cycled"] = True
     result["status"] = hypervisor.status(row["id"])

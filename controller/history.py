@@ -54,19 +54,28 @@ def record(ctx, instance: dict, action: str, *, requester: str | None, result: s
         log.error("could not record %s of instance %s: %s", action, instance["id"], e)
 
 
+class Outcome:
+    """What a block under recorded() has to say of its success (the history's `message`)."""
+
+    def __init__(self) -> None:
+        self.message = ""
+
+
 @contextmanager
-def recorded(ctx, instance: dict, action: str, *, requester: str | None) -> Iterator[None]:
-    """Record `action` as a success when the block ends, as an error with its message when it
-    raises (the error goes on to the caller unchanged)."""
+def recorded(ctx, instance: dict, action: str, *, requester: str | None) -> Iterator[Outcome]:
+    """Record `action` as a success when the block ends (with the message the block set on the
+    Outcome it gets), as an error with its message when it raises (the error goes on to the
+    caller unchanged)."""
+    outcome = Outcome()
     try:
-        yield
+        yield outcome
     except ControllerError as e:
         record(ctx, instance, action, requester=requester, result="error", message=e.message)
         raise
     except Exception:
         record(ctx, instance, action, requester=requester, result="error", message=INTERNAL_ERROR)
         raise
-    record(ctx, instance, action, requester=requester)
+    record(ctx, instance, action, requester=requester, message=outcome.message)
 
 
 def list_actions(ctx, requester: Requester, instance_id: str) -> list[dict]:

@@ -4,7 +4,7 @@ import json
 import logging
 from collections.abc import Iterator
 
-from controller import console, history, instance_claims, limits
+from controller import history, instance_claims, limits, power_tasks
 from controller import permissions as perms
 from controller.addresses import allocate, network_plan
 from controller.context import Context
@@ -296,33 +296,27 @@ def finish_interrupted(ctx: Context, row: dict) -> None:
 # -- tasks -------------------------------------------------------------------------------
 def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -> dict:
     row = instance_row(ctx, requester, instance_id)
-    with history.recorded(ctx, row, task["what"], requester=requester.id):
-        _run_task(ctx, requester, row, task)
+    with history.recorded(ctx, row, task["what"], requester=requester.id) as outcome:
+        outcome.message = _run_task(ctx, requester, row, task)
     return get_instance(ctx, requester, row["id"])
 
 
-def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None:
+def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> str:
+    """Carry out the task; its history message."""
     require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
-    hypervisor = hypervisor_of_instance(ctx, row)
-    with host_changes(ctx), one_at_a_time("instance", row["id"]), \
-            instance_claims.held(ctx, row["id"], what, refresh=lambda: refresh_guest(ctx, row["id"])):
+    # One claim per instance (instance_claims.py), taken first: a second power task, or a
+    # change of users during one (a clean shutdown may take minutes), is refused at once
+    # (409) rather than waiting it out, in this process or another.
+    with instance_claims.held(ctx, row["id"], what, refresh=lambda: refresh_guest(ctx, row["id"])), \
+            host_changes(ctx), one_at_a_time("instance", row["id"]):
         _refuse_while_moving(ctx, row)
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.
             row = instance_row(ctx, requester, row["id"])
             _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
-        elif what == "power-on":
-            hypervisor.power_on(row["id"])
-        elif what == "power-off":
-            hypervisor.power_off(row["id"])
-        elif what == "reboot":
-            if hypervisor.status(row["id"]) != "running":
-                raise Conflict("reboot needs a running server-instance")
-            # Where the console ended: a reset keeps the run's output, the console answers what follows.
-            mark = hypervisor.console(row["id"], max_bytes=0).mark
-            hypervisor.reboot(row["id"])
-            ctx.store.set_console_since(row["id"], console.mark_text(mark))
+            return ""
+        return power_tasks.run(ctx, row, what)
 
 
 def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> None:

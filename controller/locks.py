@@ -14,6 +14,10 @@ Two locks, both advisory:
   resource (modify-users on one instance, member changes of one group) run one
   after the other, so none reads a list another is about to replace (a lost
   update).
+
+A long task on one instance (a power task, which may wait a guest's shutdown
+out; a move) holds the instance's claim (instance_claims.py), across
+processes: a second is refused at once with Conflict naming the first.
 """
 
 import fcntl
@@ -73,3 +77,4 @@ def one_at_a_time(kind: str, resource_id: str, *, wait_seconds: float | None = N
         yield
     finally:
         lock.release()
+

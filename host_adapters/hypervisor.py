@@ -201,9 +201,11 @@ class Hypervisor:
         raise NotImplementedError
 
     def shut_down(self, instance_id: str, *, wait_seconds: float) -> bool:
-        """Afterwards the instance is shut off: a running guest is asked to shut down (ACPI
-        power button) and given wait_seconds to do so, then powered off hard. True when it
-        was shut off by then without the hard power-off. NotFound if it has no domain."""
+        """Afterwards the instance is shut off: a running guest is asked to shut down (the guest
+        agent where one answers, else the ACPI power button) and given wait_seconds to do so,
+        then powered off hard. A guest that cannot hear it (paused), or a wait of 0, is powered
+        off at once. True when it was shut off without the hard power-off (also when it already
+        was). NotFound if it has no domain."""
         raise NotImplementedError
 
     def read_disk(self, instance_id: str, dest: int, *, max_bytes: int, progress: Progress | None = None) -> bool:
@@ -239,18 +241,18 @@ class Hypervisor:
         """
         raise NotImplementedError
 
-    def reboot(self, instance_id: str) -> None:
-        """Restart a running instance; afterwards it runs its persistent definition and reads its seed again.
+    def reboot(self, instance_id: str, *, wait_seconds: float) -> bool:
+        """Restart a running instance cleanly; afterwards it runs its persistent definition and
+        reads its seed again.
 
-        When the running guest has the shares of its persistent definition
-        this is a hard reset of the same guest. Otherwise it is a hard power
-        cycle (power-off, then start), so that shares changed by set_guest take
-        effect: a reset would keep the devices the guest has. Either way the
-        guest loses its memory state, as with a reset button.
+        The guest is shut down as shut_down() does (asked, given wait_seconds, then powered off
+        hard), then started: a new guest with the devices of its persistent definition (shares
+        changed by set_guest take effect). Never a reset: a reset is a pulled plug for the
+        guest's disk. True when the guest shut down when asked, False when it was powered off
+        hard.
 
-        Conflict if it is not running; NotFound if it has no domain. HostError
-        if the instance was powered off but could not be started again (it is
-        left shut off).
+        Conflict if it is not running; NotFound if it has no domain. HostError if the instance
+        was shut down but could not be started again (it is left shut off).
         """
         raise NotImplementedError
 

@@ -1,11 +1,13 @@
 """`--wait`: from a created (or restarted) server to a guest that takes SSH logins.
 
 Bounded by --timeout. Done when port 22 at the server's address answers with
-an SSH banner; where the client cannot reach that address (no route, or the
-connection times out, as from a laptop outside the cluster), when the
-guest's console says its boot setup has finished (`ready`, CONTRACT.md
-section 10). A refused connection means the address is reachable and sshd
-is not up yet: keep waiting for SSH itself.
+an SSH banner AND the guest's console says its boot setup has finished
+(`ready`: cloud-init's last stage has run, so nothing of the first boot
+restarts sshd after the `ssh` line is printed); where the client cannot reach
+that address (no route, or the connection times out, as from a laptop outside
+the cluster), when `ready` alone. A refused connection means the address is
+reachable and sshd is not up yet: keep waiting for SSH itself. Where the
+service or host has no console (404, 405, 503), SSH alone.
 """
 
 import errno
@@ -34,12 +36,13 @@ def ssh_answers(address: str, port: int = 22) -> bool | None:
         return None if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL) else False
 
 
-def console_ready(client: Client, server_id: str) -> bool:
+def console_ready(client: Client, server_id: str) -> bool | None:
+    """The console's `ready`; None where there is no console to ask (rely on SSH then)."""
     try:
         return client.console(server_id, size=1).ready
     except ApiError as e:
         if e.status in (404, 405, 503):  # no console (yet) on this service or host: rely on SSH
-            return False
+            return None
         raise
 
 
@@ -54,12 +57,18 @@ def wait_for_guest(client: Client, server: Server, *, timeout: float,
             raise ClientError(f"server {server.id} is in status {server.status}")
         if server.status == "running" and address:
             reach = ssh_answers(address)
-            if reach:
+            ready = console_ready(client, server.id) if reach is not False else False
+            if reach and ready is not False:
                 return server
-            if reach is None and console_ready(client, server.id):
+            if reach is None and ready:
                 progress(f"{address} is not reachable from here; the console says the guest is ready")
                 return server
-            state = "booting: no SSH answer yet" if reach is False else f"booting ({address} not reachable from here)"
+            if reach:
+                state = "SSH answers; finishing its boot setup (console not ready yet)"
+            elif reach is False:
+                state = "booting: no SSH answer yet"
+            else:
+                state = f"booting ({address} not reachable from here)"
         else:
             state = server.status
         if state != said:

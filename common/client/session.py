@@ -17,6 +17,9 @@ from common.client.errors import ApiError, ClientError, Unreachable
 from common.client.models import Action, Console, Flavor, Group, Image, Limits, Server, Token, User, Volume
 
 DEFAULT_TIMEOUT = 60.0
+# A power task's answer waits for the guest's clean shutdown: the service's [guest]
+# shutdown_timeout_seconds (at most 600) and a start. Its call waits this long at least.
+TASK_TIMEOUT = 660.0
 # A token this close to its end is renewed before the call rather than refused during it.
 _RENEW_MARGIN_SECONDS = 30
 
@@ -58,12 +61,14 @@ class Client:
         return bool((self._key and self._secret) or (self._email and self._password))
 
     # -- transport ------------------------------------------------------------
-    def _send(self, method: str, path: str, *, params=None, json=None, headers=None) -> requests.Response:
+    def _send(self, method: str, path: str, *, params=None, json=None, headers=None,
+              timeout: float | None = None) -> requests.Response:
+        timeout = timeout or self.timeout
         try:
             return self.http.request(method, self.url + path, params=params, json=json, headers=headers,
-                                     timeout=self.timeout, allow_redirects=False)
+                                     timeout=timeout, allow_redirects=False)
         except requests.Timeout:
-            raise Unreachable(f"{self.url} did not answer within {self.timeout:g} s") from None
+            raise Unreachable(f"{self.url} did not answer within {timeout:g} s") from None
         except requests.RequestException as e:
             raise Unreachable(f"cannot reach {self.url}: {type(e).__name__}") from None
 
@@ -107,16 +112,17 @@ class Client:
         if not self.token or not self.userid:
             raise ClientError("not logged in: run `cloud login`")
 
-    def call(self, method: str, path: str, *, params=None, json=None) -> dict:
-        """One authenticated call; the answer's envelope (ApiError on an error)."""
+    def call(self, method: str, path: str, *, params=None, json=None, timeout: float | None = None) -> dict:
+        """One authenticated call; the answer's envelope (ApiError on an error). `timeout`: this
+        call's wait for the answer, if not the client's."""
         self._ensure_token()
         sent = self.token
-        resp = self._send(method, path, params=params, json=json, headers=self._auth())
+        resp = self._send(method, path, params=params, json=json, headers=self._auth(), timeout=timeout)
         if resp.status_code == 401 and self.can_renew:
             with self._lock:
                 if self.token == sent:  # another thread may have renewed it already
                     self.login()
-            resp = self._send(method, path, params=params, json=json, headers=self._auth())
+            resp = self._send(method, path, params=params, json=json, headers=self._auth(), timeout=timeout)
         return self._checked(resp)
 
     def _auth(self) -> dict:
@@ -149,7 +155,8 @@ class Client:
         self.call("DELETE", f"/v1/server-instance/{_seg(server_id)}")
 
     def _task(self, server_id: str, task: dict) -> Server:
-        return self._one("PUT", f"/v1/server-instance/{_seg(server_id)}", Server, json={"task": task})
+        return self._one("PUT", f"/v1/server-instance/{_seg(server_id)}", Server, json={"task": task},
+                         timeout=max(self.timeout, TASK_TIMEOUT))
 
     def reboot_server(self, server_id: str) -> Server:
         return self._task(server_id, {"what": "reboot"})

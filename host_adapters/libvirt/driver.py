@@ -51,18 +51,6 @@ def _shares_of(filesystems: Iterable[domain_xml.Filesystem]) -> tuple[Share, ...
     return tuple(sorted(Share(fs.target_dir, fs.source_dir) for fs in filesystems))
 
 
-def _device_key(xml: str):
-    filesystems = sorted((fs.target_dir, fs.source_dir, fs.driver) for fs in domain_xml.filesystems_of(xml))
-    nics = sorted((n.mac, n.network, n.bridge, n.filterref) for n in domain_xml.interfaces_of(xml))
-    return filesystems, nics
-
-
-def _definition_pending(dom) -> bool:
-    """Whether the running guest's devices differ from its persistent definition's (set_guest changes only those)."""
-    lv = _libvirt()
-    return _device_key(dom.XMLDesc(0)) != _device_key(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))
-
-
 class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, ChecksPart, Hypervisor):
     """Instances as libvirt domains, disks and seeds as volumes of one storage pool.
 
@@ -254,14 +242,28 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
     def shut_down(self, instance_id: str, *, wait_seconds: float) -> bool:
         check_id(instance_id, "instance id")
         check_wait(wait_seconds)
+        try:
+            return self._shut_down(instance_id, wait_seconds, what=f"shut down instance {instance_id}")
+        finally:
+            self._changed(instance_id)
 
-        def asked(conn) -> bool:
+    def _shut_down(self, instance_id: str, wait_seconds: float, *, what: str) -> bool:
+        """The one clean shutdown of every caller (a drain's move, power-off, reboot): ask, wait
+        at most wait_seconds while polling once a second, then power off hard. True when the
+        guest was shut off without the hard power-off (also when it was already)."""
+
+        def asked(conn) -> bool | None:
+            """True: asked; None: already shut off; False: active but cannot hear it (paused)."""
             lv = _libvirt()
             dom = self._existing_domain(conn, instance_id)
             if not dom.isActive():
-                return False
+                return None
+            if dom.state()[0] not in (lv.VIR_DOMAIN_RUNNING, lv.VIR_DOMAIN_BLOCKED) or wait_seconds <= 0:
+                return False  # a paused guest runs no code to hear the button: no use waiting
             try:
-                dom.shutdown()  # QEMU: the ACPI power button (the domains have no guest agent channel)
+                # libvirt's default for QEMU: the guest agent where one is connected, else the
+                # ACPI power button (the domains carry no guest agent channel today).
+                dom.shutdown()
             except lv.libvirtError as e:
                 if _code(e) != lv.VIR_ERR_OPERATION_INVALID:  # else it stopped meanwhile
                     raise
@@ -271,19 +273,18 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             dom = self._existing_domain(conn, instance_id)
             return not dom.isActive()
 
-        try:
-            if not self._call(f"shut down instance {instance_id}", asked):
-                return True
+        began = self._call(what, asked)
+        if began is None:
+            return True
+        if began:
             deadline = time.monotonic() + wait_seconds
             while time.monotonic() < deadline:
-                if self._call(f"shut down instance {instance_id}", stopped):
+                if self._call(what, stopped):
                     return True
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             log.warning("instance %s did not shut down within %s s; powered off", instance_id, wait_seconds)
-            self.power_off(instance_id)
-            return False
-        finally:
-            self._changed(instance_id)
+        self._call(what, lambda conn: self._destroy_domain(self._existing_domain(conn, instance_id)))
+        return False
 
     def read_disk(self, instance_id: str, dest: int, *, max_bytes: int, progress: Progress | None = None) -> bool:
         check_id(instance_id, "instance id")
@@ -400,57 +401,49 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
 
     def power_off(self, instance_id: str) -> None:
         check_id(instance_id, "instance id")
-
-        def op(conn):
-            lv = _libvirt()
-            dom = self._existing_domain(conn, instance_id)
-            try:
-                if dom.isActive():
-                    dom.destroy()
-            except lv.libvirtError as e:
-                if _code(e) != lv.VIR_ERR_OPERATION_INVALID or dom.isActive():
-                    raise
-
         try:
-            self._call(f"power off instance {instance_id}", op)
+            self._call(f"power off instance {instance_id}",
+                       lambda conn: self._destroy_domain(self._existing_domain(conn, instance_id)))
         finally:
             self._changed(instance_id)
 
-    def reboot(self, instance_id: str) -> None:
-        check_id(instance_id, "instance id")
-        cycling = False
-
-        def op(conn):
-            nonlocal cycling
-            lv = _libvirt()
-            dom = self._existing_domain(conn, instance_id)
-            not_running = Conflict(f"instance {instance_id} is not running")
-            if cycling:
-                # The connection was lost during the power cycle: finish it rather than start over.
-                if not dom.isActive():
-                    self._start_again(dom, instance_id)
-                    return
-                if not _definition_pending(dom):
-                    return
-            elif dom.state()[0] not in (lv.VIR_DOMAIN_RUNNING, lv.VIR_DOMAIN_BLOCKED):
-                raise not_running
-            try:
-                # A reset keeps the QEMU process, hence the devices it started with.
-                if _definition_pending(dom):
-                    cycling = True
-                    dom.destroy()
-                    self._start_again(dom, instance_id)
-                else:
-                    dom.reset(0)
-            except lv.libvirtError as e:
-                if _code(e) == lv.VIR_ERR_OPERATION_INVALID:
-                    raise not_running from e
+    @staticmethod
+    def _destroy_domain(dom) -> None:
+        """Hard power-off of an active domain; nothing for an inactive one."""
+        lv = _libvirt()
+        try:
+            if dom.isActive():
+                dom.destroy()
+        except lv.libvirtError as e:
+            if _code(e) != lv.VIR_ERR_OPERATION_INVALID or dom.isActive():
                 raise
 
+    def reboot(self, instance_id: str, *, wait_seconds: float) -> bool:
+        check_id(instance_id, "instance id")
+        check_wait(wait_seconds)
+        what = f"reboot instance {instance_id}"
+
+        def running(conn) -> None:
+            lv = _libvirt()
+            if self._existing_domain(conn, instance_id).state()[0] not in (lv.VIR_DOMAIN_RUNNING,
+                                                                           lv.VIR_DOMAIN_BLOCKED):
+                raise Conflict(f"instance {instance_id} is not running")
+
+        def start(conn) -> None:
+            # Repeated on a new connection when the old one was lost: started once only.
+            dom = self._existing_domain(conn, instance_id)
+            if not dom.isActive():
+                self._start_again(dom, instance_id)
+
         try:
-            self._call(f"reboot instance {instance_id}", op)
+            self._call(what, running)
+            # Shut down, then started: a new QEMU, so the guest also gets the devices of its
+            # persistent definition (set_guest). A reset would pull the plug on the guest's disk.
+            clean = self._shut_down(instance_id, wait_seconds, what=what)
+            self._call(what, start)
         finally:
             self._changed(instance_id)
+        return clean
 
     @staticmethod
     def _start_again(dom, instance_id: str) -> None:
@@ -461,8 +454,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             if _connection_lost(e):
                 raise
             raise HostError(
-                f"reboot instance {instance_id}: powered off to apply its changed definition, "
-                f"but cannot start it again (it is shut off): {_msg(e)}"
+                f"reboot instance {instance_id}: shut down, but cannot start it again "
+                f"(it is shut off): {_msg(e)}"
             ) from e
 
     def set_guest(self, instance_id: str, guest: GuestSpec) -> None:

@@ -6,6 +6,7 @@ the adapters built from a config by the same factory `cloud-agent serve` uses.
 
 import os
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -52,6 +53,8 @@ def kvm_service(tmp_path, libvirt_dir_pool, libvirt_private_network, guest_virt,
         network={"name": libvirt_private_network.name, "subnet": libvirt_private_network.subnet},
         volumes={"home_root": str(home_root), "quota_backend": "none"},
         unix={"root": sysroot},
+        # Blank disks run no OS to hear the power button: forced after 2 s (issue 25).
+        guest={"shutdown_timeout_seconds": 2},
     )
     yield ctx, client, libvirt_dir_pool, prefix
     hv = ctx.adapters.hypervisor
@@ -97,15 +100,28 @@ def test_instance_lifecycle_on_kvm(kvm_service):
                                      json={"task": {"what": what}}))
         return r
 
+    def last_message(what):
+        entry = ok(client.simulate_get(f"/v1/server-instance/{inst['id']}/actions", headers=alice.headers))[-1]
+        assert (entry["action"], entry["result"]) == (what, "success")
+        return entry["message"]
+
+    forced = ("forced: the guest did not shut down within 2 s of being asked ([guest] shutdown_timeout_seconds); "
+              "it was powered off hard")
+    started = time.monotonic()
     assert task("power-off")["status"] == "shutoff"
+    assert 2 <= time.monotonic() - started < 30  # asked, waited, then forced
     assert virsh(pool.uri, "domstate", domain).stdout.strip() == "shut off"
+    assert last_message("power-off") == forced
     r = client.simulate_put(f"/v1/server-instance/{inst['id']}", headers=alice.headers,
                             json={"task": {"what": "reboot"}})
     assert r.status_code == 409
     assert task("power-on")["status"] == "running"
     assert virsh(pool.uri, "domstate", domain).stdout.strip() == "running"
+    domid = virsh(pool.uri, "domid", domain).stdout.strip()
     assert task("reboot")["status"] == "running"
     assert virsh(pool.uri, "domstate", domain).stdout.strip() == "running"
+    assert virsh(pool.uri, "domid", domain).stdout.strip() != domid  # shut down and started, not reset
+    assert last_message("reboot") == forced + ", then started again"
 
     assert ok(client.simulate_delete(f"/v1/server-instance/{inst['id']}", headers=alice.headers)) == []
     assert virsh(pool.uri, "dominfo", domain, check=False).returncode != 0

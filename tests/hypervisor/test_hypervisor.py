@@ -2,6 +2,7 @@ import inspect
 import ipaddress
 import os
 import struct
+import time
 import uuid
 import xml.etree.ElementTree as ET
 
@@ -205,20 +206,23 @@ class HypervisorContract:
         hv.power_on(instance_id)
         assert hv.status(instance_id) == "running"
 
-    def test_reboot_resets_a_running_instance_and_refuses_a_stopped_one(self, hv, base_image, shares):
+    def test_reboot_restarts_a_running_instance_and_refuses_a_stopped_one(self, hv, base_image, shares):
+        """Issue 25: clean first (True: the guest shut down when asked), forced after the wait
+        (False: a real guest on a blank disk hears no power button)."""
         instance_id = self.spawn(hv, base_image, shares)
-        hv.reboot(instance_id)
+        assert hv.reboot(instance_id, wait_seconds=3) is self.answers_acpi
         assert hv.status(instance_id) == "running"
         assert hv.describe(instance_id).live_shares == tuple(Share(*s) for s in sorted(shares))
         hv.power_off(instance_id)
         with pytest.raises(Conflict, match="not running"):
-            hv.reboot(instance_id)
+            hv.reboot(instance_id, wait_seconds=5)
         assert hv.status(instance_id) == "shutoff"
 
-    @pytest.mark.parametrize("method", ["power_on", "power_off", "reboot"])
+    @pytest.mark.parametrize("method", ["power_on", "power_off", "reboot", "shut_down"])
     def test_power_actions_on_a_missing_instance_are_not_found(self, hv, method):
+        waits = {"wait_seconds": 5} if method in ("reboot", "shut_down") else {}
         with pytest.raises(NotFound):
-            getattr(hv, method)(new_id())
+            getattr(hv, method)(new_id(), **waits)
 
     def test_a_missing_instance(self, hv):
         instance_id = new_id()
@@ -243,11 +247,11 @@ class HypervisorContract:
     def test_reboot_applies_shares_removed_from_a_running_instance(self, hv, base_image, shares):
         instance_id = self.spawn(hv, base_image, shares)
         hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[1:]))
-        hv.reboot(instance_id)
+        hv.reboot(instance_id, wait_seconds=5)
         info = hv.describe(instance_id)
         assert info.status == "running"
         assert info.live_shares == info.shares == (Share(*shares[1]),)
-        hv.reboot(instance_id)
+        hv.reboot(instance_id, wait_seconds=5)
         assert hv.describe(instance_id).live_shares == (Share(*shares[1]),)
 
     def test_power_on_applies_shares_set_while_running(self, hv, base_image, shares):
@@ -384,6 +388,11 @@ class HypervisorContract:
             hv.shut_down(new_id(), wait_seconds=5)
         with pytest.raises(InvalidInput):
             hv.shut_down(instance_id, wait_seconds=-1)
+        # Issue 25: no wait ([guest] shutdown_timeout_seconds = 0) is a hard power-off at once.
+        hv.power_on(instance_id)
+        assert hv.shut_down(instance_id, wait_seconds=0) is False and hv.status(instance_id) == "shutoff"
+        with pytest.raises(InvalidInput):
+            hv.reboot(instance_id, wait_seconds=-1)
 
     def test_receive_defines_the_moved_instance_started_only_when_asked(self, hv, base_image, shares):
         """Issue 19 (drain): where the sending host keeps no disk content (read_disk False), a
@@ -457,7 +466,7 @@ class TestFakeHypervisor(HypervisorContract):
         hv.instances[instance_id].status = "paused"
         assert hv.status(instance_id) == "paused"
         with pytest.raises(Conflict):
-            hv.reboot(instance_id)
+            hv.reboot(instance_id, wait_seconds=5)
         hv.power_on(instance_id)
         assert hv.status(instance_id) == "running"
 
@@ -643,9 +652,9 @@ class TestLibvirtTestDriver(HypervisorContract):
         def fail(*args):
             raise _libvirt_error(libvirt.VIR_ERR_INTERNAL_ERROR, libvirt.VIR_FROM_QEMU, "monitor gone")
 
-        monkeypatch.setattr(libvirt.virDomain, "reset", fail)
+        monkeypatch.setattr(libvirt.virDomain, "shutdown", fail)
         with pytest.raises(HostError, match=f"reboot instance {instance_id}: monitor gone") as err:
-            hv.reboot(instance_id)
+            hv.reboot(instance_id, wait_seconds=5)
         assert type(err.value) is HostError
 
     @staticmethod
@@ -666,7 +675,8 @@ class TestLibvirtTestDriver(HypervisorContract):
 
             monkeypatch.setattr(libvirt.virDomain, name, call)
 
-    def test_reboot_power_cycles_a_guest_that_still_has_removed_shares(self, hv, base_image, shares, monkeypatch):
+    def test_reboot_shuts_down_and_starts_a_guest_that_still_has_removed_shares(self, hv, base_image, shares,
+                                                                                 monkeypatch):
         instance_id = self.spawn(hv, base_image, shares)
         dom = self.domain(hv, instance_id)
         hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[:1]))
@@ -674,14 +684,17 @@ class TestLibvirtTestDriver(HypervisorContract):
         assert self.live_tags(dom) == ["alice", "bob"]
         assert [s.tag for s in hv.describe(instance_id).live_shares] == ["alice", "bob"]
         calls = []
-        self.spy(monkeypatch, calls, "reset", "destroy", "create")
-        hv.reboot(instance_id)
-        assert calls == ["destroy", "create"]
+        self.spy(monkeypatch, calls, "reset", "shutdown", "destroy", "create")
+        assert hv.reboot(instance_id, wait_seconds=5) is True  # the test driver's guest obeys at once
+        assert calls == ["shutdown", "create"]
         assert self.live_tags(dom) == ["alice"]
         assert hv.status(instance_id) == "running"
         calls.clear()
-        hv.reboot(instance_id)
-        assert calls == ["reset"]  # nothing pending: the same guest is reset
+        hv.reboot(instance_id, wait_seconds=5)
+        assert calls == ["shutdown", "create"]  # never a reset: a pulled plug for the guest's disk
+        calls.clear()
+        assert hv.reboot(instance_id, wait_seconds=0) is False  # 0: powered off at once, not asked
+        assert calls == ["destroy", "create"] and hv.status(instance_id) == "running"
 
     def test_a_failed_start_in_the_power_cycle_leaves_it_shut_off(self, hv, base_image, shares, monkeypatch):
         import libvirt
@@ -694,14 +707,14 @@ class TestLibvirtTestDriver(HypervisorContract):
 
         monkeypatch.setattr(libvirt.virDomain, "create", fail)
         with pytest.raises(HostError, match="cannot start it again .*no memory"):
-            hv.reboot(instance_id)
+            hv.reboot(instance_id, wait_seconds=5)
         assert hv.status(instance_id) == "shutoff"
 
     def test_a_connection_lost_in_the_power_cycle_finishes_it_on_a_new_one(self, hv, base_image, shares, monkeypatch):
         instance_id = self.spawn(hv, base_image, shares)
         hv.set_guest(instance_id, self.guest_of(hv, instance_id, shares[1:]))
         calls = self.lose_connection_once(monkeypatch, "create")
-        hv.reboot(instance_id)
+        hv.reboot(instance_id, wait_seconds=5)
         assert len(calls) == 2
         info = hv.describe(instance_id)
         assert info.status == "running" and info.live_shares == info.shares == (Share(*shares[1]),)
@@ -711,12 +724,18 @@ class TestLibvirtTestDriver(HypervisorContract):
         self.domain(hv, instance_id).suspend()
         assert hv.status(instance_id) == "paused"
         with pytest.raises(Conflict):
-            hv.reboot(instance_id)
+            hv.reboot(instance_id, wait_seconds=5)
         hv.power_on(instance_id)
         assert hv.status(instance_id) == "running"
         self.domain(hv, instance_id).suspend()
         hv.power_off(instance_id)
         assert hv.status(instance_id) == "shutoff"
+        # Issue 25: a paused guest runs no code to hear the power button: powered off at once.
+        hv.power_on(instance_id)
+        self.domain(hv, instance_id).suspend()
+        started = time.monotonic()
+        assert hv.shut_down(instance_id, wait_seconds=60) is False
+        assert time.monotonic() - started < 10 and hv.status(instance_id) == "shutoff"
 
     def test_an_orphan_disk_is_listed_and_destroyed(self, hv, base_image):
         instance_id = self.spawn(hv, base_image)

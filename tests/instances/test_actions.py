@@ -47,11 +47,13 @@ def test_each_action_is_recorded_with_requester_request_id_result_and_time(clien
     r = client.simulate_delete(f"/v1/server-instance/{made['id']}", headers={**admin.headers, "X-Request-Id": "del"})
     ok(r)
     got = ok(actions(client, owner, made["id"]))  # the owner still reads it after the delete
+    # The fake's guests obey the power button at once (issue 25: the message says so).
+    obeyed = "obeyed: the guest shut down when asked (ACPI power button) within 0 s"
     assert [(a["action"], a["requester"], a["request-id"], a["result"], a["message"]) for a in got] == [
         ("create", owner.id, "create-1", "success", ""),
-        ("power-off", owner.id, "off.1", "success", ""),
+        ("power-off", owner.id, "off.1", "success", obeyed),
         ("power-on", owner.id, "on-1", "success", ""),
-        ("reboot", owner.id, "Reboot_1", "success", ""),
+        ("reboot", owner.id, "Reboot_1", "success", obeyed + ", then started again"),
         ("modify-users", owner.id, "users-1", "success", ""),
         ("delete", admin.id, "del", "success", ""),
     ]

@@ -107,8 +107,9 @@ def test_console_of_a_real_guest_since_start_reset_and_power_cycle(real):
     assert hv.console(instance_id, max_bytes=10).data == first.data[-10:]
     assert hv.console(instance_id, max_bytes=0).data == b""
 
-    # A reset keeps QEMU: the same run, the output goes on; read from the mark, only the new boot.
-    hv.reboot(instance_id)
+    # A reset (the guest's own reboot; the API's reboot shuts down and starts) keeps QEMU: the
+    # same run, the output goes on; read from the mark, only the new boot.
+    hv._call("reset", lambda conn: hv._existing_domain(conn, instance_id).reset(0))
     after = wait_for(hv, instance_id, BOOT_END, since=first.mark)
     assert after.mark.run == first.mark.run
     assert after.data.count(b"SeaBIOS") == 1 and after.mark.size == first.mark.size + len(after.data)
@@ -126,6 +127,11 @@ def test_console_of_a_real_guest_since_start_reset_and_power_cycle(real):
     assert fresh.mark.run != first.mark.run
     assert fresh.data.count(b"SeaBIOS") == 1
     assert hv.console(instance_id, max_bytes=MAX_BYTES).data == fresh.data
+
+    # The API's reboot (issue 25) shuts the guest down and starts a new QEMU: a new run too.
+    hv.reboot(instance_id, wait_seconds=1)
+    rebooted = wait_for(hv, instance_id, BOOT_END, since=fresh.mark)
+    assert rebooted.mark.run != fresh.mark.run and rebooted.data.count(b"SeaBIOS") == 1
 
 
 @pytest.mark.integration
