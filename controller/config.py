@@ -10,7 +10,6 @@ import configparser
 import ipaddress
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from types import MappingProxyType
 from controller.errors import InvalidInput
 from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none, parse_limit, parse_ratio,
                                parse_reserved_mb)
+from host_adapters.program_path import program_problem
 
 DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
 CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
@@ -266,21 +266,14 @@ QUOTA_COMMAND_TIMEOUT_MAX = 600
 
 
 def _program(text: str, where: str) -> str:
-    """A program root runs: an absolute path to an executable regular file that only its
-    owner (root, or the user this runs as) can change. Empty: none."""
+    """A program root runs: an absolute path to an executable regular file that only root (or
+    the user this runs as) can change, in directories only they can change
+    (host_adapters/program_path.py). Empty: none."""
     if not text:
         return text
-    if not text.startswith("/"):
-        raise InvalidInput(f"{where} must be an absolute path, got {text!r}")
-    try:
-        st = os.stat(text)
-    except OSError as e:
-        raise InvalidInput(f"{where}: cannot use {text}: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode) or not os.access(text, os.X_OK):
-        raise InvalidInput(f"{where}: {text} is not an executable file")
-    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-        raise InvalidInput(f"{where}: {text} must be owned by root and not writable by group or others "
-                           "(it runs as root)")
+    problem = program_problem(text)
+    if problem is not None:
+        raise InvalidInput(f"{where}: {problem}" if text.startswith("/") else f"{where} {problem}")
     return text
 
 
