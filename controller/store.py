@@ -779,17 +779,40 @@ class Store:
         return next(iter(self._hosts(self.conn, name)), None)
 
     def insert_host(self, host: dict) -> None:
+        """Record a host; Conflict when its name exists or another record reaches the same
+        libvirt (`host_uuid` or `pool_uuid`, checked in the insert's transaction)."""
         now = utc_now()
+        values = {"enabled": 1, "vcpus": None, "memory_mb": None, "capacity_read_at": None, "host_uuid": None,
+                  "pool_uuid": None, **host, "now": now}
         try:
             with self.write() as conn:
+                self._refuse_same_libvirt(conn, values)
                 conn.execute(
                     """INSERT INTO hosts (name, uri, storage_pool, network, enabled, vcpus, memory_mb,
-                       capacity_read_at, created_at_utc, updated_at_utc) VALUES (:name, :uri, :storage_pool,
-                       :network, :enabled, :vcpus, :memory_mb, :capacity_read_at, :now, :now)""",
-                    {"enabled": 1, "vcpus": None, "memory_mb": None, "capacity_read_at": None, **host, "now": now},
+                       capacity_read_at, host_uuid, pool_uuid, created_at_utc, updated_at_utc) VALUES (:name,
+                       :uri, :storage_pool, :network, :enabled, :vcpus, :memory_mb, :capacity_read_at,
+                       :host_uuid, :pool_uuid, :now, :now)""",
+                    values,
                 )
         except sqlite3.IntegrityError:
             raise Conflict(f"a hypervisor host named {host['name']!r} exists") from None
+
+    @staticmethod
+    def _refuse_same_libvirt(conn: sqlite3.Connection, host: dict) -> None:
+        other = conn.execute(
+            "SELECT name, uri FROM hosts WHERE name != :name AND ((:host_uuid IS NOT NULL AND host_uuid = :host_uuid)"
+            " OR (:pool_uuid IS NOT NULL AND pool_uuid = :pool_uuid))", host).fetchone()
+        if other is not None:
+            raise Conflict(f"another record, host {other['name']} ({other['uri']}), reaches the same libvirt "
+                           f"(host UUID {host['host_uuid'] or 'none'}, storage pool UUID {host['pool_uuid']})")
+
+    def set_host_identity(self, name: str, *, host_uuid: str | None, pool_uuid: str) -> None:
+        """Record which libvirt host `name` reaches; Conflict when another record reaches it."""
+        values = {"name": name, "host_uuid": host_uuid, "pool_uuid": pool_uuid}
+        with self.write() as conn:
+            self._refuse_same_libvirt(conn, values)
+            conn.execute("UPDATE hosts SET host_uuid = :host_uuid, pool_uuid = :pool_uuid WHERE name = :name",
+                         values)
 
     def upsert_config_host(self, host: dict, *, legacy_name: str = DEFAULT_HOST) -> None:
         """The config's host: made, or its uri, pool and network set (enabled and capacity stay).
