@@ -189,8 +189,9 @@ DEFAULTS["health"] = {
 
 # Audit growth and retention (issue 8, finding 4).
 DEFAULTS["audit"] = {
-    # Rows older than this many days are pruned by `cloud-agent serve` once an hour; 0 keeps them.
-    "retention_days": "0",
+    # Rows older than this many days are pruned by `cloud-agent serve` once an hour; 0 keeps them
+    # (then only the per-instance bound of the history holds, and the audit grows without one).
+    "retention_days": "365",
     # Anonymous failed requests are counted and written as one row per this many seconds.
     "anonymous_interval_seconds": "300",
 }

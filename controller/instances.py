@@ -261,12 +261,13 @@ def finish_interrupted(ctx: Context, row: dict) -> None:
 # -- tasks -------------------------------------------------------------------------------
 def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -> dict:
     row = instance_row(ctx, requester, instance_id)
-    with history.recorded(ctx, row, task["what"], requester=requester.id):
-        _run_task(ctx, requester, row, task)
+    with history.recorded(ctx, row, task["what"], requester=requester.id) as outcome:
+        outcome.changed = _run_task(ctx, requester, row, task)
     return get_instance(ctx, requester, row["id"])
 
 
-def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None:
+def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> bool:
+    """Run one task; False when it changed nothing (it is not recorded)."""
     require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
     hypervisor = hypervisor_of_instance(ctx, row)
@@ -275,7 +276,7 @@ def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.
             row = instance_row(ctx, requester, row["id"])
-            _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
+            return _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
         elif what == "power-on":
             hypervisor.power_on(row["id"])
         elif what == "power-off":
@@ -287,9 +288,11 @@ def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> None
             mark = hypervisor.console(row["id"], max_bytes=0).mark
             hypervisor.reboot(row["id"])
             ctx.store.set_console_since(row["id"], console.mark_text(mark))
+    return True
 
 
-def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> None:
+def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> bool:
+    """Change the instance's users; False when the list stays as it was."""
     current = list(row["users"])
     owner_account = account_of(ctx, row["owner_id"])
     owner_uuid = owner_account["uuid"] if owner_account else None
@@ -303,10 +306,11 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
     if owner_uuid is not None and owner_uuid not in new:
         new.insert(0, owner_uuid)
     if new == current:
-        return
+        return False
     hypervisor_of_instance(ctx, row).set_guest(row["id"], guest_spec(ctx, row, new))
     try:
         ctx.store.set_instance_users(row["id"], new)
     except BaseException:
         hypervisor_of_instance(ctx, row).set_guest(row["id"], guest_spec(ctx, row, current))
         raise
+    return True

@@ -1160,20 +1160,41 @@ class Store:
                 return total
 
     # -- instance history (controller/history.py) -----------------------------------------
-    def insert_instance_action(self, entry: dict) -> None:
+    def insert_instance_action(self, entry: dict, *, keep: int | None = None, coalesce: bool = False) -> None:
+        """One history entry. With `coalesce`, an entry like the instance's newest (same action,
+        requester, result and message) only moves that one's time and request id; with
+        `keep`, only the instance's newest `keep` entries remain."""
         with self.write() as conn:
+            if coalesce:
+                newest = conn.execute(
+                    "SELECT id, action, requester, result, message FROM instance_actions WHERE instance_id = ? "
+                    "ORDER BY id DESC LIMIT 1", (entry["instance_id"],)).fetchone()
+                if newest is not None and (newest["action"], newest["requester"], newest["result"],
+                                           newest["message"]) == (entry["action"], entry["requester"],
+                                                                  entry["result"], entry["message"]):
+                    conn.execute("UPDATE instance_actions SET request_id = ?, at_utc = ? WHERE id = ?",
+                                 (entry["request_id"], entry["at_utc"], newest["id"]))
+                    return
             conn.execute(
                 """INSERT INTO instance_actions (instance_id, owner_id, action, requester, request_id, result,
                                                  message, at_utc)
                    VALUES (:instance_id, :owner_id, :action, :requester, :request_id, :result, :message, :at_utc)""",
                 entry,
             )
+            if keep is not None:
+                # The index (instance_id, id) finds the oldest kept entry without a scan.
+                conn.execute(
+                    """DELETE FROM instance_actions WHERE instance_id = :i AND id < (
+                           SELECT id FROM instance_actions WHERE instance_id = :i ORDER BY id DESC
+                           LIMIT 1 OFFSET :skip)""", {"i": entry["instance_id"], "skip": keep - 1})
 
-    def list_instance_actions(self, instance_id: str, *, visible_to: str | None) -> list[dict]:
-        """The instance's actions oldest first, by the visibility rule of the instance itself
-        applied to the owner each row keeps (so they stay readable after the delete)."""
+    def list_instance_actions(self, instance_id: str, *, visible_to: str | None, limit: int = -1) -> list[dict]:
+        """The instance's `limit` most recent actions (all: -1), oldest first, by the visibility
+        rule of the instance itself applied to the owner each row keeps (so they stay readable
+        after the delete)."""
         where, params = self._where(visible_to, instance_id=instance_id)
-        return self._all(f"SELECT * FROM instance_actions WHERE {where} ORDER BY id", params)
+        return self._all(f"SELECT * FROM (SELECT * FROM instance_actions WHERE {where} ORDER BY id DESC LIMIT ?) "
+                         "ORDER BY id", (*params, limit))
 
     def delete_instance_actions_before(self, before: str, *, batch: int = 10_000) -> int:
         return self._delete_before("instance_actions", before, batch)
