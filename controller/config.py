@@ -44,6 +44,9 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "host_workers": "4",
         "host_queue": "32",
         "host_queue_seconds": "300",
+        # Of those places (running or waiting), one user holds at most this many; one more of
+        # theirs is answered 429 with Retry-After (api/admission.py).
+        "host_work_per_user": "16",
         "max_body_bytes": str(1024 * 1024),
         "interfaces": "controller,user",
         # Connections (issue 16): open at once; idle ones closed after channel_timeout_seconds;
@@ -309,6 +312,7 @@ class ServerConfig:
     host_workers: int = _at_least(1)
     host_queue: int = _at_least(0)
     host_queue_seconds: int = _at_least(1)
+    host_work_per_user: int = _at_least(1)
     max_body_bytes: int
     interfaces: tuple[str, ...] = _parsed(_names)
     connection_limit: int = _at_least(1)
