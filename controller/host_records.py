@@ -86,7 +86,9 @@ def check_distinct(ctx: Context, name: str) -> HostIdentity:
     row = next(r for r in rows if r["name"] == name)
     mine = read_identity(ctx, row)
     recorded = stored_identity(row)
-    if recorded is not None and recorded != mine:
+    # Both changed: another libvirt. One alone is the same one (a libvirtd without a firmware
+    # UUID makes a new host UUID at each start; a pool defined again has a new UUID): kept up.
+    if recorded is not None and recorded.host_uuid != mine.host_uuid and recorded.pool_uuid != mine.pool_uuid:
         raise Conflict(f"host {name} ({row['uri']}) now reaches another libvirt than when it was added (host "
                        f"UUID {recorded.host_uuid or 'none'}, pool {recorded.pool_uuid}; now "
                        f"{mine.host_uuid or 'none'}, pool {mine.pool_uuid}); nothing was changed")
@@ -95,7 +97,7 @@ def check_distinct(ctx: Context, name: str) -> HostIdentity:
     if same:
         raise Conflict(f"host {name} and host {', '.join(same)} reach the same libvirt; {_ONE_LIBVIRT} Nothing "
                        f"was changed: `cloud-agent host remove` the record that holds no instance")
-    if recorded is None:
+    if recorded != mine:
         ctx.store.set_host_identity(name, host_uuid=mine.host_uuid, pool_uuid=mine.pool_uuid)
     return mine
 

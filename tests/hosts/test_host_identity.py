@@ -93,6 +93,25 @@ def test_reconcile_never_removes_as_stale_a_domain_the_row_places_on_a_second_re
     assert set(made) <= set(cluster["node-a"].instances)
 
 
+def test_a_drain_refuses_a_host_that_now_reaches_another_libvirt(client, cctx, cluster, alice, catalog, flavor):
+    made = three_on_node_a(client, cctx, alice, catalog, flavor)
+    node_a = cluster["node-a"]
+    # libvirtd started again on a machine without a firmware UUID: a new host UUID, the same
+    # pool. The same libvirt: the drain goes on, and the new UUID is recorded.
+    node_a.host_uuid = "6d3c2f5e-0000-4000-8000-000000000001"
+    cctx.store.set_host_enabled("default", False)
+    assert drain.drain(cctx, "node-b")["moved"] == []  # node-b holds none: only checked
+    assert host_records.check_distinct(cctx, "node-a").host_uuid == node_a.host_uuid
+    assert cctx.store.get_host("node-a")["host_uuid"] == node_a.host_uuid
+    # Both changed: the URI now reaches another libvirt. Refused, nothing changed.
+    node_a.host_uuid = "6d3c2f5e-0000-4000-8000-000000000002"
+    node_a.pool_uuid = "6d3c2f5e-0000-4000-8000-00000000000f"
+    with pytest.raises(Conflict, match=r"host node-a \(fake://node-a\) now reaches another libvirt than when it "
+                                       "was added"):
+        drain.drain(cctx, "node-a")
+    assert cctx.store.get_host("node-a")["enabled"] == 1 and set(made) <= set(node_a.instances)
+
+
 def test_cloud_agent_host_add_refuses_the_sandbox_libvirt_twice(tmp_path):
     config = str(tmp_path / "controller.ini")
     assert agent_call(config, "init", "--sandbox", str(tmp_path / "state"))[0] == 0
