@@ -809,10 +809,13 @@ class Store:
     def set_host_identity(self, name: str, *, host_uuid: str | None, pool_uuid: str) -> None:
         """Record which libvirt host `name` reaches; Conflict when another record reaches it."""
         values = {"name": name, "host_uuid": host_uuid, "pool_uuid": pool_uuid}
-        with self.write() as conn:
-            self._refuse_same_libvirt(conn, values)
-            conn.execute("UPDATE hosts SET host_uuid = :host_uuid, pool_uuid = :pool_uuid WHERE name = :name",
-                         values)
+        try:
+            with self.write() as conn:
+                self._refuse_same_libvirt(conn, values)
+                conn.execute("UPDATE hosts SET host_uuid = :host_uuid, pool_uuid = :pool_uuid WHERE name = :name",
+                             values)
+        except sqlite3.IntegrityError:  # another process recorded it meanwhile
+            raise Conflict(f"another record reaches the same libvirt as host {name}") from None
 
     def upsert_config_host(self, host: dict, *, legacy_name: str = DEFAULT_HOST) -> None:
         """The config's host: made, or its uri, pool and network set (enabled and capacity stay).
