@@ -11,7 +11,10 @@ middleware shares them out:
   `host_work`): at most `host_workers` run at once; up to `host_queue` more
   wait for one, each at most `host_queue_seconds`; past that the request is
   answered 503 with `Retry-After` at once. Host work therefore never holds
-  more than `host_workers + host_queue` threads.
+  more than `host_workers + host_queue` threads. One user holds at most
+  `host_work_per_user` of those places (running or waiting): one more of
+  theirs is answered 429 with `Retry-After` at once, so a single client's
+  loop of tasks cannot fill the queue everyone else waits in.
 - **Password logins** are bounded by the hash slots already
   (controller/hash_slots.py: at most `max_password_checks` hash and as many
   more wait on a timer); they wait on argon2 or the clock, not on Python's
@@ -30,22 +33,34 @@ never queues for a worker) and before it for the rest.
 import threading
 import time
 
-from controller.errors import ServerBusy
+from controller.errors import ServerBusy, TooManyRequests
 
 # A read that waits this long for one of `threads` is answered 503 rather than waiting on.
 _READ_WAIT_SECONDS = 30.0
 
 
 class Gate:
-    """`running` may run at once, `waiting` more may wait for them up to `wait_seconds`."""
+    """`running` may run at once, `waiting` more may wait for them up to `wait_seconds`; one
+    key (a user) holds at most `per_key` of those places when it is given."""
 
-    def __init__(self, *, running: int, waiting: int, wait_seconds: float, what: str):
+    def __init__(self, *, running: int, waiting: int, wait_seconds: float, what: str, per_key: int | None = None):
         self._running = threading.BoundedSemaphore(running)
         self._admitted = threading.BoundedSemaphore(running + waiting)
         self._wait = wait_seconds
         self._what = what
+        self._per_key = per_key
+        self._held: dict[str, int] = {}
+        self._held_lock = threading.Lock()
 
-    def enter(self) -> None:
+    def enter(self, key: str | None = None) -> None:
+        self._take(key)
+        try:
+            self._enter()
+        except BaseException:
+            self._give(key)
+            raise
+
+    def _enter(self) -> None:
         if not self._admitted.acquire(blocking=False):
             raise ServerBusy(f"too many {self._what} at once; try again shortly", retry_after=5)
         started = time.monotonic()
@@ -54,15 +69,36 @@ class Gate:
             waited = time.monotonic() - started
             raise ServerBusy(f"{self._what} waited {waited:.0f} s for a turn; try again shortly", retry_after=5)
 
-    def leave(self) -> None:
+    def _take(self, key: str | None) -> None:
+        if key is None or self._per_key is None:
+            return
+        with self._held_lock:
+            held = self._held.get(key, 0)
+            if held >= self._per_key:
+                raise TooManyRequests(f"{held} {self._what} of yours are running or waiting already (at most "
+                                      f"{self._per_key} at once); try again shortly", retry_after=5)
+            self._held[key] = held + 1
+
+    def _give(self, key: str | None) -> None:
+        if key is None or self._per_key is None:
+            return
+        with self._held_lock:
+            left = self._held.get(key, 1) - 1
+            if left > 0:
+                self._held[key] = left
+            else:
+                self._held.pop(key, None)
+
+    def leave(self, key: str | None = None) -> None:
         self._running.release()
         self._admitted.release()
+        self._give(key)
 
 
 def gates_from(config) -> tuple[Gate, Gate]:
     workers, queue = config.server.host_workers, config.server.host_queue
     host = Gate(running=workers, waiting=queue, wait_seconds=config.server.host_queue_seconds,
-                what="host operations")
+                what="host operations", per_key=config.server.host_work_per_user)
     # Other requests are never refused at the door: there are never more of them than threads.
     other = Gate(running=config.server.threads, waiting=server_threads(config),
                  wait_seconds=_READ_WAIT_SECONDS, what="requests")
@@ -96,11 +132,15 @@ class Admission:
 
     def process_resource(self, req, resp, resource, params):
         if is_host_work(req, resource) if self.host_work else not _gated_elsewhere(req, resource):
-            self.gate.enter()
-            setattr(req.context, self._held, True)
+            # Host work comes after authentication: its places are counted per user too.
+            requester = req.context.get("requester") if self.host_work else None
+            key = requester.id if requester is not None else None
+            self.gate.enter(key)
+            setattr(req.context, self._held, (key,))
 
     def process_response(self, req, resp, resource, req_succeeded):
         # Called even when process_resource raised: only a gate entered is left.
-        if getattr(req.context, self._held, False):
-            setattr(req.context, self._held, False)
-            self.gate.leave()
+        held = getattr(req.context, self._held, None)
+        if held:
+            setattr(req.context, self._held, None)
+            self.gate.leave(held[0])

@@ -69,7 +69,8 @@ class InstanceConsole(_Resource):
 
 class InstanceActions(_Resource):
     def on_get(self, req, resp, id):
-        ok_controller(resp, history.list_actions(self.ctx, req.context.requester, id))
+        limit = history.parse_limit(_query(req, "limit"))
+        ok_controller(resp, history.list_actions(self.ctx, req.context.requester, id, limit=limit))
 
 
 class ImageCollection(_Resource):

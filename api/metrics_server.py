@@ -3,8 +3,11 @@
 The exposition is prometheus_client's own (`make_wsgi_app` over the service's registry,
 controller/metrics.py), served at `/metrics` by a small waitress server of its own: one
 request thread (a scrape reads the database once; scrapes wait their turn rather than add
-threads), a few connections, idle and slow ones closed soon (api/server.py's deadline). It
-runs on a thread of its own next to the host refresher and is stopped with the service.
+threads), idle and slow connections closed soon (api/server.py's deadline). Any local user
+can connect to the address, so held connections must never keep a scrape out: when all
+_SLOTS are taken, a new connection closes the oldest one that is not being served (idle,
+or with a request still trickling in), as OldestIdleMakeRoom below. It runs on a thread
+of its own next to the host refresher and is stopped with the service.
 """
 
 import logging
@@ -14,7 +17,7 @@ from prometheus_client import make_wsgi_app
 from waitress import create_server
 from waitress import wasyncore
 
-from api.server import RequestDeadline
+from api.server import RequestDeadline, _listeners
 from controller.context import Context
 from controller.errors import InvalidInput
 from controller.metrics import HostRefresher, metrics_of
@@ -22,9 +25,45 @@ from controller.metrics import HostRefresher, metrics_of
 log = logging.getLogger(__name__)
 
 PATH = "/metrics"
-# A scraper or two, and whoever looks by hand: more connections than that wait in the backlog.
-_CONNECTIONS = 16
+# A scraper or two, and whoever looks by hand; past that, the oldest connection not being
+# served makes room for a new one. waitress's own limit is a little higher (its map also holds
+# the listener and its wake-up pipe), so it never stops accepting on its own.
+_SLOTS = 64
+_CONNECTIONS = _SLOTS + 16
 _TIMEOUT_SECONDS = 10
+
+
+class OldestIdleMakeRoom:
+    """Keeps a waitress listener at `slots` connections: after each accept past that, the
+    oldest connections not being served (no request handed to a thread) are closed. Runs in
+    the listener's accept, on the event loop's thread, as waitress's own maintenance does.
+    A new connection is the last to go, so a scraper that sends its request at once is
+    served whatever others hold open."""
+
+    def __init__(self, listener, slots: int):
+        self.listener, self.slots = listener, slots
+        self.closed = self._reported = 0
+        accept = listener.handle_accept
+
+        def handle_accept():
+            accept()
+            self.make_room()
+
+        listener.handle_accept = handle_accept
+
+    def make_room(self) -> None:
+        channels = list(self.listener.active_channels.values())
+        extra = len(channels) - self.slots
+        if extra <= 0:
+            return
+        idle = sorted((c for c in channels if not c.requests), key=lambda c: c.creation_time)
+        for channel in idle[:extra]:
+            channel.handle_close()
+            self.closed += 1
+        if self.closed and (not self._reported or self.closed - self._reported >= 100):
+            self._reported = self.closed
+            log.warning("metrics endpoint: %d connection(s) closed so far to make room for new ones "
+                        "(someone holds connections open)", self.closed)
 
 
 def metrics_app(ctx: Context):
@@ -54,6 +93,8 @@ class MetricsServer:
             raise InvalidInput(f"metrics endpoint not started: cannot listen on {host}:{port} ([metrics] "
                                f"listen_host, listen_port): {e.strerror or e}") from None
         RequestDeadline.attach(self.server, _TIMEOUT_SECONDS)
+        for listener in _listeners(self.server):
+            OldestIdleMakeRoom(listener, _SLOTS)
         self.refresher = HostRefresher(ctx, ctx.config.metrics.refresh_seconds)
         self._thread = threading.Thread(target=self.server.run, name="metrics-server", daemon=True)
 

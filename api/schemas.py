@@ -5,7 +5,7 @@ document cannot drift from what the code accepts.
 """
 
 from controller import request_ids
-from controller.history import ACTIONS, RESULTS
+from controller.history import ACTIONS, MAX_LIMIT, RESULTS
 from controller.rules import EMAIL_MAX, NAME_MAX, SHORT_TEXT_MAX, USERNAME_MAX
 
 UUID = {"type": "string", "format": "uuid"}
@@ -262,6 +262,9 @@ CONSOLE_OBJECT = {
 # The console endpoint's `bytes`: how much of the end of the output to answer.
 CONSOLE_BYTES = {"type": "integer", "minimum": 1, "maximum": 1024 * 1024, "default": 64 * 1024}
 
+# The history's `limit`: the most recent entries answered (controller/history.py).
+ACTIONS_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": MAX_LIMIT}
+
 # One entry of an instance's history (CONTRACT.md section 13; controller/history.py).
 ACTION_OBJECT = {
     "type": "object",
@@ -298,13 +301,13 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
         "/v1/server-instance": {
             "get": op("List visible server-instances", INSTANCE_OBJECT, params=[cloudauth_q], errs=(400, 401)),
             "post": op("Create a server-instance", INSTANCE_OBJECT, status="201", body=INSTANCE_CREATE,
-                       errs=(400, 401, 403, 404, 409, 413, 415, 503)),
+                       errs=(400, 401, 403, 404, 409, 413, 415, 429, 503)),
         },
         "/v1/server-instance/{id}": {
             "get": op("View a server-instance", INSTANCE_OBJECT, params=id_p, errs=(401, 404)),
             "put": op("Modify users or power state", INSTANCE_OBJECT, body=INSTANCE_TASK, params=id_p,
-                      errs=(400, 401, 403, 404, 409, 413, 415, 503)),
-            "delete": op("Delete a server-instance", {}, params=id_p, errs=(401, 403, 404, 503)),
+                      errs=(400, 401, 403, 404, 409, 413, 415, 429, 503)),
+            "delete": op("Delete a server-instance", {}, params=id_p, errs=(401, 403, 404, 429, 503)),
         },
         "/v1/server-instance/{id}/console": {
             "get": op("The guest's serial console since its last start, and whether it is ready", CONSOLE_OBJECT,
@@ -318,29 +321,32 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
         "/v1/storage-volume": {
             "get": op("List visible volumes", VOLUME_OBJECT, params=[cloudauth_q], errs=(400, 401)),
             "post": op("Create the requester's home volume", VOLUME_OBJECT, status="201", body=VOLUME_CREATE,
-                       errs=(400, 401, 409, 413, 415, 503)),
+                       errs=(400, 401, 409, 413, 415, 429, 503)),
         },
         "/v1/storage-volume/{id}": {
             "get": op("View a volume", VOLUME_OBJECT, params=id_p, errs=(401, 404)),
-            "delete": op("Delete a volume and all data on it", {}, params=id_p, errs=(401, 403, 404, 409, 503)),
+            "delete": op("Delete a volume and all data on it", {}, params=id_p,
+                         errs=(401, 403, 404, 409, 429, 503)),
         },
         "/v1/group": {
             "get": op("List visible groups", GROUP_OBJECT, params=[cloudauth_q, group_q], errs=(400, 401)),
             "post": op("Create a UNIX group", GROUP_OBJECT, status="201", body=GROUP_CREATE,
-                       errs=(400, 401, 403, 409, 413, 415, 503)),
+                       errs=(400, 401, 403, 409, 413, 415, 429, 503)),
         },
         "/v1/group/{id}": {
             "get": op("View a group", GROUP_OBJECT, params=id_p, errs=(401, 404)),
             "put": op("Change the members of a group", GROUP_OBJECT, body=GROUP_UPDATE, params=id_p,
-                      errs=(400, 401, 403, 404, 413, 415, 503)),
-            "delete": op("Delete a group", {}, params=id_p, errs=(401, 403, 404, 503)),
+                      errs=(400, 401, 403, 404, 413, 415, 429, 503)),
+            "delete": op("Delete a group", {}, params=id_p, errs=(401, 403, 404, 429, 503)),
         },
         "/v1/limits": {
             "get": op("A user's limits and what it holds now", LIMITS_OBJECT, params=[cloudauth_q],
                       errs=(400, 401, 404)),
         },
         "/v1/server-instance/{id}/actions": {
-            "get": op("The instance's history, oldest first (also after its delete, for the audit retention)",
-                      ACTION_OBJECT, params=id_p, errs=(401, 404)),
+            "get": op("The instance's most recent `limit` actions, oldest first (also after its delete, for the "
+                      "audit retention)", ACTION_OBJECT,
+                      params=[*id_p, {"name": "limit", "in": "query", "required": False, "schema": ACTIONS_LIMIT}],
+                      errs=(400, 401, 404)),
         },
     }

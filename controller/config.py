@@ -10,7 +10,6 @@ import configparser
 import ipaddress
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from types import MappingProxyType
 from controller.errors import InvalidInput
 from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none, parse_limit, parse_ratio,
                                parse_reserved_mb)
+from host_adapters.program_path import program_problem
 
 DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
 CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
@@ -44,6 +44,9 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "host_workers": "4",
         "host_queue": "32",
         "host_queue_seconds": "300",
+        # Of those places (running or waiting), one user holds at most this many; one more of
+        # theirs is answered 429 with Retry-After (api/admission.py).
+        "host_work_per_user": "16",
         "max_body_bytes": str(1024 * 1024),
         "interfaces": "controller,user",
         # Connections (issue 16): open at once; idle ones closed after channel_timeout_seconds;
@@ -193,8 +196,9 @@ DEFAULTS["health"] = {
 
 # Audit growth and retention (issue 8, finding 4).
 DEFAULTS["audit"] = {
-    # Rows older than this many days are pruned by `cloud-agent serve` once an hour; 0 keeps them.
-    "retention_days": "0",
+    # Rows older than this many days are pruned by `cloud-agent serve` once an hour; 0 keeps them
+    # (then only the per-instance bound of the history holds, and the audit grows without one).
+    "retention_days": "365",
     # Anonymous failed requests are counted and written as one row per this many seconds.
     "anonymous_interval_seconds": "300",
 }
@@ -270,21 +274,14 @@ QUOTA_COMMAND_TIMEOUT_MAX = 600
 
 
 def _program(text: str, where: str) -> str:
-    """A program root runs: an absolute path to an executable regular file that only its
-    owner (root, or the user this runs as) can change. Empty: none."""
+    """A program root runs: an absolute path to an executable regular file that only root (or
+    the user this runs as) can change, in directories only they can change
+    (host_adapters/program_path.py). Empty: none."""
     if not text:
         return text
-    if not text.startswith("/"):
-        raise InvalidInput(f"{where} must be an absolute path, got {text!r}")
-    try:
-        st = os.stat(text)
-    except OSError as e:
-        raise InvalidInput(f"{where}: cannot use {text}: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode) or not os.access(text, os.X_OK):
-        raise InvalidInput(f"{where}: {text} is not an executable file")
-    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-        raise InvalidInput(f"{where}: {text} must be owned by root and not writable by group or others "
-                           "(it runs as root)")
+    problem = program_problem(text)
+    if problem is not None:
+        raise InvalidInput(f"{where}: {problem}" if text.startswith("/") else f"{where} {problem}")
     return text
 
 
@@ -319,6 +316,7 @@ class ServerConfig:
     host_workers: int = _at_least(1)
     host_queue: int = _at_least(0)
     host_queue_seconds: int = _at_least(1)
+    host_work_per_user: int = _at_least(1)
     max_body_bytes: int
     interfaces: tuple[str, ...] = _parsed(_names)
     connection_limit: int = _at_least(1)

@@ -36,7 +36,7 @@ from controller import history, instance_claims
 from controller.context import Context
 from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, HostUnreachable, NotFound
 from controller.guests import guest_spec, refresh_guest
-from controller.host_records import check_host_name, get_host
+from controller.host_records import check_distinct, check_host_name, get_host
 from controller.host_routing import hypervisor_of_host, spec_of
 from controller.image_copy import ensure_image_on_host
 from controller.locks import host_changes
@@ -58,6 +58,7 @@ def drain(ctx: Context, name: str, *, progress: Callable[[str], None] | None = N
     check_host_name(name)
     get_host(ctx, name, probe=False)  # NotFound for an unknown host
     _refuse_if_silent(ctx, name)
+    check_distinct(ctx, name)  # a second record of its libvirt: a move there would destroy the instance
     resumed = [m["instance_id"] for m in ctx.store.list_moves(from_host=name)]
     rows = [r for r in ctx.store.all_instances() if r["host"] == name and r["id"] not in resumed]
     live = [r for r in rows if not r.get("intent")]
@@ -166,6 +167,7 @@ def finish(ctx: Context, instance_id: str) -> str | None:
         ctx.store.set_instance_status(instance_id, target.status(instance_id))
     except ControllerError:
         pass  # the next list reads it from the host
+    _refuse_one_libvirt(move, source, target)  # the row names the target: the source's copy must be another
     source.destroy(instance_id)  # its domain, disk, seed, console log and DHCP reservations
     ctx.store.end_move(instance_id)
     history.record(ctx, row, "move", requester=None,
@@ -276,6 +278,7 @@ def _copy(ctx: Context, row: dict, move: dict, source, target) -> None:
     the move's record goes (a target that cannot be cleaned keeps it: the next run retries)."""
     instance_id, to = row["id"], move["to_host"]
     image, flavor = ctx.store.get_image(row["image_id"]), ctx.store.get_flavor(row["flavor_id"])
+    _refuse_one_libvirt(move, source, target)  # before the target is "cleaned" below
     try:
         # Before the guest is stopped: a head node without room for the copy changes nothing.
         _check_spool_room(ctx, disk_file_limit(flavor["disk"]))
@@ -335,6 +338,15 @@ def _check_spool_room(ctx: Context, most: int) -> None:
         raise HostError(f"the head node has {free // 2**20} MiB free in {folder}, where the disk is copied through; "
                         f"a disk of this flavor may take up to {most // 2**20} MiB (and "
                         f"{SPOOL_MARGIN_BYTES // 2**20} MiB are kept for the database): free space there first")
+
+
+def _refuse_one_libvirt(move: dict, source, target) -> None:
+    """Never destroy on one host what the row places on the other: when both records reach one
+    libvirt, the "other" copy is the instance itself. Conflict, before anything is destroyed."""
+    if source.identity().same_as(target.identity()):
+        raise Conflict(f"hosts {move['from_host']} and {move['to_host']} reach the same libvirt: the instance "
+                       "was not moved and nothing of it was destroyed; `cloud-agent host remove` the second "
+                       "record of that libvirt")
 
 
 @contextmanager

@@ -13,13 +13,14 @@ superuser) still reads it, until the audit retention prunes it (audit.prune_befo
 """
 
 import logging
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from controller import permissions as perms
 from controller import request_ids
-from controller.errors import ControllerError
+from controller.errors import ControllerError, InvalidInput
 from controller.permissions import Requester
 from controller.rules import find_or_404
 from controller.store import Store, utc_now
@@ -29,6 +30,15 @@ log = logging.getLogger(__name__)
 ACTIONS = ("create", "reboot", "power-on", "power-off", "modify-users", "move", "evacuate", "delete")
 RESULTS = ("success", "error")
 _MAX_MESSAGE = 1000
+# The history is bounded. An answer holds at most `limit` entries (1 to MAX_LIMIT, default
+# MAX_LIMIT), the most recent ones; each instance keeps its newest KEPT_PER_INSTANCE entries
+# (older ones go as a new one is written), so one page always holds all that is kept.
+MAX_LIMIT = 1000
+KEPT_PER_INSTANCE = 1000
+# Repeats that add nothing are coalesced into the instance's newest entry (its time and
+# request id become the repeat's): an error identical to the last one (a reboot of a stopped
+# instance, again), and a power-on or power-off just like the last one (it changed nothing).
+_COALESCED_SUCCESSES = ("power-on", "power-off")
 # What an unexpected failure (a bug, answered 500) leaves in the history: its details are
 # in the service log, under the same request id.
 INTERNAL_ERROR = "internal error; see the service log"
@@ -46,8 +56,9 @@ def record(ctx, instance: dict, action: str, *, requester: str | None, result: s
         "request_id": request_id or request_ids.current() or request_ids.new(), "result": result,
         "message": message[:_MAX_MESSAGE], "at_utc": utc_now(),
     }
+    coalesce = result == "error" or action in _COALESCED_SUCCESSES
     try:
-        ctx.store.insert_instance_action(entry)
+        ctx.store.insert_instance_action(entry, keep=KEPT_PER_INSTANCE, coalesce=coalesce)
     except sqlite3.Error as e:
         # The action itself already happened (or failed for its own reason): a lost history
         # row must not change its answer, as for the audit.
@@ -55,16 +66,20 @@ def record(ctx, instance: dict, action: str, *, requester: str | None, result: s
 
 
 class Outcome:
-    """What a block under recorded() has to say of its success (the history's `message`)."""
+    """What a block under recorded() has to say of its success: the history's `message`, and
+    `changed = False` when the task changed nothing (access users already have, removing
+    users who have none): not recorded."""
 
     def __init__(self) -> None:
         self.message = ""
+        self.changed = True
 
 
 @contextmanager
 def recorded(ctx, instance: dict, action: str, *, requester: str | None) -> Iterator[Outcome]:
     """Record `action` as a success when the block ends (with the message the block set on the
-    Outcome it gets), as an error with its message when it raises (the error goes on to the
+    Outcome it gets; not at all when it set `changed = False`), as an error with its message
+    when it raises (the error goes on to the
     caller unchanged)."""
     outcome = Outcome()
     try:
@@ -75,16 +90,26 @@ def recorded(ctx, instance: dict, action: str, *, requester: str | None) -> Iter
     except Exception:
         record(ctx, instance, action, requester=requester, result="error", message=INTERNAL_ERROR)
         raise
-    record(ctx, instance, action, requester=requester, message=outcome.message)
+    if outcome.changed:
+        record(ctx, instance, action, requester=requester, message=outcome.message)
 
 
-def list_actions(ctx, requester: Requester, instance_id: str) -> list[dict]:
-    """The instance's actions oldest first, for whoever sees the instance (while it lives or,
-    by its kept owner, after its delete); 404 otherwise."""
+def parse_limit(value: str | None) -> int:
+    """The `limit` query parameter of the history: 1 to MAX_LIMIT, MAX_LIMIT when absent."""
+    if value is None:
+        return MAX_LIMIT
+    if not re.fullmatch(r"[0-9]{1,7}", value) or not 1 <= int(value) <= MAX_LIMIT:
+        raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}")
+    return int(value)
+
+
+def list_actions(ctx, requester: Requester, instance_id: str, *, limit: int = MAX_LIMIT) -> list[dict]:
+    """The instance's `limit` most recent actions, oldest first, for whoever sees the instance
+    (while it lives or, by its kept owner, after its delete); 404 otherwise."""
     scope = perms.visible_to(requester)
 
     def visible_rows(parsed: str) -> list[dict] | None:
-        rows = ctx.store.list_instance_actions(parsed, visible_to=scope)
+        rows = ctx.store.list_instance_actions(parsed, visible_to=scope, limit=limit)
         # No rows: an empty history of an instance the requester sees (one made before the
         # history existed), else 404 as for the instance.
         if rows or ctx.store.get_instance(parsed, visible_to=scope) is not None:

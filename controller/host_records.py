@@ -15,7 +15,7 @@ from controller.host_routing import each_host, ensure_config_host, spec_of
 from controller.libvirt_uri import transport_risks
 from host_adapters.factory import config_host
 from host_adapters.host_pool import HostSpec
-from host_adapters.hypervisor import HostCapacity
+from host_adapters.hypervisor import HostCapacity, HostIdentity
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,65 @@ def read_capacity(ctx: Context, row: dict) -> HostCapacity:
     ctx.store.set_host_capacity(row["name"], vcpus=capacity.vcpus, memory_mb=capacity.memory_mb,
                                 read_at=int(time.time()))
     return capacity
+
+
+# -- which libvirt a record reaches: one libvirt, one record ------------------------------------
+_ONE_LIBVIRT = ("one libvirt is one host: its domains and disks are the same whichever record names "
+                "them, and a drain onto the second would destroy what it moves. (Two machines that report "
+                "one host UUID, from cloned firmware, need host_uuid set in each libvirtd.conf.)")
+
+
+def stored_identity(row: dict) -> HostIdentity | None:
+    return HostIdentity(host_uuid=row["host_uuid"], pool_uuid=row["pool_uuid"]) if row.get("pool_uuid") else None
+
+
+def read_identity(ctx: Context, row: dict) -> HostIdentity:
+    """Ask the host which libvirt it is now (HostUnavailable when it does not answer)."""
+    return ctx.adapters.hosts.hypervisor(spec_of(row)).identity()
+
+
+def _identities(ctx: Context, rows: list[dict]) -> dict[str, HostIdentity]:
+    """name -> identity: each host asked now (several at once), a host that does not answer
+    by what was recorded of it (absent when nothing was). Records that had none get theirs."""
+    by_name = {r["name"]: r for r in rows}
+    answers = each_host(by_name, lambda name: read_identity(ctx, by_name[name]))
+    found = {}
+    for name, got in answers.items():
+        if isinstance(got, HostIdentity):
+            found[name] = got
+            if stored_identity(by_name[name]) is None:
+                try:
+                    ctx.store.set_host_identity(name, host_uuid=got.host_uuid, pool_uuid=got.pool_uuid)
+                except Conflict as e:
+                    log.warning("hypervisor host %s: %s", name, e.message)
+        elif stored_identity(by_name[name]) is not None:
+            found[name] = stored_identity(by_name[name])
+        else:
+            log.warning("hypervisor host %s does not answer and its libvirt was never read: not compared", name)
+    return found
+
+
+def check_distinct(ctx: Context, name: str) -> HostIdentity:
+    """Before a drain of host `name`: it still reaches the libvirt recorded for it, and no
+    other record reaches that libvirt. Conflict otherwise (nothing is changed); its identity."""
+    rows = ctx.store.list_hosts()
+    row = next(r for r in rows if r["name"] == name)
+    mine = read_identity(ctx, row)
+    recorded = stored_identity(row)
+    # Both changed: another libvirt. One alone is the same one (a libvirtd without a firmware
+    # UUID makes a new host UUID at each start; a pool defined again has a new UUID): kept up.
+    if recorded is not None and recorded.host_uuid != mine.host_uuid and recorded.pool_uuid != mine.pool_uuid:
+        raise Conflict(f"host {name} ({row['uri']}) now reaches another libvirt than when it was added (host "
+                       f"UUID {recorded.host_uuid or 'none'}, pool {recorded.pool_uuid}; now "
+                       f"{mine.host_uuid or 'none'}, pool {mine.pool_uuid}); nothing was changed")
+    others = _identities(ctx, [r for r in rows if r["name"] != name])
+    same = sorted(other for other, identity in others.items() if identity.same_as(mine))
+    if same:
+        raise Conflict(f"host {name} and host {', '.join(same)} reach the same libvirt; {_ONE_LIBVIRT} Nothing "
+                       f"was changed: `cloud-agent host remove` the record that holds no instance")
+    if recorded != mine:
+        ctx.store.set_host_identity(name, host_uuid=mine.host_uuid, pool_uuid=mine.pool_uuid)
+    return mine
 
 
 # -- the admin's commands (cloud-agent host ...) ----------------------------------------------
@@ -100,12 +159,27 @@ def add_host(ctx: Context, *, name: str, uri: str, storage_pool: str | None = No
     try:
         capacity = hv.host_capacity()
         hv.check()
+        identity = hv.identity()
     except HostError as e:
         ctx.adapters.hosts.forget(name)
         raise HostUnavailable(f"host {name} not added: {e.message}") from None
-    ctx.store.insert_host({"name": name, "uri": spec.uri, "storage_pool": spec.storage_pool,
-                           "network": spec.network, "vcpus": capacity.vcpus, "memory_mb": capacity.memory_mb,
-                           "capacity_read_at": int(time.time())})
+    # Records made before identities were kept are asked theirs now, so they are compared too.
+    others = _identities(ctx, ctx.store.list_hosts())
+    same = sorted(other for other, known in others.items() if known.same_as(identity))
+    try:
+        if same:
+            other = ctx.store.get_host(same[0])
+            raise Conflict(f"another record, host {same[0]} ({other['uri']}), reaches the same libvirt (host UUID "
+                           f"{identity.host_uuid or 'none'}, storage pool UUID {identity.pool_uuid})")
+        ctx.store.insert_host({"name": name, "uri": spec.uri, "storage_pool": spec.storage_pool,
+                               "network": spec.network, "vcpus": capacity.vcpus, "memory_mb": capacity.memory_mb,
+                               "capacity_read_at": int(time.time()), "host_uuid": identity.host_uuid,
+                               "pool_uuid": identity.pool_uuid})
+    except Conflict as e:
+        ctx.adapters.hosts.forget(name)
+        if e.message.startswith("a hypervisor host named"):
+            raise
+        raise Conflict(f"host {name} not added: {e.message}; {_ONE_LIBVIRT}") from None
     return host_object(ctx.store.host_with_allocation(name), reachable=True)
 
 

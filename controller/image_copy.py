@@ -7,7 +7,7 @@ import tempfile
 from controller.context import Context
 from controller.errors import Conflict, ControllerError, HostError, HostUnavailable
 from controller.host_routing import ensure_config_host, hypervisor_of_host, spec_of
-from controller.locks import one_at_a_time
+from controller.locks import CrossProcessMark, across_processes
 from host_adapters.factory import config_host
 from host_adapters.image_source import base_file_limit
 
@@ -23,20 +23,32 @@ def ensure_image_on_host(ctx: Context, image: dict, host_name: str, *, progress=
     --source` (under a temporary name, checked, then published: a failure leaves no
     volume there, a crash only a temporary one reconcile reports).
 
-    Creates of one image on one host look and copy one at a time: the others wait
-    (at most [hosts] image_copy_wait_seconds, then 503) for the one copy and use it,
-    never a copy in progress and never a second upload. The lock is this process's:
-    the server makes every copy (a create), except `reconcile --fix`, which holds the
-    host-change lock exclusive, so no create runs beside it.
+    Copies of one image to one host look and copy one at a time, in every process of the
+    deployment (the server's creates, the agent's drains and evacuations): the others
+    wait (at most [hosts] image_copy_wait_seconds, then 503) for the one copy and use it,
+    never a copy in progress and never a second upload. The lock is an flock
+    (locks.across_processes) whose file says "copying" from just before the upload until
+    the base is published: a holder that died in between (its host publishes by a copy
+    within the pool, so the final name may hold half a base) leaves that word, and the
+    next holder removes the volume of that name and copies again before anyone uses it.
     """
     wait = ctx.config.hosts.image_copy_wait_seconds
     busy = HostUnavailable(f"image {image['id']} is still being copied to host {host_name} after {wait} s; "
                            "try again later")
-    with one_at_a_time("image-copy", f"{host_name}/{image['id']}", wait_seconds=wait, busy=busy):
-        _copy_image_to_host(ctx, image, host_name, progress=progress)
+    with across_processes(ctx, "image-copy", f"{host_name}/{image['id']}", wait_seconds=wait, busy=busy) as mark:
+        if mark is not None and mark.read() == _COPYING:
+            log.warning("image %s: a copy to host %s was cut short; its volume there is removed and copied again",
+                        image["id"], host_name)
+            hypervisor_of_host(ctx, host_name).delete_base_image(image["id"])
+            mark.write("")
+        _copy_image_to_host(ctx, image, host_name, progress=progress, mark=mark)
 
 
-def _copy_image_to_host(ctx: Context, image: dict, host_name: str, *, progress=None) -> None:
+_COPYING = "copying"
+
+
+def _copy_image_to_host(ctx: Context, image: dict, host_name: str, *, progress=None,
+                        mark: CrossProcessMark | None = None) -> None:
     target = hypervisor_of_host(ctx, host_name)
     if image["id"] in target.list_base_images():
         return
@@ -60,11 +72,18 @@ def _copy_image_to_host(ctx: Context, image: dict, host_name: str, *, progress=N
                 errors.append(f"{row['name']}: {e.message}")
                 continue
             # A host without content (the test driver) has a blank stand-in: so does the target.
+            if mark is not None:
+                mark.write(_COPYING)  # cleared once published; left by a process that dies meanwhile
             target.create_base_image(image["id"], size_gb=image["min_disk"], source=path if kept else None,
                                      progress=progress)
+            if mark is not None:
+                mark.write("")
             return
         except Conflict:
-            return  # another create uploaded it meanwhile
+            # Published by another (an older controller, or by hand): not ours, kept.
+            if mark is not None:
+                mark.write("")
+            return
         finally:
             os.close(fd)
             os.unlink(path)

@@ -297,12 +297,16 @@ def finish_interrupted(ctx: Context, row: dict) -> None:
 def run_task(ctx: Context, requester: Requester, instance_id: str, task: dict) -> dict:
     row = instance_row(ctx, requester, instance_id)
     with history.recorded(ctx, row, task["what"], requester=requester.id) as outcome:
-        outcome.message = _run_task(ctx, requester, row, task)
+        message = _run_task(ctx, requester, row, task)
+        if message is None:
+            outcome.changed = False
+        else:
+            outcome.message = message
     return get_instance(ctx, requester, row["id"])
 
 
-def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> str:
-    """Carry out the task; its history message."""
+def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> str | None:
+    """Carry out the task; its history message, None when it changed nothing (not recorded)."""
     require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
     # One claim per instance (instance_claims.py), taken first: a second power task, or a
@@ -314,12 +318,12 @@ def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> str:
         if what == "modify-users":
             # Read again under the lock: another modify-users may just have changed the list.
             row = instance_row(ctx, requester, row["id"])
-            _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"])
-            return ""
+            return "" if _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"]) else None
         return power_tasks.run(ctx, row, what)
 
 
-def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> None:
+def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> bool:
+    """Change the instance's users; False when the list stays as it was."""
     current = list(row["users"])
     owner_account = account_of(ctx, row["owner_id"])
     owner_uuid = owner_account["uuid"] if owner_account else None
@@ -333,10 +337,11 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
     if owner_uuid is not None and owner_uuid not in new:
         new.insert(0, owner_uuid)
     if new == current:
-        return
+        return False
     hypervisor_of_instance(ctx, row).set_guest(row["id"], guest_spec(ctx, row, new))
     try:
         ctx.store.set_instance_users(row["id"], new)
     except BaseException:
         hypervisor_of_instance(ctx, row).set_guest(row["id"], guest_spec(ctx, row, current))
         raise
+    return True

@@ -14,6 +14,10 @@ Two locks, both advisory:
   resource (modify-users on one instance, member changes of one group) run one
   after the other, so none reads a list another is about to replace (a lost
   update).
+- `across_processes(ctx, kind, key)`: the same across every process of the
+  deployment (a base image copied to a host: the server's creates and the
+  agent's drains and evacuations), an flock on a file of its own under
+  `<database>.locks/`, whose content says what a holder that died was doing.
 
 A long task on one instance (a power task, which may wait a guest's shutdown
 out; a move) holds the instance's claim (instance_claims.py), across
@@ -21,8 +25,10 @@ processes: a second is refused at once with Conflict naming the first.
 """
 
 import fcntl
+import hashlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -78,3 +84,52 @@ def one_at_a_time(kind: str, resource_id: str, *, wait_seconds: float | None = N
     finally:
         lock.release()
 
+
+class CrossProcessMark:
+    """What the holder of an across_processes lock left in its file: "" when its work ended,
+    else what it was doing when its process died (the kernel drops an flock with its process,
+    the file's content stays)."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def read(self) -> str:
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        return os.read(self._fd, 4096).decode(errors="replace")
+
+    def write(self, text: str) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, text.encode(), 0)
+        os.fsync(self._fd)
+
+
+@contextmanager
+def across_processes(ctx, kind: str, key: str, *, wait_seconds: float,
+                     busy: ControllerError) -> Iterator[CrossProcessMark | None]:
+    """One holder at a time in every process of the deployment (the server and each
+    `cloud-agent`): an flock on a file named for (kind, key) in `<database>.locks/`. Waits at
+    most wait_seconds, then raises `busy`. Threads of one process queue in one_at_a_time
+    first (an flock belongs to the open file, so each holder opens its own). Yields the lock
+    file's CrossProcessMark (None without a database file: one process only)."""
+    deadline = time.monotonic() + wait_seconds  # one bound for both waits
+    with one_at_a_time(kind, key, wait_seconds=wait_seconds, busy=busy):
+        path = _lock_path(ctx)
+        if path is None:
+            yield None
+            return
+        folder = f"{ctx.store.path}.locks"
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        name = f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
+        fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise busy from None
+                    time.sleep(0.05)
+            yield CrossProcessMark(fd)
+        finally:
+            os.close(fd)  # releases the lock

@@ -380,11 +380,23 @@ _M_INSTANCE_CLAIMS = """
             claimed_at_utc TEXT NOT NULL
         );
 """
+# Which libvirt each host record reaches (Hypervisor.identity: the host's UUID and its pool's),
+# read at `host add` and before a drain. One libvirt is one record: a second one (another URI
+# for the same daemon) would let a drain "clean" the target and destroy the instance itself.
+# NULL: not read yet (records made before this); filled at the next add or drain.
+_M_HOST_IDENTITY = """
+        ALTER TABLE hosts ADD COLUMN host_uuid TEXT;
+        ALTER TABLE hosts ADD COLUMN pool_uuid TEXT;
+        CREATE UNIQUE INDEX hosts_host_uuid ON hosts(host_uuid) WHERE host_uuid IS NOT NULL;
+        CREATE UNIQUE INDEX hosts_pool_uuid ON hosts(pool_uuid) WHERE pool_uuid IS NOT NULL;
+"""
+
+
 
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
-    _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES, _M_INSTANCE_CLAIMS,
+    _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES, _M_INSTANCE_CLAIMS, _M_HOST_IDENTITY,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

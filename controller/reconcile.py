@@ -388,6 +388,17 @@ def _base_images(run: _Run, hypervisor, *, own: bool) -> None:
         run.found("base-image-missing", image["id"], f"base disk of image {image['name']!r} is missing", repair)
 
 
+def _one_libvirt(run: _Run, hypervisor, other: str) -> bool | None:
+    """Whether this host and host `other` reach one libvirt (never destroy on one what the row
+    places on the other); None when that cannot be told now."""
+    from controller.host_routing import hypervisor_of_host
+
+    try:
+        return hypervisor.identity().same_as(hypervisor_of_host(run.ctx, other).identity())
+    except ControllerError:
+        return None
+
+
 def _network(run: _Run, hypervisor, host: dict, *, own: bool) -> None:
     read, state = run.probe("network", "the private network", hypervisor.network_status)
     if read and state != "active":
@@ -496,6 +507,18 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
                 lambda r=row, s=info.status: ctx.store.set_instance_status(r["id"], s),
             )
     for orphan in sorted(set(hypervisor.list_instances()) - known - moving):
+        one = _one_libvirt(run, hypervisor, elsewhere[orphan]) if orphan in elsewhere else False
+        if one is None:
+            run.found("domain-stale", orphan,
+                      f"a domain, disk or seed of an instance now on host {elsewhere[orphan]}, which does not answer: "
+                      "whether both are one libvirt cannot be told, so it is left until that host answers")
+            continue
+        if one:
+            run.found("host-duplicate", orphan,
+                      f"host {host['name']} and host {elsewhere[orphan]}, where the instance is recorded, reach the "
+                      "same libvirt: its domain is the instance itself, never removed; `cloud-agent host remove` "
+                      "the second record; left for the admin")
+            continue
         if orphan in elsewhere:
             run.found("domain-stale", orphan,
                       f"a domain, disk or seed of an instance now on host {elsewhere[orphan]} (evacuated while "

@@ -779,17 +779,43 @@ class Store:
         return next(iter(self._hosts(self.conn, name)), None)
 
     def insert_host(self, host: dict) -> None:
+        """Record a host; Conflict when its name exists or another record reaches the same
+        libvirt (`host_uuid` or `pool_uuid`, checked in the insert's transaction)."""
         now = utc_now()
+        values = {"enabled": 1, "vcpus": None, "memory_mb": None, "capacity_read_at": None, "host_uuid": None,
+                  "pool_uuid": None, **host, "now": now}
         try:
             with self.write() as conn:
+                self._refuse_same_libvirt(conn, values)
                 conn.execute(
                     """INSERT INTO hosts (name, uri, storage_pool, network, enabled, vcpus, memory_mb,
-                       capacity_read_at, created_at_utc, updated_at_utc) VALUES (:name, :uri, :storage_pool,
-                       :network, :enabled, :vcpus, :memory_mb, :capacity_read_at, :now, :now)""",
-                    {"enabled": 1, "vcpus": None, "memory_mb": None, "capacity_read_at": None, **host, "now": now},
+                       capacity_read_at, host_uuid, pool_uuid, created_at_utc, updated_at_utc) VALUES (:name,
+                       :uri, :storage_pool, :network, :enabled, :vcpus, :memory_mb, :capacity_read_at,
+                       :host_uuid, :pool_uuid, :now, :now)""",
+                    values,
                 )
         except sqlite3.IntegrityError:
             raise Conflict(f"a hypervisor host named {host['name']!r} exists") from None
+
+    @staticmethod
+    def _refuse_same_libvirt(conn: sqlite3.Connection, host: dict) -> None:
+        other = conn.execute(
+            "SELECT name, uri FROM hosts WHERE name != :name AND ((:host_uuid IS NOT NULL AND host_uuid = :host_uuid)"
+            " OR (:pool_uuid IS NOT NULL AND pool_uuid = :pool_uuid))", host).fetchone()
+        if other is not None:
+            raise Conflict(f"another record, host {other['name']} ({other['uri']}), reaches the same libvirt "
+                           f"(host UUID {host['host_uuid'] or 'none'}, storage pool UUID {host['pool_uuid']})")
+
+    def set_host_identity(self, name: str, *, host_uuid: str | None, pool_uuid: str) -> None:
+        """Record which libvirt host `name` reaches; Conflict when another record reaches it."""
+        values = {"name": name, "host_uuid": host_uuid, "pool_uuid": pool_uuid}
+        try:
+            with self.write() as conn:
+                self._refuse_same_libvirt(conn, values)
+                conn.execute("UPDATE hosts SET host_uuid = :host_uuid, pool_uuid = :pool_uuid WHERE name = :name",
+                             values)
+        except sqlite3.IntegrityError:  # another process recorded it meanwhile
+            raise Conflict(f"another record reaches the same libvirt as host {name}") from None
 
     def upsert_config_host(self, host: dict, *, legacy_name: str = DEFAULT_HOST) -> None:
         """The config's host: made, or its uri, pool and network set (enabled and capacity stay).
@@ -1218,20 +1244,41 @@ class Store:
                 return total
 
     # -- instance history (controller/history.py) -----------------------------------------
-    def insert_instance_action(self, entry: dict) -> None:
+    def insert_instance_action(self, entry: dict, *, keep: int | None = None, coalesce: bool = False) -> None:
+        """One history entry. With `coalesce`, an entry like the instance's newest (same action,
+        requester, result and message) only moves that one's time and request id; with
+        `keep`, only the instance's newest `keep` entries remain."""
         with self.write() as conn:
+            if coalesce:
+                newest = conn.execute(
+                    "SELECT id, action, requester, result, message FROM instance_actions WHERE instance_id = ? "
+                    "ORDER BY id DESC LIMIT 1", (entry["instance_id"],)).fetchone()
+                if newest is not None and (newest["action"], newest["requester"], newest["result"],
+                                           newest["message"]) == (entry["action"], entry["requester"],
+                                                                  entry["result"], entry["message"]):
+                    conn.execute("UPDATE instance_actions SET request_id = ?, at_utc = ? WHERE id = ?",
+                                 (entry["request_id"], entry["at_utc"], newest["id"]))
+                    return
             conn.execute(
                 """INSERT INTO instance_actions (instance_id, owner_id, action, requester, request_id, result,
                                                  message, at_utc)
                    VALUES (:instance_id, :owner_id, :action, :requester, :request_id, :result, :message, :at_utc)""",
                 entry,
             )
+            if keep is not None:
+                # The index (instance_id, id) finds the oldest kept entry without a scan.
+                conn.execute(
+                    """DELETE FROM instance_actions WHERE instance_id = :i AND id < (
+                           SELECT id FROM instance_actions WHERE instance_id = :i ORDER BY id DESC
+                           LIMIT 1 OFFSET :skip)""", {"i": entry["instance_id"], "skip": keep - 1})
 
-    def list_instance_actions(self, instance_id: str, *, visible_to: str | None) -> list[dict]:
-        """The instance's actions oldest first, by the visibility rule of the instance itself
-        applied to the owner each row keeps (so they stay readable after the delete)."""
+    def list_instance_actions(self, instance_id: str, *, visible_to: str | None, limit: int = -1) -> list[dict]:
+        """The instance's `limit` most recent actions (all: -1), oldest first, by the visibility
+        rule of the instance itself applied to the owner each row keeps (so they stay readable
+        after the delete)."""
         where, params = self._where(visible_to, instance_id=instance_id)
-        return self._all(f"SELECT * FROM instance_actions WHERE {where} ORDER BY id", params)
+        return self._all(f"SELECT * FROM (SELECT * FROM instance_actions WHERE {where} ORDER BY id DESC LIMIT ?) "
+                         "ORDER BY id", (*params, limit))
 
     def delete_instance_actions_before(self, before: str, *, batch: int = 10_000) -> int:
         return self._delete_before("instance_actions", before, batch)

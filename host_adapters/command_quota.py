@@ -28,6 +28,7 @@ import re
 
 from common.errors import CommandError, HostError, HostUnavailable, InvalidInput
 from host_adapters import subp
+from host_adapters.program_path import program_problem
 from host_adapters.quota import GIB, QuotaBackend, check_id, check_size_gb, make_plain_home, remove_tree
 
 # How much of the program's stderr reaches a message: its first lines, each bounded.
@@ -88,6 +89,11 @@ class CommandQuota(QuotaBackend):
             raise HostUnavailable(f"quota command {self.program} cannot be run: {e.strerror or e}") from None
 
     def check(self, home_root: str) -> None:
+        # The program and its directories as at start: one changed since (a directory made
+        # writable by others) is refused before it runs as root.
+        problem = program_problem(self.program)
+        if problem is not None:
+            raise HostUnavailable(f"quota command {self.program} cannot be run: {problem}")
         try:
             self._run("check", home_root)
         except HostUnavailable:

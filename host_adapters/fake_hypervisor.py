@@ -19,7 +19,8 @@ from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes, s
 from host_adapters.fail_on import FailOn
 from host_adapters.guest import GuestSpec, Reservation, Share, check_guest, check_positive, reservations_for
 from host_adapters.host_pool import HostSpec
-from host_adapters.hypervisor import HostCapacity, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
+from host_adapters.hypervisor import (HostCapacity, HostIdentity, Hypervisor, InstanceInfo, NicDevice, Progress,
+                                      check_wait)
 from host_adapters.image_source import open_image_source
 from host_adapters.names import Names, check_id, check_volume_name
 from host_adapters.libvirt.nic_filters import nic_devices_for
@@ -91,6 +92,8 @@ class FakeHypervisor(FailOn, Hypervisor):
         self.networks: dict[str, dict[str, Reservation]] = {network: {}}
         self.fail_on: dict[str, Exception] = {}
         self.capacity = HostCapacity(vcpus=64, memory_mb=256 * 1024)
+        # Which libvirt this is (identity()): one fake reached under two names is one host.
+        self.host_uuid, self.pool_uuid = str(uuid.uuid4()), str(uuid.uuid4())
         # A dead host: every call raises HostUnreachable (tests of many hosts).
         self.dead = False
         # False: a bridged network without DHCP (no reservations are made).
@@ -140,6 +143,10 @@ class FakeHypervisor(FailOn, Hypervisor):
     def host_capacity(self) -> HostCapacity:
         self._step("host_capacity")
         return self.capacity
+
+    def identity(self) -> HostIdentity:
+        self._step("identity")
+        return HostIdentity(host_uuid=self.host_uuid, pool_uuid=self.pool_uuid)
 
     def network_status(self) -> str:
         self._step("network_status")
@@ -496,6 +503,11 @@ class FakeHosts:
         self.fakes[name] = fake
         return fake
 
+    def alias(self, name: str, *, of: str) -> FakeHypervisor:
+        """Host `name` is the fake of host `of`: one libvirt reached under a second name."""
+        self.fakes[name] = self.fakes[of]
+        return self.fakes[of]
+
     def kill(self, name: str) -> None:
         self.fakes[name].dead = True
 
@@ -503,7 +515,9 @@ class FakeHosts:
         self.fakes[name].dead = False
 
     def build(self, spec: HostSpec) -> Hypervisor:
-        fake = self.fakes.get(spec.name)
+        # A host's own name first, then the host its `fake://NAME` URI names: another record
+        # with that URI reaches the same fake, as a second record of one libvirt would.
+        fake = self.fakes.get(spec.name) or self.fakes.get(spec.uri.removeprefix("fake://"))
         if fake is None:
             if not spec.uri.startswith("fake://"):
                 raise InvalidInput(f"no fake hypervisor host at {spec.uri}")

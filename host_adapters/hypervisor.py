@@ -68,6 +68,21 @@ class HostCapacity:
     memory_mb: int
 
 
+@dataclass(frozen=True)
+class HostIdentity:
+    """Which libvirt a connection reaches, whatever URI reached it: the host's UUID (libvirt's
+    capabilities; None where the driver reports none, as the test driver) and the UUID of the
+    storage pool the host record names (random at the pool's definition)."""
+
+    host_uuid: str | None
+    pool_uuid: str
+
+    def same_as(self, other: "HostIdentity") -> bool:
+        """One libvirt (one set of domains and disks) behind both: the same host UUID, or the
+        same pool."""
+        return (self.host_uuid is not None and self.host_uuid == other.host_uuid) or self.pool_uuid == other.pool_uuid
+
+
 def check_wait(wait_seconds: object) -> None:
     """A bounded wait: a number of seconds, at least 0 (bool refused)."""
     if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, (int, float)) or not 0 <= wait_seconds < 1e6:
@@ -96,6 +111,11 @@ class Hypervisor:
     def host_capacity(self) -> HostCapacity:
         """The host's logical CPUs and memory in MB, as the hypervisor reports them
         (physical totals: admission applies the ratios and reserved memory)."""
+        raise NotImplementedError
+
+    def identity(self) -> HostIdentity:
+        """Which libvirt this connection reaches (HostIdentity): two host records whose
+        identities are the same_as each other are one host, whatever their URIs."""
         raise NotImplementedError
 
     def ensure_network(self) -> bool:

@@ -8,7 +8,7 @@ import uuid
 import xml.etree.ElementTree as ET
 
 from common.errors import HostUnavailable
-from host_adapters.hypervisor import HostCapacity
+from host_adapters.hypervisor import HostCapacity, HostIdentity
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.connection import _connection_lost, _libvirt, _msg
@@ -39,6 +39,13 @@ class ChecksPart:
             return HostCapacity(vcpus=int(info[2]), memory_mb=int(info[1]))
 
         return self._call("read host capacity", op)
+
+    def identity(self) -> HostIdentity:
+        def op(conn):
+            host = (ET.fromstring(conn.getCapabilities()).findtext("host/uuid") or "").strip().lower()
+            return HostIdentity(host_uuid=host or None, pool_uuid=self._pool(conn).UUIDString().lower())
+
+        return self._call("read host identity", op)
 
     def probe_guest(self) -> None:
         lv = _libvirt()

@@ -20,7 +20,8 @@ from tests.fixtures.api import PASSWORD, config_values_for, enable, give_volume,
 @pytest.fixture
 def config_values(tmp_path):
     values = config_values_for(tmp_path)
-    values["server"].update({"threads": 1, "host_workers": 1, "host_queue": 1, "host_queue_seconds": 2})
+    values["server"].update({"threads": 1, "host_workers": 1, "host_queue": 1, "host_queue_seconds": 2,
+                             "host_work_per_user": 1})
     return values
 
 
@@ -106,6 +107,33 @@ def test_a_wait_past_host_queue_seconds_is_503_and_makes_nothing(cctx, client, c
         first.join(30)
 
 
+def test_one_user_holds_at_most_host_work_per_user_places_and_others_still_queue(cctx, client, catalog,
+                                                                                   held_spawn):
+    alice, bob = users(cctx, client, 2)
+    results = {}
+    first = threading.Thread(target=lambda: results.setdefault("alice", create(client, alice, catalog)))
+    first.start()
+    assert held_spawn.inside.acquire(timeout=10)
+    try:
+        # alice's second operation: 429 at once (her one place is taken), nothing made; the
+        # queue's place stays free for bob, who waits in it.
+        started = time.monotonic()
+        r = create(client, alice, catalog)
+        assert time.monotonic() - started < 1.0
+        assert r.status_code == 429 and "1 host operations of yours are running or waiting already" in r.json["msg"]
+        assert int(r.headers["retry-after"]) >= 1
+        assert len([row for row in cctx.store.all_instances() if row["owner_id"] == alice.id]) == 1
+        second = threading.Thread(target=lambda: results.setdefault("bob", create(client, bob, catalog)))
+        second.start()
+    finally:
+        held_spawn.go.set()
+        first.join(30)
+    second.join(30)
+    assert results["alice"].status_code == 201 and results["bob"].status_code == 201
+    # Her place is given back: the next one goes through.
+    assert create(client, alice, catalog).status_code == 201
+
+
 def test_failed_host_work_gives_its_turn_back(cctx, client, catalog):
     alice, = users(cctx, client, 1)
     for _ in range(5):  # one worker, one place in the queue: a leaked turn would refuse the next
@@ -120,7 +148,8 @@ def test_serve_runs_a_thread_for_each_read_worker_and_queued_host_operation(conf
     config = config_from_dict(config_values)
     # threads, one host worker, one queued, and two per password-hash slot.
     assert server_threads(config) == config.server.threads + 1 + 1 + 2 * 2
-    for key, bad in (("host_workers", 0), ("host_queue", -1), ("host_queue_seconds", 0), ("threads", 0)):
+    for key, bad in (("host_workers", 0), ("host_queue", -1), ("host_queue_seconds", 0), ("threads", 0),
+                     ("host_work_per_user", 0)):
         values = dict(config_values, server=dict(config_values["server"], **{key: bad}))
         with pytest.raises(InvalidInput, match=key):
             config_from_dict(values)

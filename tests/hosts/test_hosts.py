@@ -9,6 +9,7 @@ status and what is stored and on which host it is.
 import json
 import os
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -521,7 +522,8 @@ def test_a_bridged_host_gets_static_addresses_and_no_dhcp_reservations(client, c
 
 # -- several libvirt test-driver hosts ---------------------------------------------------------------------
 def node_file(tmp_path: Path, name: str, *, cpus: int, memory_mb: int) -> str:
-    """A libvirt test-driver node of its own: its CPUs, memory, storage pool and network."""
+    """A libvirt test-driver node of its own: its CPUs, memory, storage pool and network. Its
+    pool keeps one UUID, as a real host's does (each process reads the node anew)."""
     path = tmp_path / f"{name}.xml"
     path.write_text(f"""<node>
   <cpu><mhz>2000</mhz><model>x86_64</model><nodes>1</nodes><sockets>1</sockets>
@@ -529,7 +531,8 @@ def node_file(tmp_path: Path, name: str, *, cpus: int, memory_mb: int) -> str:
   <memory>{memory_mb * 1024}</memory>
   <network><name>cc-private</name><bridge name='virbr-{name}'/><forward mode='nat'/>
     <ip address='10.213.0.1' netmask='255.255.0.0'><dhcp/></ip></network>
-  <pool type='dir'><name>pool-{name}</name><target><path>/pool-{name}</path></target></pool>
+  <pool type='dir'><name>pool-{name}</name><uuid>{uuid.uuid5(uuid.NAMESPACE_URL, str(path))}</uuid>
+    <target><path>/pool-{name}</path></target></pool>
 </node>""")
     return f"test://{path}"
 

@@ -124,6 +124,13 @@ class HypervisorContract:
         assert capacity.vcpus >= 1 and capacity.memory_mb >= 1
         assert hv.host_capacity() == capacity
 
+    def test_identity_names_the_libvirt_and_its_pool_and_stays(self, hv):
+        identity = hv.identity()
+        assert identity.pool_uuid and identity == hv.identity() and identity.same_as(hv.identity())
+        other = type(identity)(host_uuid="00000000-0000-4000-8000-000000000001",
+                               pool_uuid="00000000-0000-4000-8000-000000000002")
+        assert not identity.same_as(other)
+
     def test_statuses_gives_every_instance_of_the_host_in_one_call(self, hv, base_image):
         running, stopped, gone = (self.spawn(hv, base_image) for _ in range(3))
         hv.power_off(stopped)

@@ -168,3 +168,62 @@ def test_record_refuses_an_unknown_action_or_result(cctx):
     [entry] = cctx.store.list_instance_actions(UNKNOWN, visible_to=None)
     assert (entry["action"], entry["requester"], entry["request_id"], entry["result"]) == ("move", None, "r-1",
                                                                                          "success")
+
+
+# -- a bounded history (issue 27, item 5) -------------------------------------------------------
+
+
+def test_a_modify_users_that_changes_nothing_is_not_recorded(client, cctx, people, made):
+    owner = people["owner"]
+    managed_uuid = people["accounts"]["managed"]["uuid"]
+    ok(task(client, owner, made["id"], "modify-users", "grant", how="add", users=[managed_uuid]))
+    # Access the user already has, and removing it twice: 200 each, nothing written.
+    for n in range(5):
+        ok(task(client, owner, made["id"], "modify-users", f"again-{n}", how="add", users=[managed_uuid]))
+    ok(task(client, owner, made["id"], "modify-users", "drop", how="delete", users=[managed_uuid]))
+    ok(task(client, owner, made["id"], "modify-users", "drop-again", how="delete", users=[managed_uuid]))
+    got = ok(actions(client, owner, made["id"]))
+    assert [(a["action"], a["request-id"]) for a in got] == [("create", "create-1"), ("modify-users", "grant"),
+                                                              ("modify-users", "drop")]
+    assert cctx.store.conn.execute("SELECT COUNT(*) FROM instance_actions").fetchone()[0] == 3
+
+
+def test_repeated_power_tasks_and_refusals_are_coalesced_into_one_entry(client, cctx, people, made):
+    owner = people["owner"]
+    for n in range(20):
+        ok(task(client, owner, made["id"], "power-on", f"on-{n}"))  # running already: changes nothing
+    ok(task(client, owner, made["id"], "power-off", "off"))
+    for n in range(20):
+        err(task(client, owner, made["id"], "reboot", f"reboot-{n}"), 409)
+    got = ok(actions(client, owner, made["id"]))
+    assert [(a["action"], a["request-id"], a["result"]) for a in got] == [
+        ("create", "create-1", "success"), ("power-on", "on-19", "success"), ("power-off", "off", "success"),
+        ("reboot", "reboot-19", "error")]
+
+
+def test_each_instance_keeps_its_newest_entries_and_limit_pages_them(client, cctx, people, made, monkeypatch):
+    owner = people["owner"]
+    monkeypatch.setattr(history, "KEPT_PER_INSTANCE", 5)
+    for n in range(4):  # alternate: nothing to coalesce
+        ok(task(client, owner, made["id"], "power-off", f"off-{n}"))
+        ok(task(client, owner, made["id"], "power-on", f"on-{n}"))
+    got = ok(actions(client, owner, made["id"]))
+    assert [a["request-id"] for a in got] == ["on-1", "off-2", "on-2", "off-3", "on-3"]
+    assert cctx.store.conn.execute("SELECT COUNT(*) FROM instance_actions").fetchone()[0] == 5
+    # `limit`: the most recent ones, oldest first.
+    r = client.simulate_get(f"/v1/server-instance/{made['id']}/actions", headers=owner.headers,
+                            params={"limit": "2"})
+    assert [a["request-id"] for a in ok(r)] == ["off-3", "on-3"]
+
+
+@pytest.mark.parametrize("limit", ["0", "1001", "-1", "x", "1.5", ""])
+def test_a_bad_limit_is_400(client, people, made, limit):
+    r = client.simulate_get(f"/v1/server-instance/{made['id']}/actions", headers=people["owner"].headers,
+                            query_string=f"limit={limit}")
+    assert "limit must be an integer from 1 to 1000" in err(r, 400)
+
+
+def test_the_audit_retention_has_a_finite_default(cctx):
+    from controller.config import config_from_dict, sandbox_values
+
+    assert 0 < config_from_dict(sandbox_values("/tmp/unused")).audit.retention_days <= 400

@@ -196,6 +196,9 @@ def set_retention(sandbox, days: int) -> None:
 def test_prune_without_before_applies_the_configured_retention(sandbox):
     d40, d20 = recent(40), recent(20)
     add_rows(sandbox.db_path, d40, d20)
+    # The default retention is finite (365 days): nothing that young goes.
+    assert sandbox.ok("audit", "--prune") == {"pruned": 0}
+    set_retention(sandbox, 0)  # kept forever: --prune needs --before
     proc = sandbox.run("--json", "audit", "--prune")
     assert proc.returncode == 2 and "retention_days" in json.loads(proc.stdout)["error"]
     assert len([a for a, _ in actors_and_times(sandbox) if a == "filler"]) == 2

@@ -7,6 +7,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -397,3 +398,44 @@ def _drift_from_another_process(config: Path, http, admin: dict, state: Path) ->
     done = subprocess.run([str(AGENT), "--config", str(config), "--json", "reconcile"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 1 and '"home-missing"' in done.stdout, done.stdout + done.stderr
+
+
+def test_a_scrape_answers_while_local_users_hold_idle_and_half_sent_connections(service):
+    """Any local user can connect to the metrics address: sockets held open idle, or with a
+    request trickling in, never keep a scrape out (the oldest such are closed for it)."""
+    ctx = service["ctx"]
+    server = MetricsServer(ctx, host="127.0.0.1", port=0).start()
+    held = []
+    try:
+        host, port = server.address
+        for n in range(200):
+            s = socket.create_connection((host, port), timeout=5)
+            if n % 2:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+            held.append(s)
+        time.sleep(0.5)  # all of them accepted or waiting in the backlog
+        # And one who keeps opening more while the scrapes run.
+        stop = threading.Event()
+
+        def keep_opening():
+            while not stop.is_set():
+                try:
+                    held.append(socket.create_connection((host, port), timeout=5))
+                except OSError:
+                    time.sleep(0.01)
+
+        opener = threading.Thread(target=keep_opening)
+        opener.start()
+        try:
+            for _ in range(5):
+                started = time.monotonic()
+                status, text = _get(f"http://{host}:{port}{PATH}")
+                assert status == 200 and value(parse(text), "database_bytes", file="db") > 0
+                assert time.monotonic() - started < 3, time.monotonic() - started
+        finally:
+            stop.set()
+            opener.join(10)
+    finally:
+        for s in held:
+            s.close()
+        server.stop()

@@ -517,3 +517,52 @@ def test_a_failing_tool_fails_the_sample_with_its_message(tmp_path, sample, tool
     assert proc.returncode != 0
     assert f"{tool_name}: no answer for:" in proc.stderr
     assert len(tool.calls()) == 1
+
+
+# -- the program's directories (a root-owned program in a directory others can write) ------
+
+
+@pytest.mark.parametrize("where", ["site", "parent"])
+def test_the_config_refuses_a_program_in_a_directory_others_can_write(tmp_path, site, where):
+    directory = site.dir if where == "site" else site.dir.parent
+    os.chmod(directory, 0o777)
+    try:
+        with pytest.raises(InvalidInput, match=f"directory {directory} on its path must be owned by root and "
+                                               "not writable by group or others"):
+            config_with(tmp_path, quota_backend="command", quota_command=site.program)
+    finally:
+        os.chmod(directory, 0o755 if where == "site" else 0o700)
+    # Once the directory is closed again the same program is accepted.
+    config_with(tmp_path, quota_backend="command", quota_command=site.program)
+
+
+def test_the_config_checks_the_directories_a_symlink_leads_to(tmp_path, site):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    real = open_dir / "real-quota"
+    real.write_text(PROGRAM)
+    os.chmod(real, 0o755)
+    os.chmod(open_dir, 0o777)
+    link = site.dir / "linked-quota"
+    os.symlink(real, link)
+    with pytest.raises(InvalidInput, match=f"directory {open_dir} on its path must be owned by root"):
+        config_with(tmp_path, quota_backend="command", quota_command=str(link))
+
+
+def test_a_sticky_root_directory_is_accepted(tmp_path, site):
+    # /tmp itself (1777, root's) holds every test's folder: only an entry's owner may rename it.
+    assert os.stat("/tmp").st_mode & stat.S_ISVTX
+    config_with(tmp_path, quota_backend="command", quota_command=site.program)
+
+
+def test_check_refuses_a_program_whose_directory_was_opened_after_start(homes, site):
+    homes.check()
+    site.forget()
+    os.chmod(site.dir, 0o777)
+    try:
+        with pytest.raises(HostUnavailable, match=f"quota command {site.program} cannot be run: directory "
+                                                  f"{site.dir} on its path must be owned by root"):
+            homes.check()
+    finally:
+        os.chmod(site.dir, 0o755)
+    assert site.calls() == []  # not run as root
