@@ -8,6 +8,7 @@ import click
 from agent.cloud import names, settings
 from agent.cloud.output import Run, cloud_command, fields, list_command, read_secret, table
 from common.client import Client, ClientError, Limits, User
+from common.client.urls import check_url
 
 
 @click.command("login")
@@ -15,19 +16,24 @@ from common.client import Client, ClientError, Limits, User
 @click.option("--api-key", help="Log in with your API key (the secret is prompted, or read from stdin).")
 @click.option("--email", help="Log in with your email (the password is prompted, or read from stdin).")
 @click.option("--keep", is_flag=True,
-              help="Keep the API key and secret (mode 0600) so that an expired token is renewed.")
+              help="Keep the API key and secret (mode 0600) so that an expired token is renewed; with --email, "
+                   "a new API secret is made for it (the old one stops working), never the password.")
 @cloud_command
 def login(run: Run, url, api_key, email, keep):
     """Log in and keep the service URL and a token in ~/.config/cloud-controller/ (mode 0600).
 
+    The kept login is used only with that URL. With --keep the API key and secret are
+    kept too, and every command renews an expired token by itself.
+
     Example: cloud login --url http://head-node:8080 --api-key KEY --keep
     """
     kept = settings.load()
-    url = url or os.environ.get("CC_URL") or kept.get("url")
+    url = url or run.url or os.environ.get("CC_URL") or kept.get("url")
     if not url:
         url = click.prompt("Service URL", err=True) if sys.stdin.isatty() else None
     if not url:
         raise ClientError("no service URL: give --url or set CC_URL")
+    url = check_url(url)
     env = settings.env_credentials()
     if api_key is None and email is None:
         if env:
@@ -44,11 +50,21 @@ def login(run: Run, url, api_key, email, keep):
     else:
         password = os.environ.get("CC_PASSWORD") if env.get("email") == email else None
         creds = {"email": email, "password": password or read_secret("Password")}
-        if keep:
-            raise ClientError("--keep keeps an API key and secret, never a password: log in with --api-key")
-    token = Client(url, **creds).login()
+    session = Client(url, **creds)
+    token = session.login()
     saved = {"url": url, "userid": token.userid, "token": token.token, "expires_at": token.expires_at,
-             **(creds if keep else {})}
+             "source": session.source}
+    if api_key:
+        saved.update({"api_key": api_key, **({"api_secret": creds["api_secret"]} if keep else {})})
+    else:
+        saved["email"] = email
+        if keep:
+            # A password is never kept, and the service never shows a secret again: a new one is
+            # made with the password as proof, and that is kept.
+            rotated = session.rotate_api_secret(password=creds["password"])
+            saved.update(rotated)
+            run.progress("note: a new API secret was made to keep; the previous one no longer works "
+                         "(`cloud credentials show` names the key)")
     where = settings.save(saved)
     doc = {"url": url, "userid": token.userid, "expires_at": token.expires_at, "kept_secret": keep,
            "config": str(where)}
