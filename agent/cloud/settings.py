@@ -131,8 +131,7 @@ def client(url: str | None = None) -> Client:
     if given:
         if has_login(kept) and same_service(kept["url"], target):
             _note_override(given, kept)
-        return Client(target, **given, token_source="api_key" if "api_key" in given else "password",
-                      renew_hint=f"cloud login --url {target}, or set {env_source(given)} right")
+        return Client(target, **given, token_source="api_key" if "api_key" in given else "password")
     if not has_login(kept):
         raise ClientError(f"not logged in to {target}: run `cloud login --url {target}`")
     if not same_service(kept["url"], target):

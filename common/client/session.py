@@ -151,11 +151,13 @@ class Client:
         raise ClientError(f"no credentials to get a token with: run `{self.renew_hint}`")
 
     def _renew(self) -> None:
-        """login() for a login that is kept: a refusal says the kept credentials no longer work."""
+        """login() again for a login that had a token: a refusal says the kept credentials no longer
+        work. A first login's refusal is the service's own answer ("invalid credentials")."""
+        first = self.token is None
         try:
             self.login()
         except ApiError as e:
-            if e.status != 401:
+            if e.status != 401 or first:
                 raise
             raise LoginEnded(f"your login to {self.url} could not be renewed: the service refused the kept "
                              f"credentials ({e.message}); a new API secret, a changed password or a "

@@ -311,3 +311,14 @@ def test_the_library_raises_login_ended_and_never_renews_on_a_wrong_proof():
         assert len(stub.requests) == 2
     finally:
         stub.close()
+
+
+def test_wrong_environment_credentials_get_the_services_own_answer(cloud):
+    refused = (401, {}, {"message": "invalid credentials", "success": False, "version": "1"})
+    stub = Stub({("POST", "/v1/auth/token"): [refused]})
+    try:
+        message = cloud.error("image", "list", env={"CC_URL": stub.url, "CC_API_KEY": KEY, "CC_API_SECRET": "x"})
+        assert message == "invalid credentials"
+        assert not cloud.file.exists()
+    finally:
+        stub.close()
