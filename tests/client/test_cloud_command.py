@@ -143,11 +143,15 @@ def test_login_with_a_wrong_password_says_the_apis_message(svc, tmp_path):
                                         stdin="x" * 14 + "\n").stdout)
 
 
-def test_keep_with_a_password_keeps_a_new_secret_and_never_the_password(svc, tmp_path):
+def test_keep_with_a_password_keeps_a_new_secret_only_when_asked_and_never_the_password(svc, tmp_path):
     # More in tests/client/test_cloud_credentials.py.
     svc.add_user("keeper", account=False, volume=False)
     c = Cloud(tmp_path / "c")
-    c.ok("login", "--url", svc.base, "--email", "keeper@example.org", "--keep", stdin=PASSWORD + "\n")
+    assert "never a password" in c.error("login", "--url", svc.base, "--email", "keeper@example.org", "--keep",
+                                         code=2, stdin=PASSWORD + "\n")
+    assert not c.file.exists()
+    c.ok("login", "--url", svc.base, "--email", "keeper@example.org", "--keep", "--new-secret",
+         stdin=PASSWORD + "\n")
     kept = json.loads(c.file.read_text())
     assert kept["api_key"] and kept["api_secret"] and PASSWORD not in c.file.read_text()
     r = requests.post(svc.base + "/v1/auth/token", json={"api_key": kept["api_key"],

@@ -16,7 +16,7 @@ import requests
 
 from tests.fixtures.agent import agent_ok as agent
 from tests.fixtures.cloud import CLOUD, Cloud
-from tests.fixtures.server import sandbox_with_admin, served
+from tests.fixtures.server import free_port, sandbox_with_admin, served
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -147,15 +147,43 @@ def test_password_changes_it_and_keeps_the_password_login_working(svc, cloud):
     assert svc.token(email=u["email"], password=NEW_PASSWORD).status_code == 200
 
 
-def test_login_with_email_and_keep_keeps_a_new_secret_never_the_password(svc, cloud):
+def test_login_with_email_and_keep_refuses_and_leaves_the_secret_alone(svc, cloud):
     u = svc.new_user()
     proc = cloud.run("login", "--url", svc.base, "--email", u["email"], "--keep", stdin=PASSWORD + "\n")
+    assert proc.returncode == 2 and proc.stdout == ""
+    message = proc.stderr.strip()
+    assert message.startswith("error: --keep keeps an API key and secret, never a password.")
+    assert "cloud login --api-key KEY --keep" in message and "--new-secret" in message
+    assert not cloud.file.exists()
+    # The user's secret is the one it was: it still logs in, and the service still shows it.
+    r = svc.token(api_key=u["api_key"], api_secret=u["api_secret"])
+    assert r.status_code == 200 and r.json()["data"]["userid"] == u["id"]
+    shown = requests.get(svc.base + f"/v1/user/view_api_secret/{u['id']}", headers=svc.admin_headers(), timeout=30)
+    assert shown.json()["data"]["api_secret"] == u["api_secret"]
+    # Refused before anything is sent: with nothing listening at the URL it says the same.
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert cloud.error("login", "--url", nowhere, "--email", u["email"], "--keep", code=2,
+                       stdin=PASSWORD + "\n") == message[len("error: "):]
+    # --new-secret alone, or with an API key, is a usage error too; nothing is kept.
+    assert "--new-secret" in cloud.error("login", "--url", svc.base, "--email", u["email"], "--new-secret",
+                                         code=2, stdin=PASSWORD + "\n")
+    assert "--new-secret" in cloud.error("login", "--url", svc.base, "--api-key", u["api_key"], "--keep",
+                                         "--new-secret", code=2, stdin=u["api_secret"] + "\n")
+    assert not cloud.file.exists()
+    assert svc.token(api_key=u["api_key"], api_secret=u["api_secret"]).status_code == 200
+
+
+def test_login_with_email_keep_and_new_secret_keeps_a_new_secret_never_the_password(svc, cloud):
+    u = svc.new_user()
+    proc = cloud.run("login", "--url", svc.base, "--email", u["email"], "--keep", "--new-secret",
+                     stdin=PASSWORD + "\n")
     assert proc.returncode == 0, proc.stderr
-    assert "new API secret" in proc.stderr
+    assert "new API secret" in proc.stderr and "previous one no longer works" in proc.stderr
     k = kept(cloud)
     assert k["api_key"] == u["api_key"] and k["api_secret"] != u["api_secret"]
     assert PASSWORD not in cloud.file.read_text()
     assert (cloud.file.stat().st_mode & 0o777) == 0o600
+    assert svc.token(api_key=u["api_key"], api_secret=u["api_secret"]).status_code == 401
     assert svc.token(api_key=u["api_key"], api_secret=k["api_secret"]).status_code == 200
     # An expired token is renewed from the kept key, with no password.
     cloud.file.write_text(json.dumps({**k, "expires_at": "2020-01-01T00:00:00Z"}))
