@@ -70,9 +70,11 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "argon2_time_cost": "3",
         "argon2_memory_kib": "65536",
         # Password logins hashing at once; one more is answered 429 at once.
-        "max_password_checks": "2",
-        # Password logins one client address may have in progress at once (0: no cap).
-        "max_password_checks_per_source": "1",
+        "max_password_checks": "4",
+        # Password logins one client address may have in progress at once (0: no cap). Two, so
+        # that two users of a head node (all at 127.0.0.1) log in at the same moment, while one
+        # client still holds at most half of the slots.
+        "max_password_checks_per_source": "2",
     },
     "libvirt": {
         "uri": "qemu:///system",

@@ -26,8 +26,8 @@ _DUMMY_PASSWORD = "dummy-password-for-timing"
 
 
 class Passwords:
-    def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536, max_concurrent_checks: int = 2,
-                 max_checks_per_source: int = 1):
+    def __init__(self, *, time_cost: int = 3, memory_kib: int = 65536, max_concurrent_checks: int = 4,
+                 max_checks_per_source: int = 2):
         self._hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=1)
         # Made on first use, not at start: one argon2 hash costs memory_kib (64 MiB by
         # default), which would set the server's peak memory before any request.

@@ -6,8 +6,9 @@ import sys
 import click
 
 from agent.cloud import names, settings
-from agent.cloud.output import Run, cloud_command, fields, list_command, read_secret, table
+from agent.cloud.output import Run, cloud_command, fail, fields, list_command, read_secret, table
 from common.client import Client, ClientError, Limits, User
+from common.client.urls import check_url
 
 
 @click.command("login")
@@ -15,19 +16,30 @@ from common.client import Client, ClientError, Limits, User
 @click.option("--api-key", help="Log in with your API key (the secret is prompted, or read from stdin).")
 @click.option("--email", help="Log in with your email (the password is prompted, or read from stdin).")
 @click.option("--keep", is_flag=True,
-              help="Keep the API key and secret (mode 0600) so that an expired token is renewed.")
+              help="Keep the API key and secret (mode 0600) so that an expired token is renewed; "
+                   "never a password (with --email it needs --new-secret).")
+@click.option("--new-secret", is_flag=True,
+              help="With --email and --keep: make a new API secret now and keep it; the current secret "
+                   "stops working everywhere.")
 @cloud_command
-def login(run: Run, url, api_key, email, keep):
+def login(run: Run, url, api_key, email, keep, new_secret):
     """Log in and keep the service URL and a token in ~/.config/cloud-controller/ (mode 0600).
+
+    The kept login is used only with that URL. With --keep the API key and secret are
+    kept too, and every command renews an expired token by itself. A password is never
+    kept: --email --keep is refused unless --new-secret asks for a new API secret to keep.
 
     Example: cloud login --url http://head-node:8080 --api-key KEY --keep
     """
+    if new_secret and not keep:
+        fail(run, "--new-secret goes with --email and --keep", code=2)
     kept = settings.load()
-    url = url or os.environ.get("CC_URL") or kept.get("url")
+    url = url or run.url or os.environ.get("CC_URL") or kept.get("url")
     if not url:
         url = click.prompt("Service URL", err=True) if sys.stdin.isatty() else None
     if not url:
         raise ClientError("no service URL: give --url or set CC_URL")
+    url = check_url(url)
     env = settings.env_credentials()
     if api_key is None and email is None:
         if env:
@@ -38,17 +50,36 @@ def login(run: Run, url, api_key, email, keep):
             email = None if api_key else click.prompt("Email", err=True)
         else:
             raise ClientError("give --api-key or --email (the secret or password comes on stdin)")
+    if new_secret and api_key:
+        fail(run, "--new-secret goes with --email and --keep, not with an API key", code=2)
+    if keep and not api_key and not new_secret:
+        # Refused before anything is sent: keeping a password login would mean replacing the
+        # user's API secret, which breaks every other place it is used; only an explicit ask does.
+        fail(run, "--keep keeps an API key and secret, never a password. Either log in with "
+                  "`cloud login --api-key KEY --keep` (see `cloud credentials show`; a lost secret: "
+                  "`cloud credentials rotate`), or add --new-secret to make a new API secret now and keep "
+                  "it (your current secret stops working everywhere).", code=2)
     if api_key:
         secret = os.environ.get("CC_API_SECRET") if env.get("api_key") == api_key else None
         creds = {"api_key": api_key, "api_secret": secret or read_secret("API secret")}
     else:
         password = os.environ.get("CC_PASSWORD") if env.get("email") == email else None
         creds = {"email": email, "password": password or read_secret("Password")}
-        if keep:
-            raise ClientError("--keep keeps an API key and secret, never a password: log in with --api-key")
-    token = Client(url, **creds).login()
+    session = Client(url, **creds)
+    token = session.login()
     saved = {"url": url, "userid": token.userid, "token": token.token, "expires_at": token.expires_at,
-             **(creds if keep else {})}
+             "source": session.source}
+    if api_key:
+        saved.update({"api_key": api_key, **({"api_secret": creds["api_secret"]} if keep else {})})
+    else:
+        saved["email"] = email
+        if keep:
+            # Only with --new-secret (checked above). A password is never kept, and the service
+            # never shows a secret again: a new one is made with the password as proof, and kept.
+            rotated = session.rotate_api_secret(password=creds["password"])
+            saved.update(rotated)
+            run.progress("note: a new API secret was made to keep; the previous one no longer works "
+                         "(`cloud credentials show` names the key)")
     where = settings.save(saved)
     doc = {"url": url, "userid": token.userid, "expires_at": token.expires_at, "kept_secret": keep,
            "config": str(where)}

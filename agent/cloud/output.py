@@ -15,14 +15,15 @@ from common.client import ApiError, Client, ClientError
 class Run:
     """One command's run: whether it prints JSON, and the client (made on first use)."""
 
-    def __init__(self, as_json: bool):
+    def __init__(self, as_json: bool, url: str | None = None):
         self.as_json = as_json
+        self.url = url  # `cloud --url`
         self._client: Client | None = None
 
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = settings.client()
+            self._client = settings.client(self.url)
         return self._client
 
     def emit(self, document, human: Callable[[], str] | str) -> None:
@@ -55,7 +56,7 @@ def cloud_command(fn):
     @functools.wraps(fn)
     def wrapper(click_ctx, as_json, *args, **kwargs):
         root = click_ctx.find_root().obj or {}
-        run = Run(as_json or root.get("as_json", False))
+        run = Run(as_json or root.get("as_json", False), root.get("url"))
         try:
             return fn(run, *args, **kwargs)
         except ApiError as e:

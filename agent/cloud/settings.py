@@ -1,21 +1,29 @@
 """Where `cloud` keeps the service URL and the user's token, and the CC_* variables over it.
 
 One file, $XDG_CONFIG_HOME/cloud-controller/client.json (default ~/.config/...),
-mode 0600 in a folder of mode 0700: the URL, the user id, the token and its end,
-and the API key and secret only when `cloud login --keep` asked for them.
-Environment variables override it (CONTRACT.md section 12): CC_URL, and
+mode 0600 in a folder of mode 0700: the URL, the user id, the token, its end and
+how it was issued (`source`), the email or API key it was made with (to say
+which `cloud login` renews it), and the API secret only when `cloud login
+--keep` asked for it. Environment variables override it: CC_URL, and
 CC_API_KEY with CC_API_SECRET or CC_EMAIL with CC_PASSWORD; then nothing is
-written, each run gets its own token.
+written, each run gets its own token, and the kept login they override is
+named on stderr once.
+
+A kept login belongs to the URL it was made for: when CC_URL or `--url` names
+another service and the environment gives no credentials, nothing kept is
+sent anywhere and the command fails "not logged in to URL".
 """
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from common.client import Client, ClientError, Token
+from common.client.urls import check_url, same_service
 
 FILE_NAME = "client.json"
-_KEPT = ("url", "userid", "token", "expires_at", "api_key", "api_secret")
+_KEPT = ("url", "userid", "token", "expires_at", "source", "email", "api_key", "api_secret")
 
 
 def folder() -> Path:
@@ -71,20 +79,71 @@ def env_credentials() -> dict:
     return {}
 
 
-def client() -> Client:
-    """A Client from the environment, else from the kept file (whose token it keeps renewed)."""
+def env_source(given: dict) -> str:
+    """The variables credentials came from, as a person reads them."""
+    return "CC_API_KEY and CC_API_SECRET" if "api_key" in given else "CC_EMAIL and CC_PASSWORD"
+
+
+def has_login(kept: dict) -> bool:
+    return bool(kept.get("url") and (kept.get("token") or (kept.get("api_key") and kept.get("api_secret"))))
+
+
+def renew_hint(url: str, kept: dict) -> str:
+    """The `cloud login` that renews the kept login."""
+    if kept.get("api_key") and kept.get("api_secret"):
+        return f"cloud login --url {url} --api-key {kept['api_key']} --keep"
+    if kept.get("source") == "api_key" and kept.get("api_key"):
+        return f"cloud login --url {url} --api-key {kept['api_key']}"
+    if kept.get("email"):
+        return f"cloud login --url {url} --email {kept['email']}"
+    return f"cloud login --url {url}"
+
+
+_noted = False
+
+
+def _note_override(given: dict, kept: dict) -> None:
+    """Once per run: which environment variables win over which kept login."""
+    global _noted
+    if _noted:
+        return
+    _noted = True
+    who = kept.get("email") or kept.get("api_key") or kept.get("userid") or "a user"
+    print(f"note: {env_source(given)} from the environment are used, not the login kept in {path()} "
+          f"({who} at {kept['url']})", file=sys.stderr)
+
+
+def source_of(client: Client) -> str:
+    """Where the credentials come from and how the token was issued: env:api_key, env:password,
+    kept:api_key, kept:password (kept: the login `cloud login` kept)."""
+    return f"{'env' if env_credentials() else 'kept'}:{client.source or 'unknown'}"
+
+
+def client(url: str | None = None) -> Client:
+    """A Client from the environment, else from the kept login (whose token it keeps renewed).
+    `url` (the command's --url) goes before CC_URL, which goes before the kept URL."""
     kept = load()
-    url = os.environ.get("CC_URL") or kept.get("url")
-    if not url:
+    wanted = url or os.environ.get("CC_URL")
+    target = check_url(wanted) if wanted else kept.get("url")
+    if not target:
         raise ClientError("no service URL: run `cloud login --url URL` or set CC_URL")
     given = env_credentials()
     if given:
-        return Client(url, **given)
-    if not kept.get("token") and not kept.get("api_key"):
-        raise ClientError("not logged in: run `cloud login`")
+        if has_login(kept) and same_service(kept["url"], target):
+            _note_override(given, kept)
+        return Client(target, **given, token_source="api_key" if "api_key" in given else "password")
+    if not has_login(kept):
+        raise ClientError(f"not logged in to {target}: run `cloud login --url {target}`")
+    if not same_service(kept["url"], target):
+        # Nothing kept goes to another service: not the token, least of all the key and secret.
+        raise ClientError(f"not logged in to {target}: the kept login is for {kept['url']}; run "
+                          f"`cloud login --url {target}`, or set CC_API_KEY and CC_API_SECRET")
 
     def keep(token: Token) -> None:
-        save({**load(), "token": token.token, "userid": token.userid, "expires_at": token.expires_at})
+        save({**load(), "token": token.token, "userid": token.userid, "expires_at": token.expires_at,
+              "source": made.source})
 
-    return Client(url, token=kept.get("token"), userid=kept.get("userid"), expires_at=kept.get("expires_at"),
-                  api_key=kept.get("api_key"), api_secret=kept.get("api_secret"), on_token=keep)
+    made = Client(kept["url"], token=kept.get("token"), userid=kept.get("userid"),
+                  expires_at=kept.get("expires_at"), api_key=kept.get("api_key"), api_secret=kept.get("api_secret"),
+                  token_source=kept.get("source"), on_token=keep, renew_hint=renew_hint(kept["url"], kept))
+    return made

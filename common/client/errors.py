@@ -24,3 +24,11 @@ class ApiError(ClientError):
 
 class Unreachable(ClientError):
     """No answer: the service's URL is wrong, or it is down, or the call timed out."""
+
+
+class LoginEnded(ApiError):
+    """The login's token expired or was revoked and cannot be renewed here; the message says
+    when it ended and which `cloud login` renews it."""
+
+    def __init__(self, message: str):
+        super().__init__(401, message)

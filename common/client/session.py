@@ -2,36 +2,45 @@
 
 The token is renewed when it has expired or the service refuses it (401),
 from the API key and secret (or email and password) the client was given;
-`on_token` is called with each new token so that a caller can keep it.
+`on_token` is called with each new token so that a caller can keep it. A
+token that has ended and cannot be renewed is not sent: LoginEnded says when
+it ended and how to log in again (`renew_hint`). A 429 or 503 with
+`Retry-After` is sent again after that wait, within `retry_seconds` in all.
 """
 
 import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
 import requests
 
-from common.client.errors import ApiError, ClientError, Unreachable
+from common.client.errors import ApiError, ClientError, LoginEnded, Unreachable
 from common.client.models import Action, Console, Flavor, Group, Image, Limits, Server, Token, User, Volume
+from common.client.urls import check_url, describe
 
 DEFAULT_TIMEOUT = 60.0
 # A power task's answer waits for the guest's clean shutdown: the service's [guest]
 # shutdown_timeout_seconds (at most 600) and a start. Its call waits this long at least.
 TASK_TIMEOUT = 660.0
+# How long in all a call waits out 429 and 503 answers that say when to come back (Retry-After).
+DEFAULT_RETRY_SECONDS = 30.0
+# A Retry-After of 0 (or one in the past) still waits this long, so retries never spin.
+_MIN_RETRY_WAIT = 0.5
 # A token this close to its end is renewed before the call rather than refused during it.
 _RENEW_MARGIN_SECONDS = 30
 
 
-def _expired(expires_at: str | None) -> bool:
+def _expired(expires_at: str | None, *, margin: float = _RENEW_MARGIN_SECONDS) -> bool:
     if not expires_at:
         return False
     try:
         end = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     except ValueError:
         return False  # unknown form: let the service decide
-    return end.timestamp() - _RENEW_MARGIN_SECONDS <= time.time()
+    return end.timestamp() - margin <= time.time()
 
 
 def _seg(value: str) -> str:
@@ -39,20 +48,39 @@ def _seg(value: str) -> str:
     return quote(str(value), safe="")
 
 
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (seconds or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
+
+
 class Client:
     def __init__(self, url: str, *, token: str | None = None, userid: str | None = None,
                  expires_at: str | None = None, api_key: str | None = None, api_secret: str | None = None,
                  email: str | None = None, password: str | None = None,
                  on_token: Callable[[Token], None] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 session: requests.Session | None = None):
-        if not url:
-            raise ClientError("no service URL")
-        self.url = url.rstrip("/")
+                 session: requests.Session | None = None, token_source: str | None = None,
+                 retry_seconds: float = DEFAULT_RETRY_SECONDS, renew_hint: str | None = None):
+        self.url = check_url(url)
         self.token, self.userid, self.expires_at = token, userid, expires_at
+        # How the token was issued: "api_key" or "password" (which of the user's changes end it).
+        self.source = token_source
         self._key, self._secret = api_key, api_secret
         self._email, self._password = email, password
         self.on_token = on_token
         self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.renew_hint = renew_hint or f"cloud login --url {self.url}"
         self.http = session or requests.Session()
         self._lock = threading.Lock()
 
@@ -61,8 +89,8 @@ class Client:
         return bool((self._key and self._secret) or (self._email and self._password))
 
     # -- transport ------------------------------------------------------------
-    def _send(self, method: str, path: str, *, params=None, json=None, headers=None,
-              timeout: float | None = None) -> requests.Response:
+    def _send_once(self, method: str, path: str, *, params=None, json=None, headers=None,
+                   timeout: float | None = None) -> requests.Response:
         timeout = timeout or self.timeout
         try:
             return self.http.request(method, self.url + path, params=params, json=json, headers=headers,
@@ -70,7 +98,24 @@ class Client:
         except requests.Timeout:
             raise Unreachable(f"{self.url} did not answer within {timeout:g} s") from None
         except requests.RequestException as e:
-            raise Unreachable(f"cannot reach {self.url}: {type(e).__name__}") from None
+            raise Unreachable(f"cannot reach {self.url}: {describe(e)}") from None
+
+    def _send(self, method: str, path: str, **kw) -> requests.Response:
+        """One request; a 429 or 503 that says when to come back is sent again then, while that
+        stays within retry_seconds of the first try (the service did not act on it: a busy
+        gate, a full hash pool, a throttle). The last answer is returned as it is."""
+        deadline = time.monotonic() + self.retry_seconds
+        while True:
+            resp = self._send_once(method, path, **kw)
+            if resp.status_code not in (429, 503):
+                return resp
+            wait = _retry_after(resp.headers.get("Retry-After"))
+            if wait is None:
+                return resp
+            wait = max(wait, _MIN_RETRY_WAIT)
+            if time.monotonic() + wait > deadline:
+                return resp
+            time.sleep(wait)
 
     @staticmethod
     def _body(resp: requests.Response) -> dict:
@@ -88,40 +133,73 @@ class Client:
         body = self._body(resp)
         if resp.status_code >= 400 or body.get("success") is False:
             message = body.get("msg") or body.get("message") or resp.reason or "error"
+            retry = _retry_after(resp.headers.get("Retry-After")) if resp.status_code in (429, 503) else None
+            if retry is not None:
+                message = f"{message} (the service asks to retry in {retry:.0f} s)"
             raise ApiError(resp.status_code, message, request_id=resp.headers.get("X-Request-Id"))
         return body
 
-    def login(self) -> Token:
-        """A new token from the kept API key and secret, or email and password."""
-        if self._key and self._secret:
-            creds = {"api_key": self._key, "api_secret": self._secret}
-        elif self._email and self._password:
-            creds = {"email": self._email, "password": self._password}
-        else:
-            raise ClientError("no credentials to get a token with: run `cloud login`")
+    def _token_from(self, creds: dict, source: str) -> Token:
         token = Token.from_api(self._checked(self._send("POST", "/v1/auth/token", json=creds))["data"])
         self.token, self.userid, self.expires_at = token.token, token.userid, token.expires_at
+        self.source = source
         if self.on_token is not None:
             self.on_token(token)
         return token
 
+    def login(self) -> Token:
+        """A new token from the kept API key and secret, or email and password."""
+        if self._key and self._secret:
+            return self._token_from({"api_key": self._key, "api_secret": self._secret}, "api_key")
+        if self._email and self._password:
+            return self._token_from({"email": self._email, "password": self._password}, "password")
+        raise ClientError(f"no credentials to get a token with: run `{self.renew_hint}`")
+
+    def _renew(self) -> None:
+        """login() again for a login that had a token: a refusal says the kept credentials no longer
+        work. A first login's refusal is the service's own answer ("invalid credentials")."""
+        first = self.token is None
+        try:
+            self.login()
+        except ApiError as e:
+            if e.status != 401 or first:
+                raise
+            raise LoginEnded(f"your login to {self.url} could not be renewed: the service refused the kept "
+                             f"credentials ({e.message}); a new API secret, a changed password or a "
+                             f"deactivated account ends them: run `{self.renew_hint}`") from None
+
+    def _ended(self, how: str) -> LoginEnded:
+        end = f" at {self.expires_at}" if self.expires_at else ""
+        if how == "expired":
+            what = f"your login to {self.url} ended{end} (its token expired)"
+        else:
+            what = (f"your login to {self.url} was refused before its end{end} (revoked: a new API secret, "
+                    f"a changed password or a deactivated account ends it)")
+        return LoginEnded(f"{what}: run `{self.renew_hint}`")
+
     def _ensure_token(self) -> None:
         with self._lock:
             if (not self.token or _expired(self.expires_at)) and self.can_renew:
-                self.login()
+                self._renew()
         if not self.token or not self.userid:
-            raise ClientError("not logged in: run `cloud login`")
+            raise ClientError(f"not logged in: run `{self.renew_hint}`")
+        if _expired(self.expires_at, margin=0):
+            raise self._ended("expired")  # never sent: the service would refuse it
 
-    def call(self, method: str, path: str, *, params=None, json=None, timeout: float | None = None) -> dict:
-        """One authenticated call; the answer's envelope (ApiError on an error). `timeout`: this
-        call's wait for the answer, if not the client's."""
+    def call(self, method: str, path: str, *, params=None, json=None, renew: bool = True,
+             timeout: float | None = None) -> dict:
+        """One authenticated call; the answer's envelope (ApiError on an error). With renew=False
+        a 401 is the call's own answer (a wrong proof), never a reason to log in again.
+        `timeout`: this call's wait for the answer, if not the client's."""
         self._ensure_token()
         sent = self.token
         resp = self._send(method, path, params=params, json=json, headers=self._auth(), timeout=timeout)
-        if resp.status_code == 401 and self.can_renew:
+        if resp.status_code == 401 and renew:
+            if not self.can_renew:
+                raise self._ended("revoked")
             with self._lock:
                 if self.token == sent:  # another thread may have renewed it already
-                    self.login()
+                    self._renew()
             resp = self._send(method, path, params=params, json=json, headers=self._auth(), timeout=timeout)
         return self._checked(resp)
 
@@ -261,6 +339,44 @@ class Client:
     def me(self) -> User:
         self._ensure_token()
         return self.get_user(self.userid)
+
+    # -- your own credentials (self-service) ---------------------------------------------
+    @property
+    def api_key(self) -> str | None:
+        return self._key
+
+    @property
+    def api_secret(self) -> str | None:
+        """The secret this client was given (to prove a rotation with it), or None."""
+        return self._secret
+
+    def credentials(self) -> dict:
+        """{"userid", "api_key", "api_secret_set"}: never the secret."""
+        return self.call("GET", "/v1/user/credentials")["data"]
+
+    def rotate_api_secret(self, *, password: str | None = None, api_secret: str | None = None) -> dict:
+        """A new API secret for yourself, proven by your password or current secret; returns
+        {"api_key", "api_secret"} (the secret is shown this once). Your key-issued tokens end:
+        when this client's token was one, it takes a new one with the new secret."""
+        self.credentials()  # a live token first: a 401 of the rotation itself is then a wrong proof
+        proof = {"password": password} if password is not None else {"api_secret": api_secret}
+        data = self.call("POST", "/v1/user/rotate_api_secret", json=proof, renew=False)["data"]
+        if self._key:
+            self._secret = data["api_secret"]
+        if self.source == "api_key":
+            self._token_from({"api_key": data["api_key"], "api_secret": data["api_secret"]}, "api_key")
+        return data
+
+    def change_password(self, *, password: str, new_password: str) -> None:
+        """Your password changed (old and new). Your password-issued tokens end: when this client's
+        token was one, it takes a new one with the new password."""
+        email = self._email or self.me().email  # also a live token first, as for a rotation
+        self.call("POST", "/v1/user/change_password", json={"password": password, "new_password": new_password},
+                  renew=False)
+        if self._email:
+            self._password = new_password
+        if self.source == "password":
+            self._token_from({"email": email, "password": new_password}, "password")
 
     # -- limits -----------------------------------------------------------------
     def limits(self, *, owner: str | None = None) -> Limits:

@@ -147,7 +147,7 @@ def test_failed_host_work_gives_its_turn_back(cctx, client, catalog):
 def test_serve_runs_a_thread_for_each_read_worker_and_queued_host_operation(config_values):
     config = config_from_dict(config_values)
     # threads, one host worker, one queued, and two per password-hash slot.
-    assert server_threads(config) == config.server.threads + 1 + 1 + 2 * 2
+    assert server_threads(config) == config.server.threads + 1 + 1 + 2 * config.auth.max_password_checks
     for key, bad in (("host_workers", 0), ("host_queue", -1), ("host_queue_seconds", 0), ("threads", 0),
                      ("host_work_per_user", 0)):
         values = dict(config_values, server=dict(config_values["server"], **{key: bad}))

@@ -123,7 +123,8 @@ def test_login_keeps_url_and_token_in_a_0600_file_and_logout_forgets(svc, tmp_pa
     assert stat.S_IMODE(c.file.stat().st_mode) == 0o600
     assert stat.S_IMODE(c.file.parent.stat().st_mode) == 0o700
     kept = json.loads(c.file.read_text())
-    assert set(kept) == {"url", "userid", "token", "expires_at"} and PASSWORD not in c.file.read_text()
+    assert set(kept) == {"url", "userid", "token", "expires_at", "source", "email"}
+    assert PASSWORD not in c.file.read_text() and (kept["source"], kept["email"]) == ("password", "alice@example.org")
     assert c.ok("--json", "user", "show")["email"] == "alice@example.org"
     assert c.ok("logout").startswith("logged out")
     assert not c.file.exists()
@@ -142,11 +143,20 @@ def test_login_with_a_wrong_password_says_the_apis_message(svc, tmp_path):
                                         stdin="x" * 14 + "\n").stdout)
 
 
-def test_keep_with_a_password_is_refused(svc, tmp_path):
+def test_keep_with_a_password_keeps_a_new_secret_only_when_asked_and_never_the_password(svc, tmp_path):
+    # More in tests/client/test_cloud_credentials.py.
+    svc.add_user("keeper", account=False, volume=False)
     c = Cloud(tmp_path / "c")
-    msg = c.error("login", "--url", svc.base, "--email", "carol@example.org", "--keep", stdin=PASSWORD + "\n")
-    assert msg.startswith("--keep keeps an API key and secret, never a password")
+    assert "never a password" in c.error("login", "--url", svc.base, "--email", "keeper@example.org", "--keep",
+                                         code=2, stdin=PASSWORD + "\n")
     assert not c.file.exists()
+    c.ok("login", "--url", svc.base, "--email", "keeper@example.org", "--keep", "--new-secret",
+         stdin=PASSWORD + "\n")
+    kept = json.loads(c.file.read_text())
+    assert kept["api_key"] and kept["api_secret"] and PASSWORD not in c.file.read_text()
+    r = requests.post(svc.base + "/v1/auth/token", json={"api_key": kept["api_key"],
+                                                          "api_secret": kept["api_secret"]}, timeout=10)
+    assert r.status_code == 200 and r.json()["data"]["userid"] == svc.users["keeper"]["id"]
 
 
 def test_environment_overrides_the_file_and_writes_nothing(svc, alice, tmp_path):
@@ -160,7 +170,7 @@ def test_environment_overrides_the_file_and_writes_nothing(svc, alice, tmp_path)
                                            "CC_API_SECRET": u["api_secret"]})
     assert got["cloudauth-id"] == u["id"]
     assert not bare.file.exists()
-    assert bare.error("limits", env={"CC_URL": svc.base}) == "not logged in: run `cloud login`"
+    assert bare.error("limits", env={"CC_URL": svc.base}) == f"not logged in to {svc.base}: run `cloud login --url {svc.base}`"
 
 
 def test_an_expired_token_is_renewed_from_the_kept_key_and_secret(svc, admin):

@@ -67,7 +67,9 @@ def test_no_service_is_unreachable_naming_the_url():
     client = Client(f"http://127.0.0.1:{port}", token="t", userid="u", timeout=5)
     with pytest.raises(Unreachable) as e:
         client.list_images()
-    assert e.value.message == f"cannot reach http://127.0.0.1:{port}: ConnectionError"
+    # Said in words, never as a Python exception's name.
+    assert e.value.message == (f"cannot reach http://127.0.0.1:{port}: connection refused "
+                               "(is the service running, and on this port?)")
 
 
 def test_ssh_probe_tells_a_banner_from_a_refusal():

@@ -16,7 +16,7 @@ import pytest
 from api.client_address import client_address
 from controller.config import config_from_dict
 from controller.errors import InvalidInput
-from tests.fixtures.api import PASSWORD, make_caller, user_envelope
+from tests.fixtures.api import PASSWORD, config_values_for, make_caller, user_envelope
 
 ATTACK_SECONDS = 0.2
 
@@ -71,6 +71,15 @@ class Flood:
         self.stop.set()
         for t in self.threads:
             t.join(10)
+
+
+@pytest.fixture
+def config_values(tmp_path):
+    """Two slots, one per source: the smallest server where every rule here bites (the
+    defaults, four and two, are in tests/security/test_head_node_logins.py)."""
+    values = config_values_for(tmp_path)
+    values["auth"].update({"max_password_checks": 2, "max_password_checks_per_source": 1})
+    return values
 
 
 @pytest.fixture

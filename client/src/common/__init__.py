@@ -1,0 +1,1 @@
+"""The client library alone (the cloud-controller-client distribution): `common.client`."""
