@@ -177,6 +177,22 @@ def _user_paths() -> dict:
         "/v1/user/delete/{email}": post_only(
             "Delete a user (superuser)", {}, None, [_path("email", schemas.EMAIL)], errors=(400, 401, 403, 404, 409)
         ),
+        # A user's own credentials (self-service): the requester only, so no user id in the path.
+        "/v1/user/credentials": {"get": {
+            k: v for k, v in _user_op("Your own user id, API key and whether an API secret is set",
+                                      params={}, data=schemas.CREDENTIALS_DATA, errors=(401,)).items()
+            if k != "requestBody"}},
+        "/v1/user/rotate_api_secret": post_only(
+            "A new API secret for yourself, shown this once; proof: your password or your current secret. "
+            "Your key-issued tokens end",
+            {"password": {"type": "string"}, "api_secret": {"type": "string"}},
+            schemas.ROTATED_SECRET_DATA, errors=(400, 401, 429),
+        ),
+        "/v1/user/change_password": post_only(
+            "Change your own password (old and new); your password-issued tokens end",
+            {"password": {"type": "string"}, "new_password": {"type": "string", "minLength": 14, "maxLength": 24}},
+            None, errors=(400, 401, 429),
+        ),
     }
 
 

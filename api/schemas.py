@@ -66,6 +66,18 @@ TOKEN_DATA = {
     "properties": {"token": {"type": "string"}, "expires_at": DATE_TIME, "userid": UUID},
 }
 
+# A user's own credentials (self-service): never the secret, except the new one once.
+CREDENTIALS_DATA = {
+    "type": "object",
+    "required": ["userid", "api_key", "api_secret_set"],
+    "properties": {"userid": UUID, "api_key": {"type": "string"}, "api_secret_set": {"type": "boolean"}},
+}
+ROTATED_SECRET_DATA = {
+    "type": "object",
+    "required": ["api_key", "api_secret"],
+    "properties": {"api_key": {"type": "string"}, "api_secret": {"type": "string"}},
+}
+
 # Free-text parameters of the user interface, bounded as controller/rules.py checks them.
 EMAIL = {"type": "string", "maxLength": EMAIL_MAX}
 USER_NAME = {"type": "string", "maxLength": NAME_MAX}

@@ -7,7 +7,7 @@ user-interface envelope.
 from api.client_address import client_address
 from api.envelopes import ok_user
 from api.params import flag, opt_int, opt_str, req_str, user_params
-from controller import auth, users
+from controller import auth, credentials, users
 from controller.context import Context
 
 
@@ -140,6 +140,44 @@ class UserDelete(_Resource):
         ok_user(resp)
 
 
+# -- a user's own credentials (self-service): the requester only -----------------------
+class Credentials(_Resource):
+    def on_get(self, req, resp):
+        self.params(req)
+        ok_user(resp, credentials.show_credentials(self.ctx, req.context.requester))
+
+
+class _Proven(_Resource):
+    """Calls proven by the password: the client's address shares out the hash slots as a login's does."""
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.trusted_proxies = ctx.config.server.trusted_proxies
+
+    def client(self, req) -> str:
+        return client_address(req, self.trusted_proxies)
+
+
+class RotateApiSecret(_Proven):
+    def on_post(self, req, resp):
+        p = self.params(req)
+        data = credentials.rotate_api_secret(
+            self.ctx, req.context.requester, password=p.get("password"), api_secret=p.get("api_secret"),
+            client=self.client(req),
+        )
+        ok_user(resp, data)
+
+
+class ChangePassword(_Proven):
+    def on_post(self, req, resp):
+        p = self.params(req)
+        credentials.change_password(
+            self.ctx, req.context.requester, password=req_str(p, "password"),
+            new_password=req_str(p, "new_password"), client=self.client(req),
+        )
+        ok_user(resp)
+
+
 def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/auth/token", Token(ctx))
     app.add_route("/v1/user/list", UserList(ctx))
@@ -151,3 +189,6 @@ def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/user/view_api_secret/{userid}", UserViewApiSecret(ctx))
     app.add_route("/v1/user/reset_api_secret/{userid}", UserResetApiSecret(ctx))
     app.add_route("/v1/user/delete/{email}", UserDelete(ctx))
+    app.add_route("/v1/user/credentials", Credentials(ctx))
+    app.add_route("/v1/user/rotate_api_secret", RotateApiSecret(ctx))
+    app.add_route("/v1/user/change_password", ChangePassword(ctx))

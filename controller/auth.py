@@ -17,6 +17,12 @@ _API_KEY = re.compile(r"^ak_[0-9a-f]{32}$")
 _MAX_CREDENTIAL = 256
 
 
+def email_throttle_key(email: str) -> str:
+    """The failure throttle's key of a user's password logins; a wrong proof in the
+    self-service calls (controller/credentials.py) counts against it too."""
+    return f"email:{email.lower()}"
+
+
 def _login_result(error: Exception) -> str:
     """A refused login's result in the logins metric (controller/metrics.py)."""
     if isinstance(error, Unauthenticated):
@@ -89,7 +95,7 @@ def _check_credentials(ctx: Context, *, api_key: str | None, api_secret: str | N
     if by_password and (len(email) > 254 or "@" not in email or len(password) > _MAX_CREDENTIAL):
         raise Unauthenticated(_BAD_CREDENTIALS)
 
-    throttle_key = f"key:{api_key}" if by_key else f"email:{email.lower()}"
+    throttle_key = f"key:{api_key}" if by_key else email_throttle_key(email)
     ctx.throttle.check(throttle_key)
 
     if by_key:

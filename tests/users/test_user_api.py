@@ -538,6 +538,9 @@ USER_PATHS = {
     "/v1/user/view_api_secret/{userid}": {"get", "post"},
     "/v1/user/reset_api_secret/{userid}": {"post"},
     "/v1/user/delete/{email}": {"post"},
+    "/v1/user/credentials": {"get"},
+    "/v1/user/rotate_api_secret": {"post"},
+    "/v1/user/change_password": {"post"},
 }
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
