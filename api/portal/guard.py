@@ -46,7 +46,7 @@ def set_session_cookie(resp, session_id: str) -> None:
 
 
 def clear_session_cookie(resp) -> None:
-    resp.unset_cookie(COOKIE, path="/", samesite="Strict")
+    resp.unset_cookie(COOKIE, path="/", same_site="Strict")
 
 
 class PortalGuard:

@@ -32,7 +32,7 @@ def _common(req) -> dict:
 def page(req, resp, template: str, *, status: int = 200, **values) -> None:
     resp.status = status
     resp.content_type = "text/html; charset=utf-8"
-    resp.text = _env.get_template(template).render(**_common(req), **values)
+    resp.text = _env.get_template(template).render(**{**_common(req), "error": "", **values})
 
 
 def form_error(req, resp, template: str, error: ControllerError, **values) -> None:
