@@ -5,7 +5,7 @@ import time
 from urllib.parse import urlsplit
 
 from api.client_address import client_address
-from api.portal import guard
+from api.portal.guard import PREFIX, clear_session_cookie, set_session_cookie
 from api.portal.render import form_error, page, see_other
 from controller import auth, credentials, portal_sessions, portal_views
 from controller.context import Context
@@ -24,7 +24,7 @@ def safe_next(value: str | None) -> str | None:
     if parts.scheme or parts.netloc or not parts.path.startswith("/") or parts.path.startswith("//"):
         return None
     normal = posixpath.normpath(parts.path)
-    if normal != guard.PREFIX and not normal.startswith(guard.PREFIX + "/"):
+    if normal != PREFIX and not normal.startswith(PREFIX + "/"):
         return None
     return value
 
@@ -67,15 +67,15 @@ class Login(_Page):
         if old is not None:
             portal_sessions.end(self.ctx, old)
         session_id = portal_sessions.start(self.ctx, user["id"], now=int(self.clock()))
-        guard.set_session_cookie(resp, session_id)
-        see_other(resp, nxt or guard.PREFIX + "/")
+        set_session_cookie(resp, session_id)
+        see_other(resp, nxt or PREFIX + "/")
 
 
 class Logout(_Page):
     def on_post(self, req, resp):
         portal_sessions.end(self.ctx, req.context.session)
-        guard.clear_session_cookie(resp)
-        see_other(resp, guard.PREFIX + "/login")
+        clear_session_cookie(resp)
+        see_other(resp, PREFIX + "/login")
 
 
 class Overview(_Page):
@@ -114,7 +114,7 @@ class CredentialsRotate(_Page):
             return
         # The secret is in no URL or Location: the next page reads it once, within 60 s.
         portal_sessions.remember_reveal(self.ctx, session, made["api_secret"], now=int(self.clock()))
-        see_other(resp, guard.PREFIX + "/credentials/new")
+        see_other(resp, PREFIX + "/credentials/new")
 
 
 class CredentialsNew(_Page):
@@ -147,8 +147,8 @@ class Password(_Page):
             form_error(req, resp, "password.html", e)
             return
         # The change ended every portal session of the user, this one too: log in again.
-        guard.clear_session_cookie(resp)
-        see_other(resp, guard.PREFIX + "/login?changed=1")
+        clear_session_cookie(resp)
+        see_other(resp, PREFIX + "/login?changed=1")
 
 
 def add_routes(app, ctx: Context, *, clock=time.time) -> None:
