@@ -14,10 +14,11 @@ from api.app import create_app
 from api.portal.guard import COOKIE, HEADERS
 from api.portal.text import console_text
 from controller import images, users
-from controller.config import config_from_dict
+from controller.config import config_from_dict, write_config
 from controller.errors import InvalidInput
 from controller.permissions import Requester
 from controller.security import token_hash
+from tests.fixtures.agent import run_agent
 from tests.fixtures.api import PASSWORD, config_values_for, enable, make_caller
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -118,6 +119,17 @@ def test_portal_needs_the_user_interface_in_the_same_process(tmp_path):
         values["portal"] = {"public_url": bad}
         with pytest.raises(InvalidInput, match=r"\[portal\] public_url"):
             config_from_dict(values)
+
+
+@pytest.mark.parametrize("command", [("check",), ("serve", "--port", "1")])
+def test_check_and_serve_refuse_the_portal_without_the_user_interface(tmp_path, command):
+    values = config_values_for(tmp_path)
+    values["server"]["interfaces"] = "controller,portal"
+    write_config(values, str(tmp_path / "controller.ini"))
+    done = run_agent("--config", str(tmp_path / "controller.ini"), *command, timeout=60)
+    assert done.returncode != 0
+    assert "config [server] interfaces: portal needs user in the same process" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_sandbox_serves_the_portal(tmp_path):
