@@ -10,6 +10,7 @@ from api.portal.render import form_error, page, see_other
 from controller import auth, credentials, portal_sessions, portal_views
 from controller.context import Context
 from controller.errors import ControllerError, InvalidInput, Unauthenticated
+from controller.permissions import Requester
 
 LOGIN_FAILED = "Log in failed: wrong email or password, or the account cannot use the cloud."
 _NEXT_MAX = 2000
@@ -47,7 +48,8 @@ class Login(_Page):
         self.trusted_proxies = ctx.config.server.trusted_proxies
 
     def on_get(self, req, resp):
-        page(req, resp, "login.html", next=safe_next(req.get_param("next")) or "", login_email="", error="")
+        changed = req.get_param("changed") == "1"
+        page(req, resp, "login.html", next=safe_next(req.get_param("next")) or "", login_email="", changed=changed)
 
     def on_post(self, req, resp):
         form = req.context.form
@@ -58,14 +60,17 @@ class Login(_Page):
                                    source=client_address(req, self.trusted_proxies))
         except (Unauthenticated, InvalidInput):
             # Whatever failed, one message: nothing tells which part was wrong.
-            form_error(req, resp, "login.html", Unauthenticated(LOGIN_FAILED), next=nxt, login_email=email)
+            form_error(req, resp, "login.html", Unauthenticated(LOGIN_FAILED), next=nxt, login_email=email,
+                       changed=False)
             return
         except ControllerError as e:  # throttled (429, Retry-After), or the service cannot check
-            form_error(req, resp, "login.html", e, next=nxt, login_email=email)
+            form_error(req, resp, "login.html", e, next=nxt, login_email=email, changed=False)
             return
         old = req.context.get("session")
         if old is not None:
             portal_sessions.end(self.ctx, old)
+        # The audit row of this login names the user who logged in.
+        req.context.requester = Requester.from_user(user)
         session_id = portal_sessions.start(self.ctx, user["id"], now=int(self.clock()))
         set_session_cookie(resp, session_id)
         see_other(resp, nxt or PREFIX + "/")

@@ -160,6 +160,8 @@ def test_login_sets_the_host_cookie_and_keeps_only_a_hash(client, alice, cctx):
     assert [r["id_hash"] for r in rows] == [token_hash(b.cookie)]
     assert b.cookie not in str([dict(r) for r in rows])
     assert b.get("/portal/").status_code == 200
+    assert [(a["actor"], a["result"]) for a in cctx.store.list_audit() if a["action"] == "POST /portal/login"] == \
+        [(alice.id, "303")]
 
 
 def test_every_login_makes_a_new_id_and_ends_the_one_it_replaces(client, alice):
@@ -425,7 +427,8 @@ def test_change_password_ends_the_sessions_and_the_new_one_logs_in(client, cctx,
     assert r.status_code == 400 and "password must" in r.text
     r = browser.post("/portal/password", {"password": PASSWORD, "new_password": NEW_PASSWORD,
                                           "new_password_again": NEW_PASSWORD})
-    assert r.status_code == 303 and r.headers["location"].startswith("/portal/login")
+    assert r.status_code == 303 and r.headers["location"] == "/portal/login?changed=1"
+    assert "Your password was changed" in browser.get(r.headers["location"]).text
     assert browser.get("/portal/").status_code == 303
     assert other.get("/portal/").status_code == 303
     assert Browser(client).login(alice.email).status_code == 401
