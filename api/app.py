@@ -5,19 +5,25 @@ built on fakes); `get_app()` builds everything from the config file for
 waitress or any WSGI server.
 """
 
+import time
+
 import falcon
 
 from api import error_responses, health_resource, user_resources
 from api.admission import Admission, gates_from
 from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions, RequestId, RequestMetrics
-from controller.config import Config, load_config
+from controller.config import INTERFACES, Config, load_config
 from controller.context import Context, build_context
 
-INTERFACES = ("controller", "user")
+DEFAULT_INTERFACES = ("controller", "user")
 
 
-def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> falcon.App:
+def create_app(ctx: Context, *, interfaces: tuple[str, ...] = DEFAULT_INTERFACES, portal_clock=time.time) -> falcon.App:
+    """`portal_clock` is the cloud portal's clock for its sessions' timeouts (tests give another)."""
     host_gate, other_gate = gates_from(ctx.config)
+    portal = None
+    if "portal" in interfaces:
+        from api import portal
     app = falcon.App(
         middleware=[
             RequestMetrics(ctx),  # first: its time covers everything after it
@@ -29,11 +35,14 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
             # Slow host work never takes the threads reads need (api/admission.py).
             Admission(other_gate, host_work=False),
             Authenticate(ctx),
+            # The portal's pages: session, CSRF and headers (after the API's token check, which
+            # they skip; before the host gate, as authentication is).
+            *([portal.middleware(ctx, clock=portal_clock)] if portal else []),
             Admission(host_gate, host_work=True),
         ],
     )
     app.req_options.strip_url_path_trailing_slash = True
-    error_responses.install(app)
+    error_responses.install(app, pages=portal.answer_error if portal else None)
 
     app.add_route("/healthz", health_resource.Health(ctx))
     app.add_route("/v1/openapi.json", health_resource.OpenApi(ctx))
@@ -43,6 +52,8 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = INTERFACES) -> fal
         from api import controller_resources
 
         controller_resources.add_routes(app, ctx)
+    if portal:
+        portal.add_routes(app, ctx, clock=portal_clock)
     return app
 
 
@@ -56,7 +67,8 @@ def interfaces_of(config: Config) -> tuple[str, ...]:
 
 def build_context_for(config: Config, interfaces: tuple[str, ...]) -> Context:
     adapters = None
-    if "controller" in interfaces:
+    # The portal's pages act on this controller's hosts through the service layer.
+    if "controller" in interfaces or "portal" in interfaces:
         from host_adapters.factory import build_adapters
 
         adapters = build_adapters(config)

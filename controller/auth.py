@@ -46,8 +46,39 @@ def issue_token(ctx: Context, *, api_key: str | None = None, api_secret: str | N
     return issued
 
 
+def login_user(ctx: Context, *, email: str | None, password: str | None, source: str = "") -> dict:
+    """The active user behind an email and password, by the very checks, throttles and
+    per-source shares of a password login at /v1/auth/token, counted as one (the cloud
+    portal's login, api/portal/). No token is issued."""
+    try:
+        user, _ = _check_credentials(ctx, api_key=None, api_secret=None, email=email, password=password,
+                                     source=source)
+    except (Unauthenticated, TooManyRequests, InvalidInput) as e:
+        metrics_of(ctx).login("password", _login_result(e))
+        raise
+    metrics_of(ctx).login("password", "ok")
+    return user
+
+
 def _issue_token(ctx: Context, *, api_key: str | None, api_secret: str | None, email: str | None,
                  password: str | None, source: str) -> dict:
+    user, source = _check_credentials(ctx, api_key=api_key, api_secret=api_secret, email=email, password=password,
+                                      source=source)
+    _purge_now_and_then(ctx)
+    token = new_token()
+    expires_at = int(time.time()) + ctx.config.auth.token_ttl_seconds
+    ctx.store.insert_token(token_hash=token_hash(token), user_id=user["id"], source=source, expires_at=expires_at)
+    return {
+        "token": token,
+        "expires_at": datetime.fromtimestamp(expires_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "userid": user["id"],
+    }
+
+
+def _check_credentials(ctx: Context, *, api_key: str | None, api_secret: str | None, email: str | None,
+                       password: str | None, source: str) -> tuple[dict, str]:
+    """The user the credentials belong to and the token source they make ("api_key" or
+    "password"), or Unauthenticated / TooManyRequests / InvalidInput."""
     by_key = api_key is not None or api_secret is not None
     by_password = email is not None or password is not None
     if by_key == by_password:
@@ -87,16 +118,7 @@ def _issue_token(ctx: Context, *, api_key: str | None, api_secret: str | None, e
         ctx.throttle.failed(throttle_key)
         raise Unauthenticated(_BAD_CREDENTIALS)
     ctx.throttle.succeeded(throttle_key)
-
-    _purge_now_and_then(ctx)
-    token = new_token()
-    expires_at = int(time.time()) + ctx.config.auth.token_ttl_seconds
-    ctx.store.insert_token(token_hash=token_hash(token), user_id=user["id"], source=source, expires_at=expires_at)
-    return {
-        "token": token,
-        "expires_at": datetime.fromtimestamp(expires_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "userid": user["id"],
-    }
+    return user, source
 
 
 _PURGE_EVERY_SECONDS = 3600

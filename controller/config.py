@@ -48,6 +48,7 @@ DEFAULTS: dict[str, dict[str, str]] = {
         # theirs is answered 429 with Retry-After (api/admission.py).
         "host_work_per_user": "16",
         "max_body_bytes": str(1024 * 1024),
+        # Any of controller, user, portal (the cloud portal's pages need user in the same process).
         "interfaces": "controller,user",
         # Connections (issue 16): open at once; idle ones closed after channel_timeout_seconds;
         # one whose request has been arriving for request_timeout_seconds closed too.
@@ -220,6 +221,16 @@ DEFAULTS["metrics"] = {
     "top_users": "0",
 }
 
+# The cloud portal's sessions (pages under /portal/, served when [server] interfaces has portal).
+DEFAULTS["portal"] = {
+    # A session ends after this long without a request, and this long after its login whatever.
+    "session_idle_seconds": "1800",
+    "session_max_seconds": "28800",
+    # The portal's origin as browsers see it (https://cloud.example.org), checked against a
+    # form's Origin header; empty: the request's own (scheme and Host). Set it behind a proxy.
+    "public_url": "",
+}
+
 
 # -- the typed sections -------------------------------------------------------------------
 # One frozen dataclass per section, one field per key of DEFAULTS (same names). A field's
@@ -262,6 +273,29 @@ def _networks(text: str, where: str) -> tuple:
 
 def _names(text: str, where: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+INTERFACES = ("controller", "user", "portal")
+
+
+def _interfaces(text: str, where: str) -> tuple[str, ...]:
+    names = _names(text, where)
+    if not names or set(names) - set(INTERFACES):
+        raise InvalidInput(f"{where} must name some of {', '.join(INTERFACES)}")
+    if "portal" in names and "user" not in names:
+        raise InvalidInput(f"{where}: portal needs user in the same process (its sessions are the user "
+                           "interface's logins)")
+    return names
+
+
+def _origin(text: str, where: str) -> str:
+    """Empty, or an http(s) origin (scheme, host, optional port; no path), kept without a slash."""
+    if not text:
+        return text
+    found = re.fullmatch(r"(https?)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?", text)
+    if not found:
+        raise InvalidInput(f"{where} must be an origin such as https://cloud.example.org (no path), got {text!r}")
+    return f"{found[1]}://{found[2].lower()}{found[3] or ''}"
 
 
 def _name_prefix(text: str, where: str) -> str:
@@ -320,7 +354,7 @@ class ServerConfig:
     host_queue_seconds: int = _at_least(1)
     host_work_per_user: int = _at_least(1)
     max_body_bytes: int
-    interfaces: tuple[str, ...] = _parsed(_names)
+    interfaces: tuple[str, ...] = _parsed(_interfaces)
     connection_limit: int = _at_least(1)
     channel_timeout_seconds: int = _at_least(1)
     request_timeout_seconds: int = _at_least(1)
@@ -479,13 +513,20 @@ class MetricsConfig:
     top_users: int = _at_least(0)
 
 
+@dataclass(frozen=True)
+class PortalConfig:
+    session_idle_seconds: int = _at_least(60)
+    session_max_seconds: int = _at_least(60)
+    public_url: str = _parsed(_origin)
+
+
 # Section name -> its dataclass; the order is the order sections are checked in.
 SECTIONS: dict[str, type] = {
     "volumes": VolumesConfig, "directory": DirectoryConfig, "libvirt": LibvirtConfig, "guest": GuestConfig,
     "network": NetworkConfig, "limits": LimitsConfig, "capacity": CapacityConfig,
     "controller": ControllerConfig, "database": DatabaseConfig, "server": ServerConfig, "auth": AuthConfig,
     "unix": UnixConfig, "audit": AuditConfig, "hosts": HostsConfig, "health": HealthConfig,
-    "groups": GroupsConfig, "metrics": MetricsConfig,
+    "groups": GroupsConfig, "metrics": MetricsConfig, "portal": PortalConfig,
 }
 
 
@@ -541,6 +582,7 @@ class Config:
     health: HealthConfig
     audit: AuditConfig
     metrics: MetricsConfig
+    portal: PortalConfig
     path: str | None = None
     written: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -668,7 +710,9 @@ def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
     return {
         "controller": {"id": 1, "profile": "sandbox"},
         "database": {"path": d / "controller.db"},
-        "server": {"host": "127.0.0.1", "port": 8080, "threads": 4, "max_body_bytes": 1048576},
+        # The sandbox serves the cloud portal beside both interfaces.
+        "server": {"host": "127.0.0.1", "port": 8080, "threads": 4, "max_body_bytes": 1048576,
+                   "interfaces": "controller,user,portal"},
         "auth": {
             "secret_key_file": d / "secret.key",
             "token_ttl_seconds": 3600,

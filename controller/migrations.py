@@ -390,13 +390,27 @@ _M_HOST_IDENTITY = """
         CREATE UNIQUE INDEX hosts_host_uuid ON hosts(host_uuid) WHERE host_uuid IS NOT NULL;
         CREATE UNIQUE INDEX hosts_pool_uuid ON hosts(pool_uuid) WHERE pool_uuid IS NOT NULL;
 """
-
+# The cloud portal's sessions (api/portal/): only a hash of the id the browser holds, so a
+# copy of the database opens no session; `reveal_*` is a new API secret's show-once window
+# (its hash only: the secret itself is the user's, stored encrypted in users).
+_M_PORTAL_SESSIONS = """
+        CREATE TABLE portal_sessions (
+            id_hash TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+            created_at INTEGER NOT NULL,
+            seen_at INTEGER NOT NULL,
+            reveal_hash TEXT,
+            reveal_until INTEGER
+        );
+        CREATE INDEX portal_sessions_user ON portal_sessions(user_id);
+"""
 
 
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
     _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES, _M_INSTANCE_CLAIMS, _M_HOST_IDENTITY,
+    _M_PORTAL_SESSIONS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -288,6 +288,7 @@ class Store:
                 conn.execute(f"UPDATE users SET {columns} WHERE id = :_id", dict(changes, _id=user_id))
                 if changes.get("active") == 0:
                     conn.execute("DELETE FROM tokens WHERE user_id = ?", (user_id,))
+                    conn.execute("DELETE FROM portal_sessions WHERE user_id = ?", (user_id,))
         except sqlite3.IntegrityError as e:
             if "users.email" in str(e):
                 raise Conflict(f"email already used: {changes.get('email')}") from None
@@ -297,6 +298,8 @@ class Store:
         with self.write() as conn:
             conn.execute("UPDATE users SET password_hash = ? WHERE id = ?", (password_hash, user_id))
             conn.execute("DELETE FROM tokens WHERE user_id = ? AND source = 'password'", (user_id,))
+            # Portal sessions are password logins too.
+            conn.execute("DELETE FROM portal_sessions WHERE user_id = ?", (user_id,))
 
     def set_api_secret(self, user_id: str, api_secret_enc: str | None) -> None:
         """A new secret kills the tokens issued from the key; a null one kills them all."""
@@ -421,6 +424,55 @@ class Store:
     def purge_expired_tokens(self, *, now: int) -> int:
         with self.write() as conn:
             return conn.execute("DELETE FROM tokens WHERE expires_at <= ?", (now,)).rowcount
+
+    # -- portal sessions (api/portal/, controller/portal_sessions.py) --------
+    def insert_portal_session(self, *, id_hash: str, user_id: str, now: int, purge_before: int,
+                              started_before: int) -> None:
+        """A new session; sessions idle since purge_before or started before started_before go."""
+        with self.write() as conn:
+            conn.execute("DELETE FROM portal_sessions WHERE seen_at < ? OR created_at < ?",
+                         (purge_before, started_before))
+            conn.execute("INSERT INTO portal_sessions (id_hash, user_id, created_at, seen_at) VALUES (?, ?, ?, ?)",
+                         (id_hash, user_id, now, now))
+
+    def portal_session(self, id_hash: str) -> dict | None:
+        """The session and its user's id, roles and email, while the user is active and may use
+        the APIs (a null API secret shuts it out, as for tokens)."""
+        row = self._one(
+            """SELECT s.id_hash, s.user_id, s.created_at, s.seen_at, u.roles, u.email
+               FROM portal_sessions s JOIN users u ON u.id = s.user_id
+               WHERE s.id_hash = ? AND u.active > 0 AND u.api_secret_enc IS NOT NULL""",
+            (id_hash,),
+        )
+        if row is not None:
+            row["roles"] = json.loads(row["roles"])
+        return row
+
+    def touch_portal_session(self, id_hash: str, now: int) -> None:
+        with self.write() as conn:
+            conn.execute("UPDATE portal_sessions SET seen_at = ? WHERE id_hash = ?", (now, id_hash))
+
+    def delete_portal_session(self, id_hash: str) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM portal_sessions WHERE id_hash = ?", (id_hash,))
+
+    def set_portal_reveal(self, id_hash: str, *, secret_hash: str, until: int) -> None:
+        with self.write() as conn:
+            conn.execute("UPDATE portal_sessions SET reveal_hash = ?, reveal_until = ? WHERE id_hash = ?",
+                         (secret_hash, until, id_hash))
+
+    def take_portal_reveal(self, id_hash: str) -> dict | None:
+        """The session's show-once window ({"reveal_hash", "reveal_until"}), cleared in the same
+        transaction: only one read ever gets it. None when there was none."""
+        with self.write() as conn:
+            row = conn.execute(
+                "SELECT reveal_hash, reveal_until FROM portal_sessions WHERE id_hash = ? AND reveal_hash IS NOT NULL",
+                (id_hash,)).fetchone()
+            if row is None:
+                return None
+            conn.execute("UPDATE portal_sessions SET reveal_hash = NULL, reveal_until = NULL WHERE id_hash = ?",
+                         (id_hash,))
+        return dict(row)
 
     # -- system accounts --------------------------------------------------
     def accounts_of_users(self, user_ids: list[str]) -> dict[str, list[dict]]:

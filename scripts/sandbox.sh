@@ -2,7 +2,7 @@
 # Sets up and runs the cloud controller on the sandbox profile: SQLite, the
 # libvirt test driver, homes and a scratch system root, all under ./state
 # (or $STATE_DIR). Prints the admin credentials it made, then serves on
-# 127.0.0.1:8080 (or $PORT) until Ctrl-C.
+# 127.0.0.1:8080 (or $PORT) until Ctrl-C, the cloud portal at /portal/ too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
@@ -44,6 +44,9 @@ print("  password:   %s" % a["password"])
 print("  userid:     %s" % a["userid"])
 print("  api_key:    %s" % a["api_key"])
 print("  api_secret: %s" % a["api_secret"])
+print()
+print("Cloud portal (log in with an email and password, such as the admin's above):")
+print("  http://127.0.0.1:%s/portal/" % sys.argv[2])
 print()
 print("For the README walk-through, in another shell:")
 print("  export CC=http://127.0.0.1:%s CC_USERID=%s CC_API_KEY=%s CC_API_SECRET=%s" % (

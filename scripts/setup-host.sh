@@ -15,6 +15,7 @@ PACKAGES=(
   mmdebstrap fdisk e2fsprogs mount tar extlinux syslinux-common openssh-client dnsmasq-base
   iptables libvirt-daemon-config-nwfilter kmod iproute2 systemd wrk
   nslcd libnss-ldapd
+  chromium chromium-driver
 )
 
 missing=()

@@ -1,0 +1,102 @@
+"""Every /portal/ request goes through here: its security headers, its session, and for a POST
+the CSRF checks, before any page resource runs.
+
+- Headers on every answer under /portal/ (pages, redirects, errors, the style sheet).
+- The session: the `__Host-cc_portal` cookie's id, looked up by its hash
+  (controller/portal_sessions.py). A page without a live session: a GET is sent to the
+  login page (303, `next` naming where it was going), a POST refused (403).
+- A POST is refused (403) and nothing runs when `Sec-Fetch-Site` is present and not
+  `same-origin` or `none`, when `Origin` is present, not `null`, and not the portal's
+  origin (`[portal] public_url`, else the request's own), or when its `csrf` field is
+  not the session's (the login form has no session yet; the header checks apply to it).
+"""
+
+from urllib.parse import quote
+
+import falcon
+
+from api.portal.forms import read_form
+from controller import portal_sessions
+from controller.context import Context
+from controller.errors import Forbidden
+
+PREFIX = "/portal"
+COOKIE = "__Host-cc_portal"
+
+HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+_SAME_SITE = ("same-origin", "none")
+REFUSED = "refused: this form did not come from a page of the portal in this session; reload the page and try again"
+
+
+def is_portal(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def set_session_cookie(resp, session_id: str) -> None:
+    # No Max-Age or Expires: the cookie ends with the browser session; the server's
+    # timeouts end the session itself.
+    resp.set_cookie(COOKIE, session_id, path="/", secure=True, http_only=True, same_site="Strict")
+
+
+def clear_session_cookie(resp) -> None:
+    resp.unset_cookie(COOKIE, path="/", same_site="Strict")
+
+
+class PortalGuard:
+    def __init__(self, ctx: Context, *, clock):
+        self.ctx = ctx
+        self.clock = clock
+        self.limit = ctx.config.server.max_body_bytes
+        self.public_origin = ctx.config.portal.public_url
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    def origin(self, req) -> str:
+        return self.public_origin or f"{req.scheme}://{req.netloc}".lower()
+
+    def process_resource(self, req, resp, resource, params):
+        if not is_portal(req.path) or resource is None or getattr(resource, "static", False):
+            return
+        req.context.portal_now = self.now()
+        cookie = req.get_cookie_values(COOKIE)
+        session = portal_sessions.find(self.ctx, cookie[0] if cookie else None, now=req.context.portal_now)
+        req.context.session = session
+        if session is not None:
+            # Who acts: the audit trail and the pages read it as for a token.
+            req.context.requester = session.requester
+        anonymous = getattr(resource, "anonymous", False)
+        if req.method == "POST":
+            self._check_post(req, session, anonymous=anonymous)
+        elif session is None and not anonymous:
+            target = req.relative_uri if req.method == "GET" else PREFIX + "/"
+            resp.status = falcon.HTTP_303
+            resp.location = f"{PREFIX}/login?next={quote(target, safe='/')}"
+            resp.complete = True  # the page's responder does not run
+
+    def _check_post(self, req, session, *, anonymous: bool) -> None:
+        site = req.get_header("Sec-Fetch-Site")
+        if site is not None and site.lower() not in _SAME_SITE:
+            raise Forbidden(REFUSED)
+        origin = req.get_header("Origin")
+        if origin is not None and origin != "null" and origin.lower().rstrip("/") != self.origin(req):
+            raise Forbidden(REFUSED)
+        req.context.form = read_form(req, limit=self.limit)
+        if anonymous:
+            return
+        if session is None:
+            raise Forbidden("your portal session has ended: log in again")
+        if not portal_sessions.same_csrf(session, req.context.form.get("csrf") or None):
+            raise Forbidden(REFUSED)
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        if is_portal(req.path):
+            for name, value in HEADERS.items():
+                resp.set_header(name, value)

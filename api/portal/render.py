@@ -1,0 +1,52 @@
+"""Pages from Jinja2 templates (autoescaping on for every template, never `|safe`), and the
+portal's error page: the status and message the service decided, in the site's layout."""
+
+from pathlib import Path
+
+import falcon
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from api.error_responses import status_of
+from controller.errors import ControllerError, ServerBusy, TooManyRequests
+
+_env = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _common(req) -> dict:
+    session = req.context.get("session")
+    return {
+        "session": session,
+        "csrf": session.csrf if session is not None else "",
+        "email": session.email if session is not None else "",
+        "may_manage_users": bool(session and session.requester.has("create_user")),
+        "path": req.path,
+    }
+
+
+def page(req, resp, template: str, *, status: int = 200, **values) -> None:
+    resp.status = status
+    resp.content_type = "text/html; charset=utf-8"
+    resp.text = _env.get_template(template).render(**{**_common(req), "error": "", **values})
+
+
+def form_error(req, resp, template: str, error: ControllerError, **values) -> None:
+    """The form again with the service's message, under the status the API would answer."""
+    if isinstance(error, (TooManyRequests, ServerBusy)):
+        resp.set_header("Retry-After", str(error.retry_after))
+    page(req, resp, template, status=status_of(error), error=error.message, **values)
+
+
+def see_other(resp, location: str) -> None:
+    """After a POST: 303 to the GET page that shows its result."""
+    resp.status = falcon.HTTP_303
+    resp.location = location
+
+
+def error_page(req, resp, status: int, message: str) -> None:
+    page(req, resp, "error.html", status=status, status_code=status, message=message)

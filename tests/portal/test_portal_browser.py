@@ -1,0 +1,253 @@
+"""The cloud portal in a real browser: Debian's chromium, headless, driven by Selenium through
+Debian's chromedriver (both paths given: Selenium Manager downloads nothing), against a real
+`cloud-agent serve` on the sandbox profile.
+
+One journey a cluster user takes: log in; rotate the API secret and log in with the new one at
+/v1/auth/token while the old one is refused; make a home volume and a server and read its
+page (console, readiness, the ssh line); groups; the owner's managed users; a forged
+auto-submitting form from another origin (127.0.0.2) that changes nothing; log out, and the
+old cookie replayed is refused. Over the whole journey the browser logs no CSP violation and
+`document.cookie` stays empty. A screenshot of each page is saved (CC_PORTAL_SCREENSHOTS names
+the folder; else the test's temporary folder) to look at."""
+
+import http.server
+import os
+import re
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.fixtures.agent import agent_ok
+from tests.fixtures.server import free_port, sandbox_with_admin, served
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+PASSWORD = "Alice-pass-2026"
+COOKIE = "__Host-cc_portal"
+
+
+def _browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # The driver's path given: Selenium Manager is never asked to fetch one.
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+
+
+class Forger:
+    """Another origin (127.0.0.2) serving a page whose form posts itself to the portal."""
+
+    def __init__(self, target: str, fields: dict):
+        inputs = "".join(f'<input type="hidden" name="{k}" value="{v}">' for k, v in fields.items())
+        page = (f'<!doctype html><form id="f" method="post" action="{target}">{inputs}</form>'
+                '<script>document.getElementById("f").submit()</script>').encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args):
+                pass
+
+        # Threads of their own: a connection the browser opens ahead and leaves idle holds
+        # no other request, nor the shutdown.
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.2:{self.server.server_port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def portal():
+    state, config, admin = sandbox_with_admin("portal-browser-", PASSWORD)
+    try:
+        with served(config, state / "serve.log") as http_:
+            token = requests.post(http_.base + "/v1/auth/token", timeout=10,
+                                  json={"api_key": admin["api_key"], "api_secret": admin["api_secret"]}).json()
+            auth = {"X-Auth-Token": token["data"]["token"], "X-Auth-Cloudauth-Id": admin["userid"]}
+            made = requests.post(http_.base + "/v1/user/create", headers=auth, timeout=10,
+                                 json={"email": "alice@example.org", "password": PASSWORD, "name": "Alice"}).json()
+            agent_ok(config, "account", "enable", "alice@example.org", "--username", "alice")
+            agent_ok(config, "user", "grant", "alice@example.org", "create_user")
+            agent_ok(config, "image", "add", "--name", "Debian 12", "--os-name", "debian", "--os-major", "12",
+                     "--os-minor", "7", "--min-disk", "1", "--min-ram", "256")
+            agent_ok(config, "flavor", "add", "--name", "small", "--memory", "512", "--disk", "2", "--vcpu", "1")
+            yield {"base": http_.base, "alice": made["data"]["userid"], "admin": auth}
+    finally:
+        subprocess.run(["rm", "-rf", str(state)], check=False)
+
+
+@pytest.fixture
+def shots(tmp_path):
+    folder = Path(os.environ.get("CC_PORTAL_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_a_users_journey_in_chromium(portal, shots):
+    from selenium.webdriver.common.by import By
+
+    base = portal["base"]
+    driver = _browser()
+    logs: list[dict] = []
+
+    def visit(path: str, shot: str | None = None):
+        driver.get(base + path)
+        settle(shot)
+
+    def settle(shot: str | None):
+        logs.extend(driver.get_log("browser"))
+        assert driver.execute_script("return document.cookie") == ""
+        if shot:
+            driver.save_screenshot(str(shots / f"{shot}.png"))
+
+    def fill(fields: dict, button: str | None = None, form: str = "main form"):
+        for name, value in fields.items():
+            box = driver.find_element(By.CSS_SELECTOR, f"{form} [name='{name}']")
+            box.clear()
+            box.send_keys(value)
+        target = driver.find_element(By.XPATH, f"//main//button[normalize-space()='{button}']") if button else \
+            driver.find_element(By.CSS_SELECTOR, f"{form} button[type=submit]")
+        target.click()
+
+    def text() -> str:
+        return driver.find_element(By.TAG_NAME, "main").text
+
+    try:
+        # Log in (from a page that needs it: back there after).
+        visit("/portal/servers")
+        assert driver.current_url == base + "/portal/login?next=/portal/servers"
+        settle("01-login")
+        fill({"email": "alice@example.org", "password": "wrong-password-1"})
+        assert "Log in failed" in text()
+        settle("02-login-failed")
+        fill({"email": "alice@example.org", "password": PASSWORD})
+        assert driver.current_url == base + "/portal/servers"
+        cookie = driver.get_cookie(COOKIE)
+        # Chromium keeps a Secure, __Host- cookie from http://127.0.0.1 (a secure context).
+        assert cookie and cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["path"] == "/" and "expiry" not in cookie  # a session cookie: no Max-Age
+        visit("/portal/", "03-overview-empty")
+        assert "alice" in text() and "No home volume yet" in text()
+
+        # Rotate the API secret; the new one logs in at /v1/auth/token, the old one no more.
+        visit("/portal/credentials", "04-credentials")
+        key = re.search(r"ak_[0-9a-f]{32}", text())[0]
+        line = driver.find_element(By.CSS_SELECTOR, "pre.command").text
+        assert line == f"cloud login --url {base} --api-key {key} --keep"
+        old_secret = requests.get(f"{base}/v1/user/view_api_secret/{portal['alice']}", headers=portal["admin"],
+                                  timeout=10).json()["data"]["api_secret"]
+        assert requests.post(base + "/v1/auth/token", timeout=10,
+                             json={"api_key": key, "api_secret": old_secret}).status_code == 200
+        fill({"password": PASSWORD})
+        assert driver.current_url == base + "/portal/credentials/new"
+        secret = driver.find_element(By.CSS_SELECTOR, "code.secret").text
+        settle("05-new-secret")
+        assert requests.post(base + "/v1/auth/token", timeout=10,
+                             json={"api_key": key, "api_secret": secret}).status_code == 200
+        assert requests.post(base + "/v1/auth/token", timeout=10,
+                             json={"api_key": key, "api_secret": old_secret}).status_code == 401
+        driver.refresh()
+        settle(None)
+        assert secret not in driver.page_source and "already shown" in text()
+
+        # A home volume, then a server; its page shows the console, readiness and the ssh line.
+        visit("/portal/volume", "06-volume-none")
+        fill({"size": "5"})
+        assert "5 GB" in text()
+        settle("07-volume")
+        visit("/portal/servers/new", "08-server-new")
+        fill({}, "Create server")
+        assert re.fullmatch(re.escape(base) + r"/portal/servers/[0-9a-f-]{36}", driver.current_url)
+        server_url = driver.current_url
+        settle("09-server")
+        page = text()
+        assert "Status" in page and "running" in page and "Ready" in page and "Console" in page
+        assert re.search(r"ssh alice@10\.213\.\d+\.\d+", page)
+        assert "create success" in page.replace("\n", " ")
+        fill({}, "Stop", form="main form.inline")
+        assert "shutoff" in text()
+        fill({}, "Start", form="main form.inline")
+        assert "running" in text()
+        visit("/portal/servers", "10-servers")
+        assert "Debian 12" in text() and "small" in text()
+
+        # Groups.
+        visit("/portal/groups")
+        fill({"name": "proj", "members": "alice"}, "Create the group")
+        assert "proj" in text()
+        settle("11-groups")
+
+        # The owner's managed users.
+        visit("/portal/users")
+        fill({"email": "dan@example.org", "name": "Dan", "password": "Dan-pass-2026xx",
+              "password_again": "Dan-pass-2026xx"}, "Create the user")
+        assert "dan@example.org" in text()
+        settle("12-users")
+        driver.find_element(By.LINK_TEXT, "dan@example.org").click()
+        fill({"name": "Daniel"}, "Save")
+        assert "Daniel" in text()
+
+        # A forged form from another origin: the browser sends no cookie (SameSite=Strict) and
+        # says cross-site; the portal refuses it and the server stays.
+        forger = Forger(server_url + "/delete", {"csrf": "x"})
+        try:
+            driver.get(forger.url)
+            settle(None)
+            assert "Not allowed" in driver.find_element(By.TAG_NAME, "h1").text
+            settle("13-forged-refused")
+        finally:
+            forger.close()
+        visit(server_url[len(base):])
+        assert "running" in text()
+        forger = Forger(base + "/portal/credentials/rotate", {"password": PASSWORD})
+        try:
+            driver.get(forger.url)
+            settle(None)
+            assert "Not allowed" in driver.find_element(By.TAG_NAME, "h1").text
+        finally:
+            forger.close()
+        assert requests.post(base + "/v1/auth/token", timeout=10,
+                             json={"api_key": key, "api_secret": secret}).status_code == 200
+
+        # Delete the server after its confirmation page.
+        visit(server_url[len(base):] + "/delete", "14-server-delete")
+        fill({}, "Delete the server")
+        assert "No servers yet." in text()
+        visit("/portal/password", "15-password")
+        visit("/portal/", "16-overview")
+
+        # Log out; the old cookie replayed opens nothing.
+        old_cookie = driver.get_cookie(COOKIE)["value"]
+        driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+        assert driver.current_url == base + "/portal/login"
+        assert driver.get_cookie(COOKIE) is None
+        settle(None)
+        replay = requests.get(base + "/portal/", cookies={COOKIE: old_cookie}, allow_redirects=False, timeout=10)
+        assert replay.status_code == 303 and replay.headers["Location"].startswith("/portal/login")
+        replay = requests.post(base + "/portal/logout", cookies={COOKIE: old_cookie}, allow_redirects=False,
+                               timeout=10)
+        assert replay.status_code == 403
+    finally:
+        driver.quit()
+    violations = [e for e in logs if "Content Security Policy" in e.get("message", "")]
+    assert violations == []
+    assert sorted(p.name for p in shots.glob("*.png"))[:3] == ["01-login.png", "02-login-failed.png",
+                                                                "03-overview-empty.png"]
