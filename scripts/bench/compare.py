@@ -317,6 +317,29 @@ def table(sides: list[Side], result: dict) -> str:
     return "\n".join(rows)
 
 
+def goals(result: dict, side: str = "this") -> list[tuple[str, str, bool]]:
+    """Issue 28's goals for one side: (goal, figure, met)."""
+    out = []
+    med = result.get("reads", {}).get("median", {})
+    if f"{side}:get" in med:
+        g, lst = med[f"{side}:get"], med[f"{side}:list"]
+        out.append(("GET one instance >= 60 % of bare, p99 < 10 ms",
+                    f"{g['ratio_to_bare']:.0%}, p99 {g['p99_ms']:.1f} ms (worst round {g['p99_ms_worst']:.1f} ms)",
+                    g["ratio_to_bare"] >= 0.6 and g["p99_ms"] < 10))
+        out.append(("owner's list >= 40 % of bare", f"{lst['ratio_to_bare']:.0%}", lst["ratio_to_bare"] >= 0.4))
+    cr = result.get("creates", {}).get(side)
+    if cr:
+        b = cr["burst"]
+        out.append(("one create on a real libvirtd (blank disk, TCG) <= 0.8 s", f"{cr['one_create_median_s']:.2f} s",
+                    cr["one_create_median_s"] <= 0.8))
+        out.append((f"{b['creates']} creates at once: all 201, the last <= 15 s",
+                    f"{b['answered_201']} of {b['creates']}, last {b['last_s']:.1f} s",
+                    b["answered_201"] == b["creates"] and b["last_s"] <= 15))
+        out.append(("every read meanwhile < 1 s", f"worst {b['read_worst_s']:.2f} s of {b['reads_during']}",
+                    b["read_worst_s"] < 1 and b["reads_not_200"] == 0))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, help="the commit to compare with (e.g. 881be50)")
@@ -377,6 +400,9 @@ def main() -> None:
     print(f"{result['date']}, {os.cpu_count()} CPUs, load average before {result['load_before'][0]:.2f}, "
           f"after {result['load_after'][0]:.2f}; ref {sides[0].commit}, this {sides[1].commit}")
     print(table(sides, result))
+    print("\n| goal | this checkout | met |\n|---|---|---|")
+    for goal, figure, met in goals(result):
+        print(f"| {goal} | {figure} | {'yes' if met else 'no'} |")
     print(f"results: {out}")
 
 
