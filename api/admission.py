@@ -41,11 +41,21 @@ _READ_WAIT_SECONDS = 30.0
 
 class Gate:
     """`running` may run at once, `waiting` more may wait for them up to `wait_seconds`; one
-    key (a user) holds at most `per_key` of those places when it is given."""
+    key (a user) holds at most `per_key` of those places when it is given.
+
+    Two counters under one lock: entering and leaving a free gate (every read, most of
+    the time) is one uncontended lock each way. Two BoundedSemaphores (a Condition and a
+    Python-level lock each) cost four acquisitions and a notify per request, a tenth of
+    a GET (docs/performance.md). Only a request that must wait sleeps on the condition."""
 
     def __init__(self, *, running: int, waiting: int, wait_seconds: float, what: str, per_key: int | None = None):
-        self._running = threading.BoundedSemaphore(running)
-        self._admitted = threading.BoundedSemaphore(running + waiting)
+        self._limit = running
+        self._admit_limit = running + waiting
+        self._running = 0
+        self._admitted = 0
+        self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
+        self._sleepers = 0
         self._wait = wait_seconds
         self._what = what
         self._per_key = per_key
@@ -61,13 +71,27 @@ class Gate:
             raise
 
     def _enter(self) -> None:
-        if not self._admitted.acquire(blocking=False):
-            raise ServerBusy(f"too many {self._what} at once; try again shortly", retry_after=5)
-        started = time.monotonic()
-        if not self._running.acquire(timeout=self._wait):
-            self._admitted.release()
-            waited = time.monotonic() - started
-            raise ServerBusy(f"{self._what} waited {waited:.0f} s for a turn; try again shortly", retry_after=5)
+        with self._lock:
+            if self._admitted >= self._admit_limit:
+                raise ServerBusy(f"too many {self._what} at once; try again shortly", retry_after=5)
+            self._admitted += 1
+            if self._running < self._limit:
+                self._running += 1
+                return
+            started = time.monotonic()
+            deadline = started + self._wait
+            self._sleepers += 1
+            try:
+                while self._running >= self._limit:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._admitted -= 1
+                        raise ServerBusy(f"{self._what} waited {time.monotonic() - started:.0f} s for a turn; "
+                                         "try again shortly", retry_after=5)
+                    self._turn.wait(left)
+            finally:
+                self._sleepers -= 1
+            self._running += 1
 
     def _take(self, key: str | None) -> None:
         if key is None or self._per_key is None:
@@ -90,8 +114,13 @@ class Gate:
                 self._held.pop(key, None)
 
     def leave(self, key: str | None = None) -> None:
-        self._running.release()
-        self._admitted.release()
+        with self._lock:
+            if self._running <= 0 or self._admitted <= 0:
+                raise ValueError("Gate.leave() without enter()")
+            self._running -= 1
+            self._admitted -= 1
+            if self._sleepers:
+                self._turn.notify()
         self._give(key)
 
 

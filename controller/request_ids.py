@@ -13,8 +13,8 @@ log record factory, so no service function passes it along.
 
 import contextvars
 import logging
+import os
 import re
-import uuid
 
 # What a request id is, as the OpenAPI document says it (api/openapi.py, api/schemas.py).
 PATTERN = "^[A-Za-z0-9._-]{1,64}$"
@@ -23,7 +23,9 @@ _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_i
 
 
 def new() -> str:
-    return uuid.uuid4().hex
+    # 128 random bits as 32 hex digits, as uuid4().hex gives (less 6 fixed bits) without
+    # building a UUID object on every request.
+    return os.urandom(16).hex()
 
 
 def accept(given: str | None) -> str:

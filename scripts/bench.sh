@@ -4,8 +4,16 @@
 # loopback, prints one table and writes it as JSON. About 3 minutes with the defaults
 # (libvirt's test driver runs in a private libvirtd: scripts/bench/private_libvirtd.py).
 # Arguments go to scripts/bench/run.py (--duration S, --json-out PATH, --keep, ...).
+# With --against REF it compares this checkout with commit REF instead, in one run
+# (scripts/bench/compare.py: reads interleaved against the bare app, one create and a
+# burst of creates on a private real libvirtd; about 15 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
 # Bounded: a hung server or client ends the run.
+for arg in "$@"; do
+  if [ "$arg" = "--against" ] || [[ "$arg" == --against=* ]]; then
+    exec timeout 2700 "${PYTHON:-.venv/bin/python}" scripts/bench/compare.py "$@"
+  fi
+done
 exec timeout 900 "${PYTHON:-.venv/bin/python}" scripts/bench/run.py "$@"

@@ -169,6 +169,14 @@ class StatusesPart:
         if live is not None and (live.watched and not live.closed and live.conn is self._conn
                                  or not live.watched and live.conn is self._connection()):
             return live.get(instance_id)
+        # Not yet kept by events (no list was read on this connection yet, as on a host
+        # that only serves GETs and creates): set them up now, one full read, rather than
+        # ask for this domain. Asking makes two calls to the host, and during a burst of
+        # creates each waited seconds behind them in libvirtd (docs/performance.md).
+        if not self._no_events:
+            live = self._live_statuses()
+            if live is not None:
+                return live.get(instance_id)
         # A fresh snapshot of statuses() answers too (same age rule, dropped by our own
         # changes): it saves the domain look-up, and each libvirt call hands the GIL over.
         snap = self._snapshot

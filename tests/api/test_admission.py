@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from api.admission import server_threads
+from api.admission import Gate, server_threads
 from controller.config import config_from_dict
-from controller.errors import InvalidInput
+from controller.errors import InvalidInput, ServerBusy
 from tests.fixtures.api import PASSWORD, config_values_for, enable, give_volume, make_caller
 
 
@@ -176,3 +176,34 @@ def test_password_logins_take_no_turn_from_reads(cctx, client, catalog, monkeypa
         slow.go.set()
         login.join(30)
     assert results[0].status_code == 200
+
+
+def test_the_gate_lets_running_in_queues_waiting_and_refuses_the_rest():
+    """The gate's counters (api/admission.Gate): `running` enter at once, `waiting` more wait
+    for a turn and get one as soon as a runner leaves, anyone past both is refused at once, a
+    wait past its bound is refused, and a refused or finished request leaves no count behind."""
+    gate = Gate(running=2, waiting=1, wait_seconds=30, what="requests")
+    gate.enter()
+    gate.enter()
+    entered = threading.Event()
+    waiter = threading.Thread(target=lambda: (gate.enter(), entered.set()))
+    waiter.start()
+    # The third waits (no turn yet); a fourth finds the queue full: refused at once.
+    assert not entered.wait(0.2)
+    with pytest.raises(ServerBusy, match="too many requests at once"):
+        gate.enter()
+    gate.leave()  # a runner leaves: the waiter takes its turn
+    assert entered.wait(5)
+    waiter.join(5)
+    # Two running, none waiting: a short-bounded gate refuses a wait past its bound.
+    short = Gate(running=1, waiting=1, wait_seconds=0.1, what="requests")
+    short.enter()
+    with pytest.raises(ServerBusy, match="waited"):
+        short.enter()
+    short.leave()
+    short.enter()  # the refused wait left its place: the gate is whole again
+    short.leave()
+    gate.leave()
+    gate.leave()
+    with pytest.raises(ValueError):
+        gate.leave()  # more leaves than enters is a bug, as with a BoundedSemaphore

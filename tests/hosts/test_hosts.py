@@ -607,6 +607,10 @@ def test_a_test_driver_host_that_stops_answering(libvirt_cluster, tmp_path, monk
         raise HostUnreachable(f"cannot connect to libvirt at {uris['node-1']}: connection refused")
 
     monkeypatch.setattr(hv, "_connection", gone)
+    # The create set up the event-kept statuses; a host that goes away closes their connection
+    # (libvirt's close callback), which a test driver in this process never does by itself.
+    assert hv._live is not None
+    hv._live.closed = True
     assert ok(client.simulate_get(f"{BASE}/{first['id']}", headers=alice.headers), 200)[0]["status"] == "error"
     r = client.simulate_put(f"{BASE}/{first['id']}", headers=alice.headers, json={"task": {"what": "reboot"}})
     assert refused(r, 503)

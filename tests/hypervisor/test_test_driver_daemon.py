@@ -139,6 +139,37 @@ def test_a_get_asks_the_host_nothing_until_the_connection_closes(test_driver_dae
     assert checks
 
 
+def test_a_get_before_any_list_takes_the_statuses_from_events_not_from_calls(served_hypervisor, test_driver_daemon,
+                                                                               tmp_path, monkeypatch):
+    """A host that served no list yet (only GETs and creates, as during a burst of creates):
+    status() sets up the event-kept statuses rather than asking the host for the domain, and
+    a change made by another client still shows at once through its event."""
+    import libvirt
+
+    hv = served_hypervisor
+    base = hv.create_base_image("getimg", size_gb=1)
+    a = "0f000000-0000-4000-8000-0000000000d1"
+    hv.spawn(a, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=_guest(hv, 11))
+    # A second adapter on the same host (another server process): it never listed.
+    values = sandbox_values(str(tmp_path / "second"))
+    values["libvirt"].update(uri=test_driver_daemon.uri, domain_prefix=hv._names.prefix)
+    fresh = factory.build_hypervisor(config_from_dict(values))
+    lookups = []
+    real_domain = fresh._domain
+    monkeypatch.setattr(fresh, "_domain", lambda conn, i: lookups.append(i) or real_domain(conn, i))
+    assert [fresh.status(a) for _ in range(3)] == ["running"] * 3
+    assert lookups == []  # no per-domain look-up: the statuses come from one read, then events
+    other = libvirt.open(test_driver_daemon.uri)
+    try:
+        other.lookupByName(hv._names.domain(a)).destroy()
+        deadline = time.monotonic() + 5
+        while fresh.status(a) != "shutoff" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fresh.status(a) == "shutoff" and lookups == []
+    finally:
+        other.close()
+
+
 def _call(port, method, path, token, userid, body=None):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
                                  data=None if body is None else json.dumps(body).encode(),

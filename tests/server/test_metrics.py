@@ -122,6 +122,28 @@ def test_a_request_moves_its_route_template_not_its_path(service):
     assert value(scrape(ctx), "http_requests", "http_requests_total", route="/healthz", method="other") == 2
 
 
+def test_the_kept_series_count_each_status_apart_and_keep_no_made_up_method(service):
+    """Series are looked up once per (route, method, status) and kept: the next request of the
+    same kind moves the same series, another status its own, and a made-up method is counted
+    under "other" without becoming a kept key (the keys stay bounded)."""
+    ctx, client, alice = service["ctx"], service["client"], service["alice"]
+    route = "/v1/server-instance/{id}"
+    made = create(service)
+    for _ in range(2):
+        assert client.simulate_get(f"/v1/server-instance/{made['id']}", headers=alice.headers).status_code == 200
+    unknown = "0c1e5b4e-0000-4000-8000-0000000000ff"
+    assert client.simulate_get(f"/v1/server-instance/{unknown}", headers=alice.headers).status_code == 404
+    after = scrape(ctx)
+    assert value(after, "http_requests", "http_requests_total", route=route, method="GET", status="200") == 2
+    assert value(after, "http_requests", "http_requests_total", route=route, method="GET", status="404") == 1
+    assert value(after, "http_request_duration_seconds", "http_request_duration_seconds_count", route=route,
+                 method="GET", status_class="2xx") == 2
+    for token in ("BREW", "SPILL", "STEEP"):
+        client.simulate_request(token, "/healthz")
+    assert value(scrape(ctx), "http_requests", "http_requests_total", route="/healthz", method="other") == 3
+    assert not [key for key in metrics_of(ctx)._series if key[1] in ("BREW", "SPILL", "STEEP")]
+
+
 def test_a_create_moves_instances_allocation_and_usage(service):
     ctx = service["ctx"]
     before = scrape(ctx)

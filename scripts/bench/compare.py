@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""`bash scripts/bench.sh --against REF`: this checkout against another commit, in one run.
+
+1. REF is built in a temporary clone (`git clone --shared` of this repository, checked
+   out at REF) with a virtual environment of its own (`pip install -e`, from pip's
+   cache), kept in /var/tmp/cc-bench-ref-<commit> for the next run.
+2. Reads: each side gets a sandbox loaded alike (--users, --owners with 50 managed
+   users and --owner-instances 1 each, so an owner sees 51 instances), the test driver
+   in a private libvirtd each (private_libvirtd.py), and its own `cloud-agent serve`;
+   the bare Falcon + waitress app is the ceiling. wrk (loopback, c=8) measures GET one
+   instance and the owner's list on both sides and the bare app, interleaved round
+   by round (--rounds, the order of the two sides alternating), so both meet the same
+   machine; a side's ratio is its requests/s over the bare app's of the same round,
+   and the median round is printed.
+3. Creates: one private real libvirtd with the QEMU driver for both sides
+   (private_qemu_libvirtd.py: its own mount and network namespaces, a unix socket
+   only), a storage pool and a NAT network per side, TCG (`virt_type = qemu`), a
+   blank base image. One create alone, --create-rounds times per side alternating
+   (each deleted again through the API); then --burst creates at once per side while
+   a client reads the side's instance in a loop: when the last create answered, how
+   many were 201, the slowest read. Every domain of a side is destroyed before the
+   other side's burst (TCG guests take CPU).
+
+Prints the table of docs/performance.md and writes the whole as JSON.
+"""
+
+import argparse
+import configparser
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from private_libvirtd import PrivateLibvirtd, stop_process
+from private_qemu_libvirtd import PrivateQemuLibvirtd
+from run import free_port, rss_mb, wait_ready, wrk
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+REF_CACHE = Path("/var/tmp")
+
+
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def build_ref(ref: str) -> Path:
+    """A checkout of `ref` with its own .venv; reused when already built."""
+    sha = git("rev-parse", "--verify", f"{ref}^{{commit}}")
+    where = REF_CACHE / f"cc-bench-ref-{sha[:12]}"
+    stamp = where / ".venv" / ".bench-built"
+    if stamp.exists():
+        return where
+    shutil.rmtree(where, ignore_errors=True)
+    print(f"bench: building {ref} ({sha[:12]}) in {where}", file=sys.stderr)
+    subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(REPO), str(where)], check=True)
+    git("checkout", "--quiet", "--detach", sha, cwd=where)
+    subprocess.run([sys.executable, "-m", "venv", str(where / ".venv")], check=True)
+    subprocess.run([str(where / ".venv/bin/pip"), "install", "-q", "-e", str(where)], check=True, timeout=900)
+    stamp.touch()
+    return where
+
+
+class Side:
+    """One checkout: its Python, its `cloud-agent`, its servers."""
+
+    def __init__(self, name: str, repo: Path, python: str, commit: str):
+        self.name, self.repo, self.python, self.commit = name, repo, python, commit
+        self.procs: list[subprocess.Popen] = []
+
+    def agent(self, config: Path, *args: str, stdin: str | None = None) -> dict:
+        out = subprocess.run([self.python, "-c", "from agent.cli import main; main()", "--config", str(config),
+                              "--json", *args], capture_output=True, text=True, input=stdin, cwd=self.repo,
+                             timeout=900)
+        if out.returncode != 0:
+            sys.exit(f"bench: {self.name}: cloud-agent {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return json.loads(out.stdout)
+
+    def serve(self, config: Path, log: Path) -> int:
+        port = free_port()
+        proc = subprocess.Popen([self.python, "-c", "from agent.cli import main; main()", "--config", str(config),
+                                 "serve", "--port", str(port)], cwd=self.repo, stdout=open(log, "w"),
+                                stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        wait_ready(port, "/healthz", proc, 900)
+        return port
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_process(proc, timeout=20)
+        self.procs.clear()
+
+
+def http(port: int, method: str, path: str, *, body=None, headers=None, timeout: float = 600):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()[:300].decode(errors="replace")
+    except OSError as e:
+        return 0, repr(e)
+
+
+def token(port: int, who: dict) -> dict:
+    status, data = http(port, "POST", "/v1/auth/token", body={"api_key": who["api_key"],
+                                                             "api_secret": who["api_secret"]})
+    if status != 200:
+        sys.exit(f"bench: no token ({status}): {data}")
+    return {"X-Auth-Token": data["data"]["token"], "X-Auth-Cloudauth-Id": data["data"]["userid"]}
+
+
+def sandbox(side: Side, state: Path, *, uri: str, threads: int, extra: dict[str, dict[str, str]],
+            init_again: bool = False) -> Path:
+    """`init --sandbox` in state, its ini pointed at `uri` with `extra` keys (`init` again when
+    asked: it makes the network on that libvirt), and a superuser."""
+    config = state / "controller.ini"
+    side.agent(config, "init", "--sandbox", str(state))
+    ini = configparser.ConfigParser(interpolation=None)
+    ini.read(config)
+    ini["server"]["threads"] = str(threads)
+    ini["libvirt"]["uri"] = uri
+    for section, values in extra.items():
+        if not ini.has_section(section):
+            ini.add_section(section)
+        ini[section].update(values)
+    with open(config, "w") as f:
+        ini.write(f)
+    if init_again:
+        side.agent(config, "init")
+    side.agent(config, "user", "create-superuser", "--email", "bench-admin@example.org", "--password-file", "-",
+               stdin="Bench-admin-pass-2026\n")
+    return config
+
+
+# -- reads -------------------------------------------------------------------------------
+
+def read_setup(side: Side, state: Path, args) -> dict:
+    daemon = PrivateLibvirtd(state / "libvirt").start()
+    config = sandbox(side, state, uri=daemon.uri, threads=args.threads, extra={})
+    loaded = side.agent(config, "sandbox", "load", "--users", str(args.users), "--owners", str(args.owners),
+                        "--managed-per-owner", "50", "--owner-instances", "1", "--instances", str(args.instances),
+                        "--groups", "0")
+    port = side.serve(config, state / "serve.log")
+    owner = token(port, loaded["sample"]["owner"])
+    status, rows = http(port, "GET", "/v1/server-instance", headers=owner)
+    own = [i["id"] for i in rows["data"] if i["cloudauth-id"] == owner["X-Auth-Cloudauth-Id"]]
+    env = {"BENCH_TOKEN": owner["X-Auth-Token"], "BENCH_USERID": owner["X-Auth-Cloudauth-Id"]}
+    return {"daemon": daemon, "port": port, "env": env, "one": own[0], "listed": len(rows["data"])}
+
+
+def reads(sides: list[Side], setups: dict, bare_port: int, args) -> dict:
+    kw = dict(connections=8, threads=2, duration=args.duration)
+    rounds = []
+    for r in range(args.rounds):
+        order = sides if r % 2 == 0 else sides[::-1]
+        got = {"bare": wrk(bare_port, "auth.lua", **kw, env={"BENCH_PATH": "/"})}
+        for what, path in (("get", lambda s: f"/v1/server-instance/{setups[s.name]['one']}"),
+                           ("list", lambda s: "/v1/server-instance")):
+            for side in order:
+                s = setups[side.name]
+                got[f"{side.name}:{what}"] = wrk(s["port"], "auth.lua", **kw, env={**s["env"], "BENCH_PATH": path(side)})
+        print(f"bench: round {r + 1}: " + ", ".join(f"{k} {v['requests_per_s']}" for k, v in got.items()),
+              file=sys.stderr)
+        rounds.append(got)
+    summary = {}
+    for key in rounds[0]:
+        ratios = [g[key]["requests_per_s"] / g["bare"]["requests_per_s"] for g in rounds]
+        mid = sorted(range(len(rounds)), key=lambda i: ratios[i])[len(rounds) // 2]
+        summary[key] = {**rounds[mid][key], "ratio_to_bare": round(ratios[mid], 3),
+                        "ratios": [round(x, 3) for x in ratios],
+                        "p99_ms_worst": max(g[key]["p99_ms"] for g in rounds),
+                        "bare_requests_per_s": rounds[mid]["bare"]["requests_per_s"]}
+    return {"rounds": rounds, "median": summary}
+
+
+# -- creates -----------------------------------------------------------------------------
+
+def create_setup(side: Side, state: Path, daemon: PrivateQemuLibvirtd, index: int, args) -> dict:
+    pool, prefix = f"ccb-{side.name}", f"ccb{side.name}-"
+    daemon.define_pool(pool, state / "pool")
+    extra = {
+        "libvirt": {"storage_pool": pool, "domain_prefix": prefix, "virt_type": "qemu", "cpu_mode": "qemu64"},
+        "network": {"name": f"ccb-{side.name}", "subnet": f"10.{220 + index}.0.0/16"},
+    }
+    config = sandbox(side, state, uri=daemon.uri, threads=args.threads, extra=extra, init_again=True)
+    loaded = side.agent(config, "sandbox", "load", "--users", "1", "--owners", "1", "--managed-per-owner", "0",
+                        "--owner-instances", "0", "--instances", "0", "--groups", "0")
+    port = side.serve(config, state / "serve.log")
+    headers = token(port, loaded["sample"]["owner"])
+    body = {"server-image": loaded["image"], "server-flavor": loaded["flavor"]}
+    return {"port": port, "headers": headers, "body": body, "prefix": prefix, "state": state}
+
+
+def one_create(s: dict) -> float:
+    started = time.monotonic()
+    status, answer = http(s["port"], "POST", "/v1/server-instance", body=s["body"], headers=s["headers"])
+    took = time.monotonic() - started
+    if status != 201:
+        sys.exit(f"bench: a create answered {status}: {answer}")
+    s.setdefault("made", []).append(answer["data"][0]["id"])
+    return took
+
+
+def burst(s: dict, n: int) -> dict:
+    """n creates at once while one client reads the side's kept instance in a loop."""
+    created: list[tuple[float, int]] = []
+    read_times: list[tuple[float, float, int]] = []
+    stop = threading.Event()
+    gate = threading.Barrier(n + 1)
+    began = [0.0]
+    target = f"/v1/server-instance/{s['made'][-1]}"
+
+    def create():
+        gate.wait()
+        status, _ = http(s["port"], "POST", "/v1/server-instance", body=s["body"], headers=s["headers"])
+        created.append((time.monotonic() - began[0], status))
+
+    def read():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            status, _ = http(s["port"], "GET", target, headers=s["headers"], timeout=60)
+            read_times.append((t0 - began[0], time.monotonic() - t0, status))
+            time.sleep(0.05)
+
+    workers = [threading.Thread(target=create) for _ in range(n)]
+    for w in workers:
+        w.start()
+    reader = threading.Thread(target=read)
+    began[0] = time.monotonic()
+    reader.start()
+    gate.wait()
+    for w in workers:
+        w.join(900)
+    stop.set()
+    reader.join(120)
+    last = max(t for t, _ in created)
+    during = [r for r in read_times if r[0] <= last]
+    return {"creates": n, "answered_201": sum(1 for _, st in created if st == 201),
+            "statuses": sorted({st for _, st in created}),
+            "first_s": round(min(t for t, _ in created), 2), "last_s": round(last, 2),
+            "median_s": round(statistics.median(t for t, _ in created), 2),
+            "reads_during": len(during), "read_worst_s": round(max((r[1] for r in during), default=0), 3),
+            "reads_not_200": sum(1 for r in during if r[2] != 200)}
+
+
+def creates(sides: list[Side], states: dict[str, Path], args) -> dict:
+    folder = Path(tempfile.mkdtemp(prefix="cc-bq-"))
+    daemon = PrivateQemuLibvirtd(folder / "d").start()
+    out: dict = {}
+    try:
+        setups = {side.name: create_setup(side, states[side.name], daemon, i, args) for i, side in enumerate(sides)}
+        alone = {side.name: [] for side in sides}
+        for r in range(args.create_rounds):
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                alone[side.name].append(round(one_create(setups[side.name]), 3))
+        print(f"bench: one create alone: {alone}", file=sys.stderr)
+        for side in sides:
+            s = setups[side.name]
+            for instance_id in s["made"][:-1]:  # the last one stays: the burst's reads read it
+                http(s["port"], "DELETE", f"/v1/server-instance/{instance_id}", headers=s["headers"])
+        for side in sides:
+            # Only this side's guests run during its burst.
+            daemon.destroy_domains()
+            out[side.name] = {"one_create_s": alone[side.name], "one_create_median_s":
+                              statistics.median(alone[side.name]), "burst": burst(setups[side.name], args.burst)}
+            print(f"bench: {side.name}: burst {out[side.name]['burst']}", file=sys.stderr)
+    finally:
+        for side in sides:
+            side.stop()
+        daemon.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+# -- the table ---------------------------------------------------------------------------
+
+def table(sides: list[Side], result: dict) -> str:
+    med = result.get("reads", {}).get("median", {})
+    bare = med.get("bare", {})
+    head = "| measure | " + " | ".join(f"{s.name} ({s.commit[:7]})" for s in sides) + " |"
+    rows = [head, "|---|" + "---|" * len(sides)]
+
+    def read_row(title: str, key: str) -> str:
+        cells = []
+        for s in sides:
+            r = med.get(f"{s.name}:{key}")
+            cells.append(f"{r['requests_per_s']:,} ({r['ratio_to_bare']:.0%} of bare, p99 {r['p99_ms']:.1f} ms)"
+                         if r else "-")
+        return f"| {title} | " + " | ".join(cells) + " |"
+
+    if med:
+        listed = result["reads"].get("listed", "")
+        rows.append(read_row(f"GET one instance, requests/s (wrk c=8; bare Falcon + waitress "
+                             f"{bare.get('requests_per_s', 0):,} in the median round)", "get"))
+        rows.append(read_row(f"owner's list of {listed}, requests/s", "list"))
+    cr = result.get("creates")
+    if cr:
+        rows.append("| one create alone on a real libvirtd (blank disk, TCG), median | " + " | ".join(
+            f"{cr[s.name]['one_create_median_s']:.2f} s" for s in sides) + " |")
+        rows.append(f"| {result['args']['burst']} creates at once on that host: last answer (201s) | " + " | ".join(
+            f"{cr[s.name]['burst']['last_s']:.1f} s ({cr[s.name]['burst']['answered_201']} of "
+            f"{cr[s.name]['burst']['creates']})" for s in sides) + " |")
+        rows.append("| a GET of one instance during those creates, worst | " + " | ".join(
+            f"{cr[s.name]['burst']['read_worst_s']:.2f} s ({cr[s.name]['burst']['reads_during']} reads)"
+            for s in sides) + " |")
+    return "\n".join(rows)
+
+
+def goals(result: dict, side: str = "this") -> list[tuple[str, str, bool]]:
+    """Issue 28's goals for one side: (goal, figure, met)."""
+    out = []
+    med = result.get("reads", {}).get("median", {})
+    if f"{side}:get" in med:
+        g, lst = med[f"{side}:get"], med[f"{side}:list"]
+        out.append(("GET one instance >= 60 % of bare, p99 < 10 ms",
+                    f"{g['ratio_to_bare']:.0%}, p99 {g['p99_ms']:.1f} ms (worst round {g['p99_ms_worst']:.1f} ms)",
+                    g["ratio_to_bare"] >= 0.6 and g["p99_ms"] < 10))
+        out.append(("owner's list >= 40 % of bare", f"{lst['ratio_to_bare']:.0%}", lst["ratio_to_bare"] >= 0.4))
+    cr = result.get("creates", {}).get(side)
+    if cr:
+        b = cr["burst"]
+        out.append(("one create on a real libvirtd (blank disk, TCG) <= 0.8 s", f"{cr['one_create_median_s']:.2f} s",
+                    cr["one_create_median_s"] <= 0.8))
+        out.append((f"{b['creates']} creates at once: all 201, the last <= 15 s",
+                    f"{b['answered_201']} of {b['creates']}, last {b['last_s']:.1f} s",
+                    b["answered_201"] == b["creates"] and b["last_s"] <= 15))
+        out.append(("every read meanwhile < 1 s", f"worst {b['read_worst_s']:.2f} s of {b['reads_during']}",
+                    b["read_worst_s"] < 1 and b["reads_not_200"] == 0))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", required=True, help="the commit to compare with (e.g. 881be50)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved read rounds")
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (1-60)")
+    parser.add_argument("--users", type=int, default=2_000)
+    parser.add_argument("--owners", type=int, default=20, help="owners of 50 managed users each")
+    parser.add_argument("--instances", type=int, default=2_000)
+    parser.add_argument("--threads", type=int, default=4, help="waitress threads of every server")
+    parser.add_argument("--create-rounds", type=int, default=3, help="single creates per side")
+    parser.add_argument("--burst", type=int, default=32, help="creates at once per side")
+    parser.add_argument("--skip-reads", action="store_true")
+    parser.add_argument("--skip-creates", action="store_true")
+    parser.add_argument("--json-out", default=None)
+    args = parser.parse_args()
+    args.duration = min(max(args.duration, 1), 60)
+    if shutil.which("wrk") is None:
+        sys.exit("bench: wrk is missing: run scripts/setup-host.sh (apt-get install wrk)")
+
+    ref_repo = build_ref(args.against)
+    here = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    sides = [Side("ref", ref_repo, str(ref_repo / ".venv/bin/python"), git("rev-parse", "HEAD", cwd=ref_repo)),
+             Side("this", REPO, sys.executable, here + ("+changes" if dirty else ""))]
+    root = Path(tempfile.mkdtemp(prefix="cc-cmp-"))
+    result: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+                    "load_before": os.getloadavg(), "args": vars(args),
+                    "sides": {s.name: s.commit for s in sides}}
+    bare = None
+    setups: dict = {}
+    try:
+        if not args.skip_reads:
+            for side in sides:
+                setups[side.name] = read_setup(side, root / f"reads-{side.name}", args)
+            bare_port = free_port()
+            bare = subprocess.Popen([sys.executable, str(HERE / "bare_app.py"), str(bare_port), str(args.threads)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_ready(bare_port, "/", bare, 30)
+            result["reads"] = reads(sides, setups, bare_port, args)
+            result["reads"]["listed"] = setups["this"]["listed"]
+            result["reads"]["server_peak_rss_mb"] = {s.name: rss_mb(s.procs[0].pid) for s in sides}
+            stop_process(bare, timeout=20)
+            for side in sides:
+                side.stop()
+                setups[side.name]["daemon"].stop()
+        if not args.skip_creates:
+            result["creates"] = creates(sides, {s.name: root / f"creates-{s.name}" for s in sides}, args)
+    finally:
+        stop_process(bare, timeout=20)
+        for side in sides:
+            side.stop()
+        for s in setups.values():
+            s["daemon"].stop()
+        shutil.rmtree(root, ignore_errors=True)
+    result["load_after"] = os.getloadavg()
+    out = Path(args.json_out).resolve() if args.json_out else Path(tempfile.gettempdir()) / "bench-compare.json"
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"{result['date']}, {os.cpu_count()} CPUs, load average before {result['load_before'][0]:.2f}, "
+          f"after {result['load_after'][0]:.2f}; ref {sides[0].commit}, this {sides[1].commit}")
+    print(table(sides, result))
+    print("\n| goal | this checkout | met |\n|---|---|---|")
+    for goal, figure, met in goals(result):
+        print(f"| {goal} | {figure} | {'yes' if met else 'no'} |")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
