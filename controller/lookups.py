@@ -10,6 +10,7 @@ from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
 from controller.rules import as_decimal, as_uuid, find_or_404
+from common.client.image_names import ImageNameError, pick
 from host_adapters.names import check_username
 
 
@@ -93,6 +94,36 @@ def flavor_row(ctx: Context, requester: Requester, given: str) -> dict | None:
     fid = parse_flavor_id(given)
     rows = ctx.store.list_flavors(usable_by=usable_scope(requester), flavor_id=fid) if fid is not None else []
     return rows[0] if rows else None
+
+
+# -- images by id or name --------------------------------------------------------------------
+def image_named(ctx: Context, given: str, requester: Requester | None = None) -> dict:
+    """The image row an id or name picks among the images the requester may use (None: an
+    admin command, every image), by the one rule of common.client.image_names that `cloud`
+    applies too: an id; else the one active image of that name; else the one inactive one.
+    Every front end of the controller (cloud-agent, the portal) resolves a typed image name
+    here. NotFound when none matches, InvalidInput listing the candidates when several do."""
+    rows = ctx.store.list_images(usable_by=None if requester is None else usable_scope(requester))
+    by_id = {r["id"]: r for r in rows}
+    shown = [{"id": r["id"], "name": r["name"], "active": bool(r["active"]),
+              "operating-system": {"name": r["os_name"], "major_version": r["os_major"],
+                                   "minor_version": r["os_minor"]}} for r in rows]
+    try:
+        return by_id[pick(shown, given)["id"]]
+    except ImageNameError as e:
+        if e.ambiguous:
+            raise InvalidInput(e.message) from None
+        raise NotFound(e.message) from None
+
+
+def flavor_named(ctx: Context, given: str) -> dict:
+    """The flavor row an id or a name picks (flavor names are unique), for admin commands."""
+    fid = parse_flavor_id(given)
+    row = ctx.store.get_flavor(fid) if fid is not None else None
+    row = row or next((r for r in ctx.store.list_flavors() if r["name"] == given), None)
+    if row is None:
+        raise NotFound(f"no server-flavor with id or name {given!r}")
+    return row
 
 
 # -- accounts a requester may name ----------------------------------------------------------

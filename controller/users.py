@@ -15,12 +15,12 @@ from controller.lookups import find_user, user_by_email_or_404, user_or_404
 from controller.permissions import Requester
 from controller.rules import (
     EMAIL_MAX,
-    NAME_MAX,
     SHORT_TEXT_MAX,
     USERNAME_MAX,
     as_uuid,
     check_email,
     check_length,
+    check_name,
     check_password,
     new_id,
 )
@@ -120,7 +120,7 @@ def insert_user(
     Returns the stored row and the plaintext API secret, which is shown once.
     """
     check_email(email)
-    check_length("name", name, NAME_MAX)
+    check_name("name", name)
     check_length("registration_source", registration_source, SHORT_TEXT_MAX)
     check_password(password)
     if owner_userid is not None and roles:
@@ -251,7 +251,7 @@ def update_user(
     if email is not None:
         changes["email"] = check_email(email)
     if name is not None:
-        changes["name"] = check_length("name", name, NAME_MAX)
+        changes["name"] = check_name("name", name)
     # Deactivation locks the system account too, reactivation unlocks it (issue 8, finding 9).
     undo = follow_active(ctx, user["id"], active) if active is not None else (lambda: None)
     try:

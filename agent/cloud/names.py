@@ -7,7 +7,7 @@ An ambiguous name is an error that lists the candidates (by id), never a guess.
 import re
 from collections.abc import Callable
 
-from common.client import ApiError, Client, ClientError, Flavor, Group, Image, Server, User
+from common.client import ApiError, Client, ClientError, Flavor, Group, Image, Server, User, image_names
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
@@ -42,7 +42,13 @@ def _by_id_or_name(kind: str, items: list, given: str):
 
 
 def image(client: Client, given: str) -> Image:
-    return _by_id_or_name("image", client.list_images(), given)
+    """By id or name, by the service's one rule (common.client.image_names): the one active
+    image of a name wins over inactive namesakes."""
+    found = {i.id: i for i in client.list_images()}
+    try:
+        return found[image_names.pick([i.raw for i in found.values()], given)["id"]]
+    except image_names.ImageNameError as e:
+        raise ClientError(e.message) from None
 
 
 def flavor(client: Client, given: str) -> Flavor:

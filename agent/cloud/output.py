@@ -4,11 +4,12 @@ import functools
 import inspect
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import click
 
 from agent.cloud import settings
+from agent.cloud.tables import fields, printable, table  # noqa: F401 - the commands' one table style
 from common.client import ApiError, Client, ClientError
 
 
@@ -32,17 +33,18 @@ class Run:
         else:
             text = human() if callable(human) else human
             if text:
-                click.echo(text)
+                # Names and messages come from other people: nothing in them drives the terminal.
+                click.echo(printable(text, keep="\n\t"))
 
     def progress(self, message: str) -> None:
         """Progress goes to stderr, so that stdout keeps one document."""
-        click.echo(message, err=True)
+        click.echo(printable(message), err=True)
 
 
 def fail(run: Run, message: str, *, status: int | None = None, code: int = 1):
     if run.as_json:
         click.echo(json.dumps({"error": message, **({"status": status} if status else {})}))
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {printable(message)}", err=True)
     sys.exit(code)
 
 
@@ -76,28 +78,6 @@ def confirm(run: Run, yes: bool, question: str) -> None:
         fail(run, "not on a terminal: add --yes to confirm", code=2)
     if not click.confirm(question, default=False, err=True):
         fail(run, "not confirmed", code=1)
-
-
-def table(rows: Iterable, columns: list[tuple[str, Callable]]) -> str:
-    """Aligned columns with a header line; an empty list says so."""
-    cells = [[h for h, _ in columns]]
-    for row in rows:
-        cells.append(["-" if (v := get(row)) is None or v == "" else str(v) for _, get in columns])
-    if len(cells) == 1:
-        return "(none)"
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
-
-
-def fields(pairs: list[tuple[str, object]]) -> str:
-    """One object as `name: value` lines."""
-    width = max(len(k) for k, _ in pairs)
-    shown = []
-    for k, v in pairs:
-        if isinstance(v, (list, tuple)):
-            v = ", ".join(map(str, v)) or "-"
-        shown.append(f"{k + ':':<{width + 1}} {'-' if v is None or v == '' else v}")
-    return "\n".join(shown)
 
 
 def read_secret(prompt: str) -> str:

@@ -11,6 +11,7 @@ import click
 
 from agent.cloud import names
 from agent.cloud.output import Run, cloud_command, fail, fields, members_command, show_command, table
+from agent.cloud.tables import console_text
 from agent.cloud.waiting import POLL_SECONDS, wait_for_guest
 from common.client import ApiError, Client, ClientError, Server
 
@@ -200,18 +201,27 @@ def ssh(run: Run, name, command, print_only):
 @click.option("--bytes", "size", type=click.IntRange(1, 1048576), default=None,
               help="How much of the end to show (default 64 KiB).")
 @click.option("--follow", is_flag=True, help="Keep printing new output until interrupted or the server is gone.")
+@click.option("--raw", is_flag=True,
+              help="Write the guest's text as it is, control sequences too (by default they are shown escaped).")
 @cloud_command
-def console(run: Run, name, size, follow):
+def console(run: Run, name, size, follow, raw):
     """Show a server's serial console since its last start, and whether it has finished booting.
+
+    The guest writes this text: control characters and escape sequences in it are shown
+    as `\\x1b`-style escapes, so that they cannot drive your terminal; --raw writes them.
 
     Example: cloud server console vm-1a2b3c4d --follow
     """
     s = names.server(run.client, name)
     got = run.client.console(s.id, size=size)
-    if run.as_json or not follow:
-        run.emit(got.raw, lambda: got.text.rstrip("\n") + f"\n-- ready: {'yes' if got.ready else 'no'}")
+    shown = (lambda text: text) if raw else console_text
+    if raw and not run.as_json and not follow:
+        sys.stdout.write(got.text.rstrip("\n") + f"\n-- ready: {'yes' if got.ready else 'no'}\n")
         return
-    sys.stdout.write(got.text)
+    if run.as_json or not follow:
+        run.emit(got.raw, lambda: shown(got.text).rstrip("\n") + f"\n-- ready: {'yes' if got.ready else 'no'}")
+        return
+    sys.stdout.write(shown(got.text))
     sys.stdout.flush()
     seen = got.text
     try:
@@ -224,7 +234,7 @@ def console(run: Run, name, size, follow):
                     run.progress(f"server {s.hostname or s.id} is gone")
                     return
                 raise
-            sys.stdout.write(_new_part(seen, now))
+            sys.stdout.write(shown(_new_part(seen, now)))
             sys.stdout.flush()
             seen = now
     except KeyboardInterrupt:
