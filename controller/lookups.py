@@ -148,11 +148,17 @@ def _with_authority(ctx: Context, requester: Requester, key: str, wanted: list[s
     return found
 
 
+# Said whenever a name is refused for it: the refusal tells what would be accepted.
+OWNERSHIP_RULE = ("you may name only yourself and the users you own (that hold no role you lack); "
+                  "a superuser may name anyone")
+
+
 def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> list[dict]:
     """The accounts named by controller user ids, checked for the requester's authority to grant them."""
     wanted = list(dict.fromkeys(account_uuids(uuids)))
     found = _with_authority(ctx, requester, "uuid", wanted, unknown="unknown user ids",
-                            refused=lambda a: f"you may not grant access to user id {a['uuid']}")
+                            refused=lambda a: f"you may not grant access to {a['username']} (user id {a['uuid']}): "
+                                              f"{OWNERSHIP_RULE}")
     return [found[u] for u in wanted]
 
 
@@ -160,6 +166,5 @@ def check_members(ctx: Context, requester: Requester, usernames: list[str]) -> l
     """System usernames the requester is, owns, or (as superuser) any; else 400 (unknown) or 403."""
     wanted = list(dict.fromkeys(check_username(u) for u in usernames))
     _with_authority(ctx, requester, "username", wanted, unknown="no system account named",
-                    refused=lambda a: f"you may not add {a['username']}: the account is neither yours nor one "
-                                      "you manage")
+                    refused=lambda a: f"you may not add {a['username']}: {OWNERSHIP_RULE}")
     return wanted

@@ -58,6 +58,11 @@ def check_email(value: object) -> str:
     return value
 
 
+# Told to a person before a password is asked for.
+PASSWORD_RULE = (f"A password is {PASSWORD_MIN} to {PASSWORD_MAX} characters long and mixes at least two of: "
+                 "letters, digits, punctuation.")
+
+
 def check_password(value: object) -> str:
     """14 to 24 characters from at least two of: letters, digits, punctuation."""
     if not isinstance(value, str):

@@ -307,6 +307,27 @@ def reset_api_secret(ctx: Context, requester: Requester, userid: str, *, set_to_
     return secret
 
 
+# -- the administrator's command (cloud-agent: the machine's root, no requester) -------------
+def admin_list_users(ctx: Context, *, include_inactive: bool = True) -> list[dict]:
+    """Every user, as a superuser sees them (cloud-agent user list)."""
+    return user_objects(ctx, ctx.store.list_users(include_inactive=include_inactive), superuser_view=True)
+
+
+def admin_set_password(ctx: Context, user: dict, password: str) -> None:
+    """A new password for a user who lost theirs; its password logins end."""
+    check_password(password)
+    ctx.store.set_password_hash(user["id"], ctx.passwords.hash(password))
+
+
+def admin_api_secret(ctx: Context, user: dict, *, reset: bool) -> str | None:
+    """The user's API secret; with reset a new one first (the old one's tokens end)."""
+    if reset:
+        secret = new_api_secret()
+        ctx.store.set_api_secret(user["id"], ctx.secret_box.encrypt(secret))
+        return secret
+    return None if user["api_secret_enc"] is None else ctx.secret_box.decrypt(user["api_secret_enc"])
+
+
 def delete_user(ctx: Context, requester: Requester, email: str) -> dict:
     perms.require_superuser(requester, "deleting a user")
     check_length("email", email, EMAIL_MAX)

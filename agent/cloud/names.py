@@ -60,12 +60,14 @@ def group(client: Client, given: str) -> Group:
 
 
 def user(client: Client, given: str) -> User:
-    """By id, email or name, among the users the caller may view (itself included)."""
+    """By id, email, system username or name (in that order), among the users the caller may
+    view (itself included): every command that names a user takes the same four."""
     users = {u.id: u for u in client.list_users()}
     me = client.me()
     users.setdefault(me.id, me)
     found = [u for u in users.values() if u.id == given.lower()]
     found = found or [u for u in users.values() if u.email.lower() == given.lower()]
+    found = found or [u for u in users.values() if given in u.usernames]
     found = found or [u for u in users.values() if u.name and u.name == given]
     return _pick("user", given, found, lambda u: f"{u.id} ({u.email})")
 
