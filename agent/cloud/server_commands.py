@@ -26,17 +26,22 @@ def server():
     """
 
 
-def _table(servers: list[Server]) -> str:
+def _table(client: Client, servers: list[Server]) -> str:
+    label = names.Labels(client)
     return table(servers, [("ID", lambda s: s.id), ("HOSTNAME", lambda s: s.hostname),
-                           ("STATUS", lambda s: s.status), ("PRIVATE-IP", lambda s: s.private_ip),
-                           ("PUBLIC-IP", lambda s: s.public_ip), ("CREATED", lambda s: s.created)])
+                           ("STATUS", lambda s: s.status), ("OWNER", lambda s: label.user(s.owner)),
+                           ("IMAGE", lambda s: label.image(s.image)), ("FLAVOR", lambda s: label.flavor(s.flavor)),
+                           ("PRIVATE-IP", lambda s: s.private_ip), ("PUBLIC-IP", lambda s: s.public_ip),
+                           ("CREATED", lambda s: s.created)])
 
 
 def _details(client: Client, s: Server) -> str:
     usernames = names.usernames_by_account(client)
+    label = names.Labels(client)
     return fields([("id", s.id), ("hostname", s.hostname), ("status", s.status), ("private-ip", s.private_ip),
-                   ("public-ip", s.public_ip), ("owner", s.owner), ("image", s.image), ("flavor", s.flavor),
-                   ("users", [usernames.get(u, u) for u in s.users]), ("created", s.created)])
+                   ("public-ip", s.public_ip), ("owner", label.user(s.owner)), ("image", label.image(s.image)),
+                   ("flavor", label.flavor(s.flavor)), ("users", [usernames.get(u, u) for u in s.users]),
+                   ("created", s.created)])
 
 
 def ssh_argv(client: Client, s: Server, command: tuple[str, ...] = ()) -> list[str]:
@@ -108,7 +113,7 @@ def list_(run: Run, owner):
     """
     owner_id = names.user(run.client, owner).id if owner else None
     servers = run.client.list_servers(owner=owner_id)
-    run.emit([s.raw for s in servers], lambda: _table(servers))
+    run.emit([s.raw for s in servers], lambda: _table(run.client, servers))
 
 
 show_command(server, resolve=names.server, render=_details, help="""
@@ -260,7 +265,8 @@ def actions(run: Run, name):
     """
     server_id = name.lower() if names.is_uuid(name) else names.server(run.client, name).id
     done = run.client.server_actions(server_id)
+    label = names.Labels(run.client)
     run.emit([a.raw for a in done], lambda: table(done, [
         ("TIME", lambda a: a.time), ("ACTION", lambda a: a.action), ("RESULT", lambda a: a.result),
-        ("REQUESTER", lambda a: a.requester or "(administrator)"), ("REQUEST-ID", lambda a: a.request_id),
+        ("REQUESTER", lambda a: label.user(a.requester) or "(administrator)"), ("REQUEST-ID", lambda a: a.request_id),
         ("MESSAGE", lambda a: a.message)]))
