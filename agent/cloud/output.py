@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import click
 
-from agent.cloud import settings
+from agent.cloud import formats, settings
 from agent.cloud.tables import fields, printable, table  # noqa: F401 - the commands' one table style
 from common.client import ApiError, Client, ClientError
 
@@ -16,8 +16,9 @@ from common.client import ApiError, Client, ClientError
 class Run:
     """One command's run: whether it prints JSON, and the client (made on first use)."""
 
-    def __init__(self, as_json: bool):
-        self.as_json = as_json
+    def __init__(self, as_json: bool, fmt: str = "table", columns: tuple[str, ...] = ()):
+        self.as_json = as_json or fmt == "json"
+        self.fmt, self.columns = fmt, columns  # -f and -c (agent/cloud/formats.py)
         self._client: Client | None = None
 
     @property
@@ -28,7 +29,12 @@ class Run:
 
     def emit(self, document, human: Callable[[], str] | str) -> None:
         """Print the API's document with --json, else the text for people."""
-        if self.as_json:
+        if self.fmt in ("yaml", "csv", "value") or (self.columns and self.as_json):
+            try:
+                click.echo(formats.render(document, "json" if self.as_json else self.fmt, self.columns))
+            except ValueError as e:
+                raise ClientError(str(e)) from None
+        elif self.as_json:
             click.echo(json.dumps(document, indent=1))
         else:
             text = human() if callable(human) else human
@@ -53,11 +59,15 @@ def cloud_command(fn):
     line on stderr and a non-zero exit."""
 
     @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
+    @click.option("-f", "--format", "fmt", type=click.Choice(formats.FORMATS), default="table", show_default=True,
+                  help="Output format: the API's document as json, yaml, csv or bare values.")
+    @click.option("-c", "--column", "columns", multiple=True, metavar="FIELD",
+                  help="With -f: only this field of the API's document (repeatable).")
     @click.pass_context
     @functools.wraps(fn)
-    def wrapper(click_ctx, as_json, *args, **kwargs):
+    def wrapper(click_ctx, as_json, fmt, columns, *args, **kwargs):
         root = click_ctx.find_root().obj or {}
-        run = Run(as_json or root.get("as_json", False))
+        run = Run(as_json or root.get("as_json", False), fmt, tuple(columns))
         try:
             return fn(run, *args, **kwargs)
         except ApiError as e:

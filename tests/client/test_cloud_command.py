@@ -70,9 +70,10 @@ def svc():
             agent(config, "user", "grant", "alice@example.org", "create_user")
             s.add_user("bob", by="alice")
             s.add_user("carol")
-            for name in ("Debian 12", "Dup", "Dup"):
+            # Names of active images are unique: two namesakes are inactive ones.
+            for name, more in (("Debian 12", ()), ("Dup", ("--inactive",)), ("Dup", ("--inactive",))):
                 agent(config, "image", "add", "--name", name, "--os-name", "debian", "--os-major", "12",
-                      "--os-minor", "7", "--min-disk", "1", "--min-ram", "256")
+                      "--os-minor", "7", "--min-disk", "1", "--min-ram", "256", *more)
             agent(config, "flavor", "add", "--name", "small", "--memory", "512", "--disk", "2", "--vcpu", "1")
             agent(config, "flavor", "add", "--name", "big", "--memory", "1024", "--disk", "2", "--vcpu", "2")
             yield s
@@ -251,7 +252,8 @@ def test_server_lifecycle_by_hostname_and_id_prefix(svc, alice, carol, admin, tm
         shown = alice.ok("server", "show", host)
         assert f"hostname:   {host}" in shown and "users:      " in shown and "bob" in shown
         table = alice.ok("server", "list")
-        assert table.splitlines()[0].split() == ["ID", "HOSTNAME", "STATUS", "PRIVATE-IP", "PUBLIC-IP", "CREATED"]
+        assert table.splitlines()[0].split() == ["ID", "HOSTNAME", "STATUS", "OWNER", "IMAGE", "FLAVOR",
+                                                 "PRIVATE-IP", "PUBLIC-IP", "CREATED"]
         assert host in table
         # Visibility: a stranger does not see it; the superuser does.
         assert carol.error("server", "show", host) == f"no server named {host!r} that you can see"
@@ -271,7 +273,9 @@ def test_server_lifecycle_by_hostname_and_id_prefix(svc, alice, carol, admin, tm
         assert sorted(alice.ok("--json", "server", "users", "set", host, "bob")["users"]) == sorted(made["users"])
         assert carol.error("server", "users", "add", host, "carol").startswith("no server named")
         # alice cannot see carol, so cannot name her.
-        assert alice.error("server", "users", "add", host, "carol") == "no user named 'carol' that you can see"
+        assert alice.error("server", "users", "add", host, "carol") == (
+            "no user named 'carol' that you can see; you may name only yourself and the users you own "
+            "(that hold no role you lack); a superuser may name anyone")
     finally:
         svc.api("alice", "DELETE", f"/v1/server-instance/{sid}")
     assert alice.error("server", "show", host) == f"no server named {host!r} that you can see"
