@@ -22,11 +22,11 @@ elif [ -n "${1:-}" ]; then
   exit 2
 fi
 
-SANDBOX_PACKAGES=(
+SANDBOX_SET=(
   python3 python3-venv python3-dev gcc pkg-config libvirt-dev libldap2-dev libsasl2-dev
 )
 PACKAGES=(
-  "${SANDBOX_PACKAGES[@]}"
+  "${SANDBOX_SET[@]}"
   libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
   qemu-system-x86 qemu-utils
   slapd ldap-utils openssl
@@ -36,7 +36,7 @@ PACKAGES=(
   nslcd libnss-ldapd
 )
 if [ "$MODE" = sandbox ]; then
-  PACKAGES=("${SANDBOX_PACKAGES[@]}")
+  PACKAGES=("${SANDBOX_SET[@]}")
 fi
 APT_WAIT=(-o "DPkg::Lock::Timeout=${APT_LOCK_WAIT:-600}")
 

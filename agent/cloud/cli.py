@@ -33,9 +33,8 @@ def completion(shell):
     options, and the names of your servers, images and flavors.
 
     \b
-    Examples:
-      eval "$(cloud completion bash)"     (in ~/.bashrc; zsh: in ~/.zshrc)
-      cloud completion fish > ~/.config/fish/completions/cloud.fish
+    Example: eval "$(cloud completion bash)"   (in ~/.bashrc; zsh: in ~/.zshrc)
+    Example: cloud completion fish > ~/.config/fish/completions/cloud.fish
     """
     cls = get_completion_class(shell)
     click.echo(cls(cli, {}, "cloud", COMPLETE_VAR).source())

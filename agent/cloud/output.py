@@ -100,6 +100,18 @@ def read_secret(prompt: str) -> str:
     return line
 
 
+# The service's password rule, told before a new password is asked for.
+PASSWORD_RULE = "A password is 14 to 24 characters long and mixes at least two of: letters, digits, punctuation."
+
+
+def read_new_password(prompt: str) -> str:
+    """A new password: on a terminal the rule first, then asked twice; else stdin's first line."""
+    if sys.stdin.isatty():
+        click.echo(PASSWORD_RULE, err=True)
+        return click.prompt(prompt, hide_input=True, confirmation_prompt="Repeat the password", err=True)
+    return read_secret(prompt)
+
+
 # -- commands of one shape, made once ----------------------------------------------------
 def list_command(parent: click.Group, name: str, *, help: str, fetch: Callable, columns: list[tuple[str, Callable]]):
     """`PARENT list`: fetch(client) -> typed objects; a table, or with --json their API documents."""

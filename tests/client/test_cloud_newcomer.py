@@ -159,3 +159,20 @@ def test_the_console_shows_control_sequences_escaped_unless_raw(guest_console):
     raw = guest_console.ok("server", "console", "vm-0b8e7c9a", "--raw")
     assert raw == CONSOLE.rstrip("\n") + "\n-- ready: yes\n"
     assert guest_console.ok("--json", "server", "console", "vm-0b8e7c9a") == {"console": CONSOLE, "ready": True}
+
+
+def test_server_names_complete_from_the_service(guest_console):
+    env = {"_CLOUD_COMPLETE": "bash_complete", "COMP_WORDS": "cloud server show vm-", "COMP_CWORD": "3"}
+    words = guest_console.run(env=env)
+    assert words.returncode == 0 and words.stdout.split() == ["plain,vm-0b8e7c9a"]
+
+
+def test_output_formats_print_the_apis_document(guest_console):
+    server = guest_console.ok("--json", "server", "list")[0]
+    assert guest_console.ok("server", "list", "-f", "value", "-c", "id", "-c", "status") == f"{SERVER_ID} running\n"
+    csv_text = guest_console.ok("server", "list", "-f", "csv", "-c", "id", "-c", "users").splitlines()
+    assert csv_text == ["id,users", f"{SERVER_ID},[]"]
+    yaml_text = guest_console.ok("server", "list", "-f", "yaml")
+    assert yaml_text.startswith(f'- id: "{SERVER_ID}"\n  cloudauth-id: "{USER_ID}"\n  users: []\n')
+    assert guest_console.ok("server", "list", "-f", "json") == json.dumps([server], indent=1) + "\n"
+    assert guest_console.error("server", "list", "-f", "value", "-c", "nope").startswith("no field 'nope'")
