@@ -47,9 +47,9 @@ class Run:
         click.echo(printable(message), err=True)
 
 
-def fail(run: Run, message: str, *, status: int | None = None, code: int = 1):
+def fail(run: Run, message: str, *, status: int | None = None, code: int = 1, extra: dict | None = None):
     if run.as_json:
-        click.echo(json.dumps({"error": message, **({"status": status} if status else {})}))
+        click.echo(json.dumps({"error": message, **({"status": status} if status else {}), **(extra or {})}))
     click.echo(f"error: {printable(message)}", err=True)
     sys.exit(code)
 

@@ -12,7 +12,7 @@ import click
 from agent.cloud import names
 from agent.cloud.output import Run, cloud_command, fail, fields, members_command, show_command, table
 from agent.cloud.tables import console_text
-from agent.cloud.waiting import POLL_SECONDS, wait_for_guest
+from agent.cloud.waiting import POLL_SECONDS, NoGuestHere, WaitTimeout, wait_for_guest
 from common.client import ApiError, Client, ClientError, Server
 
 WAIT_SECONDS = 900
@@ -94,13 +94,35 @@ def create(run: Run, image, flavor, users, wait, run_ssh, timeout):
         fail(run, _refusal(client, e), status=e.status)
     if wait or run_ssh:
         run.progress(f"created {made.hostname} ({made.id})")
-        made = wait_for_guest(client, made, timeout=timeout, progress=run.progress)
+        try:
+            made = _waited(run, made, timeout)
+        except NoGuestHere as e:
+            run.emit(e.server.raw, lambda: _details(client, e.server))
+            return
         argv = ssh_argv(client, made)
         if run_ssh:
             os.execvp(argv[0], argv)
         run.emit(made.raw, lambda: _details(client, made) + "\n\n" + " ".join(argv))
         return
     run.emit(made.raw, lambda: _details(client, made))
+
+
+def _waited(run: Run, s: Server, timeout: int) -> Server:
+    """wait_for_guest with what a person needs at its ends: the sandbox's note, a timeout's
+    id and status under --json, and on Ctrl-C that the server keeps running."""
+    name = s.hostname or s.id
+    try:
+        return wait_for_guest(run.client, s, timeout=timeout, progress=run.progress)
+    except NoGuestHere:
+        run.progress(f"note: {name} is running on the sandbox, where guests do not boot (libvirt's test "
+                     "driver): stopped waiting at `running`")
+        raise
+    except WaitTimeout as e:
+        fail(run, e.message, extra={"id": e.server.id, "status": e.server.status})
+    except KeyboardInterrupt:
+        run.progress(f"\ninterrupted: stopped waiting; server {name} ({s.id}) keeps running; "
+                     f"`cloud server delete {name}` deletes it")
+        sys.exit(130)
 
 
 @server.command("list")
@@ -146,7 +168,10 @@ def _power(what: str, method: str, done: str):
         s = names.server(run.client, name)
         changed = getattr(run.client, method)(s.id)
         if wait:
-            changed = wait_for_guest(run.client, changed, timeout=timeout, progress=run.progress)
+            try:
+                changed = _waited(run, changed, timeout)
+            except NoGuestHere as e:
+                changed = e.server
         run.emit(changed.raw, f"{done} {changed.hostname or changed.id}: {changed.status}")
 
     power.help = inspect.cleandoc(f"""{what.capitalize()} a server.

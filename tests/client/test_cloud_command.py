@@ -293,11 +293,12 @@ def test_server_delete_ssh_and_wait(svc, alice, tmp_path):
         (fake / "ssh").chmod(0o755)
         out = alice.ok("server", "ssh", host, "--", "id", "-u", env={"PATH": f"{fake}:{os.environ['PATH']}"})
         assert out.strip() == f"ssh alice@{ip} id -u"
-        # No guest boots in the sandbox: --wait gives up when its bound ends, naming the console.
+        # No guest boots in the sandbox: --wait stops at `running` with a note, long before its bound.
         started = time.monotonic()
-        msg = alice.error("server", "start", host, "--wait", "--timeout", "4", progress=f"waiting for {host}: ")
-        assert msg.startswith(f"server {made['id']} did not take SSH logins within 4 s")
-        assert f"cloud server console {host}" in msg and time.monotonic() - started < 30
+        proc = alice.run("server", "start", host, "--wait", "--timeout", "600")
+        assert proc.returncode == 0 and proc.stdout.strip() == f"started {host}: running", proc.stderr
+        assert f"note: {host} is running on the sandbox, where guests do not boot" in proc.stderr
+        assert time.monotonic() - started < 60
     finally:
         gone = alice.ok("--json", "server", "delete", host)
     assert gone == {"deleted": made["id"]}

@@ -6,17 +6,20 @@ service), except the console's bytes, which a guest writes: a stand-in service a
 those, since no guest runs in the sandbox."""
 
 import json
+import signal
 import sqlite3
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pexpect
 import pytest
 
 from tests.client.test_cloud_command import (  # noqa: F401 - fixtures
     PASSWORD, admin, alice, bob, carol, login, svc)
 from tests.fixtures.agent import agent_ok as agent
 from tests.fixtures.agent import run_agent
-from tests.fixtures.cloud import Cloud
+from tests.fixtures.cloud import CLOUD, Cloud
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -136,6 +139,10 @@ class _Guest(BaseHTTPRequestHandler):
                               "server-flavor": "1", "creation-date": "2026-01-01T00:00:00Z", "status": "running",
                               "hostname": "vm-0b8e7c9a"}])
 
+    def do_PUT(self):  # noqa: N802 - a power task: the server as it is (running, no address)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.do_GET()
+
     def log_message(self, *args):
         pass
 
@@ -157,7 +164,8 @@ def test_the_console_shows_control_sequences_escaped_unless_raw(guest_console):
     shown = guest_console.ok("server", "console", "vm-0b8e7c9a")
     assert shown == ("boot ok\n\\x1b]52;c;aGk=\\x07\\x1b[2J\\u202etxt.exe\nlogin: \tdone\n-- ready: yes\n")
     raw = guest_console.ok("server", "console", "vm-0b8e7c9a", "--raw")
-    assert raw == CONSOLE.rstrip("\n") + "\n-- ready: yes\n"
+    # (text mode reads \r\n as \n; the escape sequences themselves come through untouched)
+    assert raw == CONSOLE.replace("\r\n", "\n").rstrip("\n") + "\n-- ready: yes\n"
     assert guest_console.ok("--json", "server", "console", "vm-0b8e7c9a") == {"console": CONSOLE, "ready": True}
 
 
@@ -176,3 +184,43 @@ def test_output_formats_print_the_apis_document(guest_console):
     assert yaml_text.startswith(f'- id: "{SERVER_ID}"\n  cloudauth-id: "{USER_ID}"\n  users: []\n')
     assert guest_console.ok("server", "list", "-f", "json") == json.dumps([server], indent=1) + "\n"
     assert guest_console.error("server", "list", "-f", "value", "-c", "nope").startswith("no field 'nope'")
+
+
+def test_the_sandbox_console_says_guests_do_not_boot_and_wait_stops_at_running(svc, alice):
+    made = alice.ok("--json", "server", "create", "--image", "Debian 12", "--flavor", "small")
+    try:
+        shown = alice.ok("server", "console", made["hostname"])
+        assert shown.startswith("cloud-controller sandbox: libvirt's test driver runs no guest")
+        started = time.monotonic()
+        proc = alice.run("--json", "server", "create", "--image", "Debian 12", "--flavor", "small", "--wait")
+        assert proc.returncode == 0, proc.stderr
+        waited = json.loads(proc.stdout)
+        try:
+            assert waited["status"] == "running" and time.monotonic() - started < 60
+            assert "where guests do not boot (libvirt's test driver): stopped waiting at `running`" in proc.stderr
+            assert f"created {waited['hostname']} ({waited['id']})" in proc.stderr
+        finally:
+            svc.api("alice", "DELETE", f"/v1/server-instance/{waited['id']}")
+    finally:
+        svc.api("alice", "DELETE", f"/v1/server-instance/{made['id']}")
+
+
+def test_wait_shows_elapsed_time_and_a_timeout_with_json_names_the_server(guest_console):
+    proc = guest_console.run("--json", "server", "start", "vm-0b8e7c9a", "--wait", "--timeout", "3")
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout) == {
+        "error": f"server {SERVER_ID} did not take SSH logins within 3 s (last: running); "
+                 "see `cloud server console vm-0b8e7c9a`", "id": SERVER_ID, "status": "running"}
+    assert "waiting for vm-0b8e7c9a: running (0 s)" in proc.stderr
+
+
+def test_ctrl_c_during_wait_says_the_server_keeps_running(guest_console):
+    child = pexpect.spawn(str(CLOUD), ["server", "start", "vm-0b8e7c9a", "--wait", "--timeout", "60"],
+                          env=guest_console.env, encoding="utf-8", timeout=30)
+    child.expect("waiting for vm-0b8e7c9a: running")
+    child.kill(signal.SIGINT)
+    child.expect("keeps running; `cloud server delete vm-0b8e7c9a` deletes it")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130
+
