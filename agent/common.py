@@ -93,7 +93,8 @@ def command_options(fn):
 
 
 # Commands that change nothing leave no audit row.
-_READ_ONLY_COMMANDS = {"serve", "check", "backup", "host list"}
+_READ_ONLY_COMMANDS = {"serve", "check", "backup", "host list", "server list", "image list", "flavor list",
+                       "user list"}
 
 
 def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:

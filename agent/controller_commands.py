@@ -6,7 +6,7 @@ import click
 
 from agent.common import (Options, command_options, confirm, emit, require_one_user, table, target_user,
                           user_argument, yes_no)
-from controller import accounts, images, volumes
+from controller import accounts, images, instance_table, volumes
 from controller.users import account_object
 
 
@@ -266,6 +266,28 @@ def flavor_delete(opts: Options, flavor_id, yes):
     emit(opts, obj, f"deleted flavor {obj['id']} ({obj['name']})")
 
 
+# -- server -------------------------------------------------------------------------------
+@click.group("server")
+def server():
+    """Read the server-instances of every user."""
+
+
+@server.command("list")
+@click.option("--owner", default=None, help="Only this user's (email or id).")
+@click.option("--host", default=None, help="Only those on this hypervisor host.")
+@command_options
+def server_list(opts: Options, owner, host):
+    """List every server-instance with its owner, image, flavor and host.
+
+    Example: cloud-agent server list --host node01
+    """
+    found = instance_table.admin_list(opts.context(), owner=owner, host=host)
+    emit(opts, {"servers": found}, table(found, [
+        ("ID", lambda s: s["id"]), ("HOSTNAME", lambda s: s["hostname"]), ("STATUS", lambda s: s["status"]),
+        ("OWNER", lambda s: s["owner"]), ("IMAGE", lambda s: s["image"]), ("FLAVOR", lambda s: s["flavor"]),
+        ("HOST", lambda s: s["host"]), ("PRIVATE-IP", lambda s: s["private-ip"])]))
+
+
 # -- volume -----------------------------------------------------------------------------
 @click.group("volume")
 def volume():
@@ -286,5 +308,5 @@ def volume_resize(opts: Options, volume_id, size_gb):
 
 
 def register(cli) -> None:
-    for group in (account, image, flavor, volume):
+    for group in (account, image, flavor, server, volume):
         cli.add_command(group)

@@ -7,10 +7,10 @@ rows it changed."""
 import json
 import os
 import sqlite3
-import sys
+import subprocess
+from pathlib import Path
 
 import pexpect
-import pytest
 
 from controller.config import load_config
 from controller.context import build_context
@@ -20,6 +20,7 @@ from tests.fixtures.agent import AGENT
 
 IMAGE = ("--os-name", "debian", "--os-major", "12", "--min-disk", "1", "--min-ram", "256")
 OSC52 = "\x1b]52;c;aGk=\x07"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_image(sb: Sandbox, name: str, minor: str, *more: str) -> dict:
@@ -206,3 +207,67 @@ def test_tables_and_lines_show_control_characters_escaped_and_json_keeps_them(sa
     out = sandbox.run("image", "list").stdout
     assert "\x1b" not in out and "\x07" not in out and "evil\\x1b]52;c;aGk=\\x07" in out
     assert sandbox.ok("image", "list")["images"][0]["name"] == "evil" + OSC52
+
+
+# -- tables of the admin command -------------------------------------------------------------------
+def test_server_list_shows_owner_image_flavor_and_host_and_host_list_has_a_header(sandbox, api):
+    image = add_image(sandbox, "Debian 12", "7")
+    flavor = sandbox.ok("flavor", "add", "--name", "small", "--memory", "256", "--disk", "1", "--vcpu", "1")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    api.create_volume(api.headers, size=1)
+    r = api.client.simulate_post("/v1/server-instance", headers=api.headers,
+                                 json={"server-image": image["id"], "server-flavor": flavor["id"]})
+    assert r.status_code == 201, r.text
+    made = r.json["data"][0]
+    listed = sandbox.ok("server", "list")["servers"]
+    assert [(s["id"], s["owner"], s["image"], s["flavor"], s["host"]) for s in listed] == [
+        (made["id"], ADMIN_EMAIL, "Debian 12", "small", "default")]
+    assert sandbox.ok("server", "list", "--host", "elsewhere")["servers"] == []
+    assert sandbox.ok("server", "list", "--owner", BOB_EMAIL)["servers"] == []
+    rows = sandbox.run("server", "ls").stdout.splitlines()
+    assert rows[0].split() == ["ID", "HOSTNAME", "STATUS", "OWNER", "IMAGE", "FLAVOR", "HOST", "PRIVATE-IP"]
+    assert rows[1].split()[3:8] == [ADMIN_EMAIL, "Debian", "12", "small", "default"]
+    hosts = sandbox.run("host", "list").stdout.splitlines()
+    assert hosts[0].split() == ["NAME", "URI", "STATE", "VCPUS", "MEMORY-MB", "ALLOC-VCPUS", "ALLOC-MB", "INSTANCES"]
+    assert hosts[1].split()[:3] == ["default", "test:///default", "enabled"] and hosts[1].split()[-1] == "1"
+
+
+# -- the sandbox's set-up --------------------------------------------------------------------------------
+def test_the_sandbox_config_leaves_cpu_mode_empty(sandbox):
+    assert load_config(sandbox.config).libvirt.cpu_mode == ""
+    assert "cpu_mode = host-passthrough" not in open(sandbox.config).read()
+
+
+def _setup_host(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """scripts/setup-host.sh with every package missing and apt-get a stand-in that records
+    its arguments (nothing is installed; the venv is the one in place)."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    log = tmp_path / "apt.log"
+    (fake / "dpkg-query").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (fake / "debconf-set-selections").write_text("#!/bin/sh\ncat >/dev/null\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "POLICY_RC_D": str(tmp_path / "policy-rc.d")}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup-host.sh"), *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def test_setup_host_for_the_sandbox_installs_only_what_it_uses_and_waits_for_apts_lock(tmp_path):
+    proc, calls = _setup_host(tmp_path, "--sandbox")
+    assert proc.returncode == 0, proc.stderr
+    update, install = calls
+    assert update.startswith("-o DPkg::Lock::Timeout=600 update")
+    wanted = install.split()[install.split().index("--no-install-recommends") + 1:]
+    assert set(wanted) == {"python3", "python3-venv", "python3-dev", "gcc", "pkg-config", "libvirt-dev",
+                           "libldap2-dev", "libsasl2-dev"}
+    assert install.startswith("-o DPkg::Lock::Timeout=600 install")
+    full_run = tmp_path / "full"
+    full_run.mkdir()
+    proc, calls = _setup_host(full_run)
+    assert proc.returncode == 0, proc.stderr
+    full = calls[1].split()
+    assert {"qemu-system-x86", "slapd", "nslcd", "mmdebstrap", "wrk", "libvirt-daemon-system"} <= set(full)
+    assert not (full_run / "policy-rc.d").exists()
