@@ -113,7 +113,8 @@ def image_named(ctx: Context, given: str, requester: Requester | None = None) ->
     except ImageNameError as e:
         if e.ambiguous:
             raise InvalidInput(e.message) from None
-        raise NotFound(e.message) from None
+        shown = given if len(given) <= 64 else given[:64] + "..."
+        raise NotFound(f"server-image {shown} not found (no image has that id or name)") from None
 
 
 def flavor_named(ctx: Context, given: str) -> dict:

@@ -77,7 +77,8 @@ def test_image_list_update_and_delete(sandbox):
     gone = sandbox.ok("image", "delete", "Debian 12.8", "--yes")
     assert gone["id"] == made["id"] and gone["deleted"] is True and gone["kept_on"] == []
     assert sandbox.rows("SELECT id FROM images") == []
-    assert sandbox.error("image", "delete", made["id"], "--yes") == f"error: no image named {made['id']!r} that you can see"
+    assert sandbox.error("image", "delete", made["id"], "--yes") == (
+        f"error: server-image {made['id']} not found (no image has that id or name)")
 
 
 def test_an_image_or_flavor_in_use_is_not_deleted(sandbox, api):
