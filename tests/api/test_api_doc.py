@@ -23,7 +23,7 @@ def test_every_path_and_method_the_service_serves_is_on_the_page(client):
 
 def test_the_endpoint_reference_is_the_served_document_written_out(client):
     served = client.simulate_get("/v1/openapi.json").json
-    assert generated_part(PAGE.read_text()) == render(served), "run `python -m api.api_doc` and paste"
+    assert generated_part(PAGE.read_text()) == render(served), "run `python -m api.api_doc --write`"
 
 
 def test_no_doc_cites_a_file_outside_the_repository():
