@@ -54,18 +54,15 @@ def fail(run: Run, message: str, *, status: int | None = None, code: int = 1, ex
     sys.exit(code)
 
 
-def cloud_command(fn):
-    """Adds --json (also accepted before the command name) and turns every failure into one
-    line on stderr and a non-zero exit."""
+def cloud_command(fn=None, *, formats_options: bool = True):
+    """Adds --json (also accepted before the command name), and -f/-c unless told not to
+    (`server ssh` passes its own options on to ssh), and turns every failure into one line
+    on stderr and a non-zero exit."""
+    if fn is None:
+        return functools.partial(cloud_command, formats_options=formats_options)
 
-    @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
-    @click.option("-f", "--format", "fmt", type=click.Choice(formats.FORMATS), default="table", show_default=True,
-                  help="Output format: the API's document as json, yaml, csv or bare values.")
-    @click.option("-c", "--column", "columns", multiple=True, metavar="FIELD",
-                  help="With -f: only this field of the API's document (repeatable).")
-    @click.pass_context
     @functools.wraps(fn)
-    def wrapper(click_ctx, as_json, fmt, columns, *args, **kwargs):
+    def wrapper(click_ctx, as_json, *args, fmt="table", columns=(), **kwargs):
         root = click_ctx.find_root().obj or {}
         run = Run(as_json or root.get("as_json", False), fmt, tuple(columns))
         try:
@@ -77,7 +74,15 @@ def cloud_command(fn):
         except OSError as e:
             fail(run, f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
 
-    return wrapper
+    wrapper = click.pass_context(wrapper)
+    if formats_options:
+        wrapper = click.option("-c", "--column", "columns", multiple=True, metavar="FIELD",
+                               help="With -f: only this field of the API's document (repeatable).")(wrapper)
+        wrapper = click.option("-f", "--format", "fmt", type=click.Choice(formats.FORMATS), default="table",
+                               show_default=True,
+                               help="Output format: the API's document as json, yaml, csv or bare values.")(wrapper)
+    return click.option("--json", "as_json", is_flag=True, default=False,
+                        help="Print exactly one JSON document.")(wrapper)
 
 
 def confirm(run: Run, yes: bool, question: str) -> None:

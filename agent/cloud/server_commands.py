@@ -211,7 +211,7 @@ _users("set", "replace", "Make these the server's only users")
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--print", "print_only", is_flag=True, help="Print the ssh line instead of running it.")
-@cloud_command
+@cloud_command(formats_options=False)
 def ssh(run: Run, name, command, print_only):
     """Log in to a server as yourself (ssh USERNAME@PRIVATE-IP), or run a command there.
 

@@ -95,3 +95,11 @@ def test_user_create_tells_the_password_rule_then_asks_twice(tmp_path):
     # Only then is the service asked (here: nothing listens, so it fails).
     child.expect("error: ")
     child.expect(pexpect.EOF)
+
+
+def test_server_ssh_passes_its_options_on_to_ssh():
+    # -f and -c are ssh's (and the remote command's) there, not output formats.
+    cmd = cloud_cli.commands["server"].commands["ssh"]
+    opts = [o for p in cmd.params for o in p.opts]
+    assert "-c" not in opts and "-f" not in opts and "--json" in opts
+    assert {"-f", "-c"} <= {o for p in cloud_cli.commands["server"].commands["list"].params for o in p.opts}
