@@ -3,6 +3,7 @@
 import click
 
 from agent import controller_commands, host_commands, ops_commands, setup_commands, user_commands
+from agent.cloud import conveniences
 from agent.common import Options
 from agent.entry import run
 
@@ -11,6 +12,7 @@ from agent.entry import run
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Config file (default: $CLOUD_CONTROLLER_CONFIG, then /etc/cloud-controller/controller.ini).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
+@click.version_option(conveniences.installed_version(), prog_name="cloud-agent")
 @click.pass_context
 def cli(click_ctx, config_path, as_json):
     """Administer the cloud controller: set up, serve, and maintain users and host state.
@@ -22,6 +24,7 @@ def cli(click_ctx, config_path, as_json):
 
 for _module in (setup_commands, user_commands, controller_commands, host_commands, ops_commands):
     _module.register(cli)
+conveniences.apply(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from agent.cloud.tables import printable, table, yes_no  # noqa: F401 - one table style for both commands
 from controller import request_ids
 from controller.config import default_config_path, load_config
 from controller.context import Context, build_context
@@ -92,7 +93,8 @@ def command_options(fn):
 
 
 # Commands that change nothing leave no audit row.
-_READ_ONLY_COMMANDS = {"serve", "check", "backup", "host list"}
+_READ_ONLY_COMMANDS = {"serve", "check", "backup", "host list", "server list", "image list", "flavor list",
+                       "user list"}
 
 
 def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
@@ -113,7 +115,9 @@ def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
         target = opts.target_user["id"]
         shown.pop("userid", None)
     else:
-        target = next((str(shown.pop(k)) for k in ("email", "userid", "image_id", "volume_id") if k in shown), "")
+        # A host command names its host (its NAME argument); a flavor command its flavor.
+        keys = ("name",) if command.startswith("host ") else ("email", "userid", "image_id", "volume_id", "flavor_id")
+        target = next((str(shown.pop(k)) for k in keys if k in shown), "")
     if not target and isinstance(opts.emitted, dict):
         # A command that creates something (image add, flavor add) names it in its output.
         target = str(opts.emitted.get("id", ""))
@@ -130,7 +134,7 @@ def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
 def fail(opts: Options, message: str, code: int = 1):
     if opts.as_json:
         click.echo(json.dumps({"error": message}))
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {printable(message)}", err=True)
     sys.exit(code)
 
 
@@ -170,7 +174,7 @@ def emit(opts: Options, document, human: str | None = None) -> None:
     if opts.as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
     elif human is not None:
-        click.echo(human)
+        click.echo(printable(human, keep="\n\t"))
     else:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
 

@@ -4,8 +4,9 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, confirm, emit, require_one_user, target_user, user_argument
-from controller import accounts, images, volumes
+from agent.common import (Options, command_options, confirm, emit, require_one_user, table, target_user,
+                          user_argument, yes_no)
+from controller import accounts, images, instance_table, volumes
 from controller.users import account_object
 
 
@@ -130,6 +131,60 @@ image.command("deactivate", help="Refuse new instances from an image.\n\nExample
     _activation(False))
 
 
+@image.command("list")
+@command_options
+def image_list(opts: Options):
+    """List every image: active or not, public or private.
+
+    Example: cloud-agent image list --json
+    """
+    found = images.list_all_images(opts.context())
+    emit(opts, {"images": found}, table(found, [
+        ("ID", lambda i: i["id"]), ("NAME", lambda i: i["name"]),
+        ("OS", lambda i: "{name} {major_version}.{minor_version}".format(**i["operating-system"])),
+        ("MIN-DISK", lambda i: i["min-disk"]), ("MIN-RAM", lambda i: i["min-ram"]),
+        ("PUBLIC", lambda i: yes_no(i["public"])), ("ACTIVE", lambda i: yes_no(i["active"]))]))
+
+
+@image.command("update")
+@click.argument("image_id", metavar="IMAGE")
+@click.option("--name", default=None, help="A new name (unique among active images).")
+@click.option("--os-name", default=None)
+@click.option("--os-major", default=None)
+@click.option("--os-minor", default=None)
+@click.option("--min-ram", type=int, default=None, help="MB.")
+@click.option("--public/--private", default=None, help="Whether every user may use it.")
+@command_options
+def image_update(opts: Options, image_id, name, os_name, os_major, os_minor, min_ram, public):
+    """Change an image's name, operating system version, min-ram or visibility (by id or name).
+
+    \b
+    Example:
+      cloud-agent image update "Debian 12" --os-minor 8
+    """
+    obj = images.update_image(opts.context(), image_id, name=name, os_name=os_name, os_major=os_major,
+                              os_minor=os_minor, min_ram=min_ram, public=public)
+    emit(opts, obj, f"image {obj['id']} ({obj['name']}) updated")
+
+
+@image.command("delete")
+@click.argument("image_id", metavar="IMAGE")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@command_options
+def image_delete(opts: Options, image_id, yes):
+    """Forget an image and remove its base disk from every host (by id or name); refused while a
+    server-instance uses it.
+
+    \b
+    Example:
+      cloud-agent image delete 3f0c... --yes
+    """
+    confirm(opts, yes, f"Delete image {image_id} and its base disks?")
+    obj = images.delete_image(opts.context(adapters=True), image_id)
+    kept = f"; kept on unreachable host(s) {', '.join(obj['kept_on'])}" if obj["kept_on"] else ""
+    emit(opts, obj, f"deleted image {obj['id']} ({obj['name']}){kept}")
+
+
 # -- flavor ----------------------------------------------------------------------------
 @click.group("flavor")
 def flavor():
@@ -165,6 +220,74 @@ def flavor_grant(opts: Options, flavor_id, email):
     emit(opts, obj, f"{email} may use flavor {obj['id']}")
 
 
+@flavor.command("list")
+@command_options
+def flavor_list(opts: Options):
+    """List every flavor, public or private.
+
+    Example: cloud-agent flavor list --json
+    """
+    found = images.list_all_flavors(opts.context())
+    emit(opts, {"flavors": found}, table(found, [
+        ("ID", lambda f: f["id"]), ("NAME", lambda f: f["name"]), ("VCPU", lambda f: f["vcpu"]),
+        ("MEMORY", lambda f: f["memory"]), ("DISK", lambda f: f["disk"]), ("PUBLIC", lambda f: yes_no(f["public"]))]))
+
+
+@flavor.command("update")
+@click.argument("flavor_id", metavar="FLAVOR")
+@click.option("--name", default=None, help="A new name (flavor names are unique).")
+@click.option("--public/--private", default=None, help="Whether every user may see and use it.")
+@command_options
+def flavor_update(opts: Options, flavor_id, name, public):
+    """Rename a flavor or change its visibility (by id or name). Its sizes stay: instances made
+    with it count them against their owners' limits; add a new flavor for new sizes.
+
+    \b
+    Example:
+      cloud-agent flavor update small --name tiny
+    """
+    obj = images.update_flavor(opts.context(), flavor_id, name=name, public=public)
+    emit(opts, obj, f"flavor {obj['id']} ({obj['name']}) updated")
+
+
+@flavor.command("delete")
+@click.argument("flavor_id", metavar="FLAVOR")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@command_options
+def flavor_delete(opts: Options, flavor_id, yes):
+    """Forget a flavor (by id or name); refused while a server-instance uses it.
+
+    \b
+    Example:
+      cloud-agent flavor delete small --yes
+    """
+    confirm(opts, yes, f"Delete flavor {flavor_id}?")
+    obj = images.delete_flavor(opts.context(), flavor_id)
+    emit(opts, obj, f"deleted flavor {obj['id']} ({obj['name']})")
+
+
+# -- server -------------------------------------------------------------------------------
+@click.group("server")
+def server():
+    """Read the server-instances of every user."""
+
+
+@server.command("list")
+@click.option("--owner", default=None, help="Only this user's (email or id).")
+@click.option("--host", default=None, help="Only those on this hypervisor host.")
+@command_options
+def server_list(opts: Options, owner, host):
+    """List every server-instance with its owner, image, flavor and host.
+
+    Example: cloud-agent server list --host node01
+    """
+    found = instance_table.admin_list(opts.context(), owner=owner, host=host)
+    emit(opts, {"servers": found}, table(found, [
+        ("ID", lambda s: s["id"]), ("HOSTNAME", lambda s: s["hostname"]), ("STATUS", lambda s: s["status"]),
+        ("OWNER", lambda s: s["owner"]), ("IMAGE", lambda s: s["image"]), ("FLAVOR", lambda s: s["flavor"]),
+        ("HOST", lambda s: s["host"]), ("PRIVATE-IP", lambda s: s["private-ip"])]))
+
+
 # -- volume -----------------------------------------------------------------------------
 @click.group("volume")
 def volume():
@@ -185,5 +308,5 @@ def volume_resize(opts: Options, volume_id, size_gb):
 
 
 def register(cli) -> None:
-    for group in (account, image, flavor, volume):
+    for group in (account, image, flavor, server, volume):
         cli.add_command(group)

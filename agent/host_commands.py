@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from agent.common import Options, command_options, emit, end_status_line, status_line
+from agent.common import Options, command_options, emit, end_status_line, status_line, table
 from controller import drain, evacuate, host_records
 from controller.libvirt_uri import transport_risks
 
@@ -58,7 +58,12 @@ def host_list(opts: Options):
     Example: cloud-agent host list --json
     """
     found = host_records.list_hosts(opts.context(adapters=True))
-    emit(opts, {"hosts": found}, "\n".join(_line(h) for h in found))
+    emit(opts, {"hosts": found}, table(found, [
+        ("NAME", lambda h: h["name"]), ("URI", lambda h: h["uri"]),
+        ("STATE", lambda h: ("enabled" if h["enabled"] else "disabled") + ("" if h["reachable"] else ",unreachable")),
+        ("VCPUS", lambda h: h["vcpus"]), ("MEMORY-MB", lambda h: h["memory_mb"]),
+        ("ALLOC-VCPUS", lambda h: h["allocated_vcpus"]), ("ALLOC-MB", lambda h: h["allocated_memory_mb"]),
+        ("INSTANCES", lambda h: h["instances"])]))
 
 
 def _enabling(enabled: bool):

@@ -721,7 +721,9 @@ def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
             "lockout_seconds": 60,
         },
         "libvirt": {"uri": "test:///default", "storage_pool": "default-pool", "domain_prefix": "cc-",
-                    "virt_type": "kvm", "cpu_mode": "host-passthrough"},
+                    # cpu_mode empty as in the sample: a host-passthrough next to a virt_type
+                    # = qemu host (the config pointed elsewhere) is refused.
+                    "virt_type": "kvm", "cpu_mode": ""},
         # The test driver's own network: it exists in every process, as the sandbox's
         # agent commands and server are separate processes with separate test drivers.
         "network": {"name": "default", "subnet": "10.213.0.0/16"},

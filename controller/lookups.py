@@ -10,6 +10,7 @@ from controller.context import Context
 from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
 from controller.rules import as_decimal, as_uuid, find_or_404
+from common.client.image_names import ImageNameError, pick
 from host_adapters.names import check_username
 
 
@@ -95,6 +96,37 @@ def flavor_row(ctx: Context, requester: Requester, given: str) -> dict | None:
     return rows[0] if rows else None
 
 
+# -- images by id or name --------------------------------------------------------------------
+def image_named(ctx: Context, given: str, requester: Requester | None = None) -> dict:
+    """The image row an id or name picks among the images the requester may use (None: an
+    admin command, every image), by the one rule of common.client.image_names that `cloud`
+    applies too: an id; else the one active image of that name; else the one inactive one.
+    Every front end of the controller (cloud-agent, the portal) resolves a typed image name
+    here. NotFound when none matches, InvalidInput listing the candidates when several do."""
+    rows = ctx.store.list_images(usable_by=None if requester is None else usable_scope(requester))
+    by_id = {r["id"]: r for r in rows}
+    shown = [{"id": r["id"], "name": r["name"], "active": bool(r["active"]),
+              "operating-system": {"name": r["os_name"], "major_version": r["os_major"],
+                                   "minor_version": r["os_minor"]}} for r in rows]
+    try:
+        return by_id[pick(shown, given)["id"]]
+    except ImageNameError as e:
+        if e.ambiguous:
+            raise InvalidInput(e.message) from None
+        shown = given if len(given) <= 64 else given[:64] + "..."
+        raise NotFound(f"server-image {shown} not found (no image has that id or name)") from None
+
+
+def flavor_named(ctx: Context, given: str) -> dict:
+    """The flavor row an id or a name picks (flavor names are unique), for admin commands."""
+    fid = parse_flavor_id(given)
+    row = ctx.store.get_flavor(fid) if fid is not None else None
+    row = row or next((r for r in ctx.store.list_flavors() if r["name"] == given), None)
+    if row is None:
+        raise NotFound(f"no server-flavor with id or name {given!r}")
+    return row
+
+
 # -- accounts a requester may name ----------------------------------------------------------
 def account_uuids(given: list) -> list[str]:
     """Controller user ids (account uuids) as sent, canonical; any that is not a UUID is 400."""
@@ -117,11 +149,17 @@ def _with_authority(ctx: Context, requester: Requester, key: str, wanted: list[s
     return found
 
 
+# Said whenever a name is refused for it: the refusal tells what would be accepted.
+OWNERSHIP_RULE = ("you may name only yourself and the users you own (that hold no role you lack); "
+                  "a superuser may name anyone")
+
+
 def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> list[dict]:
     """The accounts named by controller user ids, checked for the requester's authority to grant them."""
     wanted = list(dict.fromkeys(account_uuids(uuids)))
     found = _with_authority(ctx, requester, "uuid", wanted, unknown="unknown user ids",
-                            refused=lambda a: f"you may not grant access to user id {a['uuid']}")
+                            refused=lambda a: f"you may not grant access to {a['username']} (user id {a['uuid']}): "
+                                              f"{OWNERSHIP_RULE}")
     return [found[u] for u in wanted]
 
 
@@ -129,6 +167,5 @@ def check_members(ctx: Context, requester: Requester, usernames: list[str]) -> l
     """System usernames the requester is, owns, or (as superuser) any; else 400 (unknown) or 403."""
     wanted = list(dict.fromkeys(check_username(u) for u in usernames))
     _with_authority(ctx, requester, "username", wanted, unknown="no system account named",
-                    refused=lambda a: f"you may not add {a['username']}: the account is neither yours nor one "
-                                      "you manage")
+                    refused=lambda a: f"you may not add {a['username']}: {OWNERSHIP_RULE}")
     return wanted

@@ -37,11 +37,30 @@ def check_length(field: str, value: object, maximum: int) -> object:
     return value
 
 
+# A name is shown on people's terminals and pages: a control character (ESC starts a
+# terminal sequence: OSC 52 writes the clipboard) or a bidirectional override (text
+# that reads otherwise than it is) has no place in one.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def check_name(field: str, value: object, maximum: int = NAME_MAX) -> object:
+    """check_length, and InvalidInput naming the field for a control or bidi character."""
+    check_length(field, value, maximum)
+    if isinstance(value, str) and any(ord(c) < 32 or 127 <= ord(c) < 160 or c in _BIDI for c in value):
+        raise InvalidInput(f"{field} must not contain control characters")
+    return value
+
+
 def check_email(value: object) -> str:
     check_length("email", value, EMAIL_MAX)
     if not isinstance(value, str) or not _EMAIL.fullmatch(value) or len(value.rsplit("@", 1)[0]) > 64:
         raise InvalidInput(f"email is not a valid address: {str(value)[:80]!r}")
     return value
+
+
+# Told to a person before a password is asked for.
+PASSWORD_RULE = (f"A password is {PASSWORD_MIN} to {PASSWORD_MAX} characters long and mixes at least two of: "
+                 "letters, digits, punctuation.")
 
 
 def check_password(value: object) -> str:

@@ -543,9 +543,25 @@ class Store:
         return row["owner_userid"] if row else None
 
     # -- images and flavors -----------------------------------------------
+    @staticmethod
+    def _refuse_active_namesake(conn: sqlite3.Connection, name: str, image_id: str) -> None:
+        """Names of active images are unique: a name then picks one bootable image
+        (common.client.image_names). Checked in the write's transaction, so two adds cannot
+        both pass."""
+        other = conn.execute("SELECT id FROM images WHERE active = 1 AND name = ? AND id != ?",
+                             (name, image_id)).fetchone()
+        if other is not None:
+            raise Conflict(f"an active image is already named {name!r} ({other[0]}): names of active images "
+                           "are unique; deactivate that one or choose another name")
+
     def insert_image(self, image: dict) -> None:
-        with self.write():
+        with self.write() as conn:
+            if image.get("active", 1):
+                self._refuse_active_namesake(conn, image["name"], image["id"])
             self.db["images"].insert(image)
+
+    def active_image_named(self, name: str) -> dict | None:
+        return self._one("SELECT * FROM images WHERE active = 1 AND name = ?", (name,))
 
     def get_image(self, image_id: str) -> dict | None:
         return self._one("SELECT * FROM images WHERE id = ?", (image_id,))
@@ -568,8 +584,35 @@ class Store:
         return self._usable("images", "image_access", "image_id", "creation_date, id", usable_by, image_id)
 
     def update_image(self, image_id: str, changes: dict) -> None:
-        with self.write():
+        with self.write() as conn:
+            now = conn.execute("SELECT name, active FROM images WHERE id = ?", (image_id,)).fetchone()
+            if now is not None and changes.get("active", now["active"]):
+                self._refuse_active_namesake(conn, changes.get("name", now["name"]), image_id)
             self.db["images"].update(image_id, changes)
+
+    def delete_image(self, image_id: str) -> None:
+        """Remove an image's row (its grants go with it); refused while an instance row names it."""
+        try:
+            with self.write() as conn:
+                conn.execute("DELETE FROM images WHERE id = ?", (image_id,))
+        except sqlite3.IntegrityError:
+            raise Conflict(f"server-image {image_id} is used by server-instances: delete them first "
+                           "(an evacuation rebuilds from it)") from None
+
+    def update_flavor(self, flavor_id: int, changes: dict) -> None:
+        try:
+            with self.write():
+                self.db["flavors"].update(flavor_id, changes)
+        except sqlite3.IntegrityError:
+            raise Conflict(f"a flavor named {changes.get('name')!r} exists") from None
+
+    def delete_flavor(self, flavor_id: int) -> None:
+        """Remove a flavor's row (its grants go with it); refused while an instance row names it."""
+        try:
+            with self.write() as conn:
+                conn.execute("DELETE FROM flavors WHERE id = ?", (flavor_id,))
+        except sqlite3.IntegrityError:
+            raise Conflict(f"server-flavor {flavor_id} is used by server-instances: delete them first") from None
 
     def grant_image(self, image_id: str, user_id: str) -> None:
         with self.write() as conn:

@@ -33,9 +33,9 @@ class FailureThrottle:
                 return
             now = self._clock()
             if now < until:
-                raise TooManyRequests(
-                    "too many failed attempts; try again later", retry_after=int(until - now) + 1
-                )
+                wait = int(until - now) + 1
+                # Says how long, as Retry-After does: a person reads the message, not the header.
+                raise TooManyRequests(f"too many failed attempts; try again in {wait} seconds", retry_after=wait)
             del self._locked_until[key]
 
     def failed(self, key: str) -> None:

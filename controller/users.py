@@ -15,12 +15,12 @@ from controller.lookups import find_user, user_by_email_or_404, user_or_404
 from controller.permissions import Requester
 from controller.rules import (
     EMAIL_MAX,
-    NAME_MAX,
     SHORT_TEXT_MAX,
     USERNAME_MAX,
     as_uuid,
     check_email,
     check_length,
+    check_name,
     check_password,
     new_id,
 )
@@ -120,7 +120,7 @@ def insert_user(
     Returns the stored row and the plaintext API secret, which is shown once.
     """
     check_email(email)
-    check_length("name", name, NAME_MAX)
+    check_name("name", name)
     check_length("registration_source", registration_source, SHORT_TEXT_MAX)
     check_password(password)
     if owner_userid is not None and roles:
@@ -251,7 +251,7 @@ def update_user(
     if email is not None:
         changes["email"] = check_email(email)
     if name is not None:
-        changes["name"] = check_length("name", name, NAME_MAX)
+        changes["name"] = check_name("name", name)
     # Deactivation locks the system account too, reactivation unlocks it (issue 8, finding 9).
     undo = follow_active(ctx, user["id"], active) if active is not None else (lambda: None)
     try:
@@ -305,6 +305,27 @@ def reset_api_secret(ctx: Context, requester: Requester, userid: str, *, set_to_
     secret = None if set_to_null else new_api_secret()
     ctx.store.set_api_secret(user["id"], None if secret is None else ctx.secret_box.encrypt(secret))
     return secret
+
+
+# -- the administrator's command (cloud-agent: the machine's root, no requester) -------------
+def admin_list_users(ctx: Context, *, include_inactive: bool = True) -> list[dict]:
+    """Every user, as a superuser sees them (cloud-agent user list)."""
+    return user_objects(ctx, ctx.store.list_users(include_inactive=include_inactive), superuser_view=True)
+
+
+def admin_set_password(ctx: Context, user: dict, password: str) -> None:
+    """A new password for a user who lost theirs; its password logins end."""
+    check_password(password)
+    ctx.store.set_password_hash(user["id"], ctx.passwords.hash(password))
+
+
+def admin_api_secret(ctx: Context, user: dict, *, reset: bool) -> str | None:
+    """The user's API secret; with reset a new one first (the old one's tokens end)."""
+    if reset:
+        secret = new_api_secret()
+        ctx.store.set_api_secret(user["id"], ctx.secret_box.encrypt(secret))
+        return secret
+    return None if user["api_secret_enc"] is None else ctx.secret_box.decrypt(user["api_secret_enc"])
 
 
 def delete_user(ctx: Context, requester: Requester, email: str) -> dict:

@@ -8,7 +8,7 @@ from controller.guests import refresh_guests
 from controller.locks import host_changes
 from controller.lookups import account_of, require_mutate, requester_account, volume_row
 from controller.permissions import Requester
-from controller.rules import as_uuid, new_id
+from controller.rules import as_uuid, check_name, new_id
 from controller.store import utc_now
 from host_adapters.homes import retired_uid
 
@@ -53,7 +53,7 @@ def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
         "id": new_id(),
         "owner_id": requester.id,
         "size_gb": size,
-        "name": body.get("volume-name"),
+        "name": check_name("volume-name", body.get("volume-name")),
         "visibility": "cluster",
         "mount_point": homes.path(account["username"]),
         "creation_date": utc_now(),

@@ -3,9 +3,13 @@
 # libvirt test driver, homes and a scratch system root, all under ./state
 # (or $STATE_DIR). Prints the admin credentials it made, then serves on
 # 127.0.0.1:8080 (or $PORT) until Ctrl-C, the cloud portal at /portal/ too.
+#
+# Installs only what the sandbox uses (setup-host.sh --sandbox). Guests do not boot
+# here: libvirt's test driver records domains and runs nothing. Reset: stop it and
+# remove $STATE_DIR. Metrics: `cloud-agent serve --metrics-port N` (not started here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-host.sh
+bash scripts/setup-host.sh --sandbox
 
 STATE=${STATE_DIR:-./state}
 PORT=${PORT:-8080}

@@ -6,7 +6,7 @@ import sys
 import click
 
 from agent.cloud import names, settings
-from agent.cloud.output import Run, cloud_command, fail, fields, list_command, read_secret, table
+from agent.cloud.output import Run, cloud_command, fail, fields, list_command, read_new_password, read_secret, table
 from common.client import Client, ClientError, Limits, User
 from common.client.urls import check_url
 
@@ -141,7 +141,7 @@ def user_create(run: Run, email, name):
 
     Example: cloud user create --email bob@example.org --name "Bob Smith"
     """
-    u = run.client.create_user(email=email, password=read_secret("Password for the new user"), name=name)
+    u = run.client.create_user(email=email, password=read_new_password("Password for the new user"), name=name)
     run.emit(u.raw, lambda: _user_fields(u))
 
 

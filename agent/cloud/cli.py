@@ -5,7 +5,7 @@ import os
 import click
 from click.shell_completion import get_completion_class
 
-from agent.cloud import account_commands, credential_commands, resource_commands, server_commands
+from agent.cloud import account_commands, conveniences, credential_commands, resource_commands, server_commands, settings
 from agent.entry import run
 
 COMPLETE_VAR = "_CLOUD_COMPLETE"
@@ -14,6 +14,7 @@ COMPLETE_VAR = "_CLOUD_COMPLETE"
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
 @click.option("--url", help="The service's base URL (default: $CC_URL, then the kept login's).")
+@click.version_option(conveniences.installed_version(), prog_name="cloud")
 @click.pass_context
 def cli(click_ctx, as_json, url):
     """Servers, your home volume, groups and your limits on the cloud controller.
@@ -27,11 +28,14 @@ def cli(click_ctx, as_json, url):
 
 
 @cli.command("completion")
-@click.argument("shell", type=click.Choice(["bash", "zsh"]))
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell):
-    """Print the shell completion script for bash or zsh.
+    """Print the shell completion script for bash, zsh or fish; it completes commands,
+    options, and the names of your servers, images and flavors.
 
+    \b
     Example: eval "$(cloud completion bash)"   (in ~/.bashrc; zsh: in ~/.zshrc)
+    Example: cloud completion fish > ~/.config/fish/completions/cloud.fish
     """
     cls = get_completion_class(shell)
     click.echo(cls(cli, {}, "cloud", COMPLETE_VAR).source())
@@ -43,6 +47,43 @@ for _command in (account_commands.login, account_commands.logout, account_comman
     cli.add_command(_command)
 for _command in (credential_commands.whoami, credential_commands.credentials, credential_commands.password):
     cli.add_command(_command)
+
+
+def _servers():
+    return [(s.hostname or s.id, s.status) for s in settings.client().list_servers()]
+
+
+def _images():
+    return [(i.name, i.os) for i in settings.client().list_images() if i.active]
+
+
+def _flavors():
+    return [(f.name, f"{f.vcpu} vCPU, {f.memory} MB") for f in settings.client().list_flavors()]
+
+
+def _complete_names() -> None:
+    """Names a person types complete from the service: a server's NAME, an image's or a
+    flavor's NAME, and server create's --image and --flavor."""
+    kinds = {"server": conveniences.completer("server", _servers), "image": conveniences.completer("image", _images),
+             "flavor": conveniences.completer("flavor", _flavors)}
+    for group_name, complete in kinds.items():
+        group = cli.commands[group_name]
+        stack = list(group.commands.values())
+        while stack:
+            cmd = stack.pop()
+            if isinstance(cmd, click.Group):
+                stack.extend(cmd.commands.values())
+                continue
+            for param in cmd.params:
+                if isinstance(param, click.Argument) and param.name == "name":
+                    param._custom_shell_complete = complete  # click's own hook for shell_complete=
+    for param in cli.commands["server"].commands["create"].params:
+        if param.name in ("image", "flavor"):
+            param._custom_shell_complete = kinds[param.name]
+
+
+conveniences.apply(cli)
+_complete_names()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,9 +7,13 @@ An ambiguous name is an error that lists the candidates (by id), never a guess.
 import re
 from collections.abc import Callable
 
-from common.client import ApiError, Client, ClientError, Flavor, Group, Image, Server, User
+from common.client import ApiError, Client, ClientError, Flavor, Group, Image, Server, User, image_names
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+# Who may be given access to a server (the service's rule, said when a name is refused).
+OWNERSHIP_RULE = ("you may name only yourself and the users you own (that hold no role you lack); "
+                  "a superuser may name anyone")
 
 # A prefix shorter than this is more likely a typo than a choice.
 MIN_PREFIX = 4
@@ -42,7 +46,13 @@ def _by_id_or_name(kind: str, items: list, given: str):
 
 
 def image(client: Client, given: str) -> Image:
-    return _by_id_or_name("image", client.list_images(), given)
+    """By id or name, by the service's one rule (common.client.image_names): the one active
+    image of a name wins over inactive namesakes."""
+    found = {i.id: i for i in client.list_images()}
+    try:
+        return found[image_names.pick([i.raw for i in found.values()], given)["id"]]
+    except image_names.ImageNameError as e:
+        raise ClientError(e.message) from None
 
 
 def flavor(client: Client, given: str) -> Flavor:
@@ -54,12 +64,14 @@ def group(client: Client, given: str) -> Group:
 
 
 def user(client: Client, given: str) -> User:
-    """By id, email or name, among the users the caller may view (itself included)."""
+    """By id, email, system username or name (in that order), among the users the caller may
+    view (itself included): every command that names a user takes the same four."""
     users = {u.id: u for u in client.list_users()}
     me = client.me()
     users.setdefault(me.id, me)
     found = [u for u in users.values() if u.id == given.lower()]
     found = found or [u for u in users.values() if u.email.lower() == given.lower()]
+    found = found or [u for u in users.values() if given in u.usernames]
     found = found or [u for u in users.values() if u.name and u.name == given]
     return _pick("user", given, found, lambda u: f"{u.id} ({u.email})")
 
@@ -81,11 +93,13 @@ def account_ids(client: Client, given: tuple[str, ...]) -> list[str]:
             continue
         try:
             who = user(client, name)
-        except ClientError:
+        except ClientError as e:
             if _UUID.match(name):  # an account id itself; the service checks the caller may name it
                 out.append(name.lower())
                 continue
-            raise
+            if "ambiguous" in e.message:
+                raise
+            raise ClientError(f"{e.message}; {OWNERSHIP_RULE}") from None
         if not who.account_ids:
             raise ClientError(f"user {who.email} has no system account yet")
         out.append(who.account_ids[0])
@@ -98,3 +112,39 @@ def usernames_by_account(client: Client) -> dict[str, str]:
     me = client.me()
     users.setdefault(me.id, me)
     return {a: n for u in users.values() for a, n in zip(u.account_ids, u.usernames)}
+
+
+class Labels:
+    """Names for the ids an API document carries (owner, image, flavor, requester), fetched
+    once per command and only for human output: a table shows what people know things by;
+    an id the caller cannot see stays an id."""
+
+    def __init__(self, client: Client):
+        self._client = client
+        self._maps: dict[str, dict[str, str]] = {}
+
+    def _map(self, kind: str) -> dict[str, str]:
+        if kind not in self._maps:
+            try:
+                if kind == "user":
+                    people = {u.id: u for u in self._client.list_users()}
+                    me = self._client.me()
+                    people.setdefault(me.id, me)
+                    found = {i: u.email for i, u in people.items()}
+                elif kind == "image":
+                    found = {i.id: i.name for i in self._client.list_images()}
+                else:
+                    found = {f.id: f.name for f in self._client.list_flavors()}
+            except ApiError:
+                found = {}  # a list the caller may not read: ids it is
+            self._maps[kind] = found
+        return self._maps[kind]
+
+    def user(self, user_id: str | None) -> str | None:
+        return None if user_id is None else self._map("user").get(user_id, user_id)
+
+    def image(self, image_id: str) -> str:
+        return self._map("image").get(image_id, image_id)
+
+    def flavor(self, flavor_id: str) -> str:
+        return self._map("flavor").get(str(flavor_id), flavor_id)

@@ -4,20 +4,22 @@ import functools
 import inspect
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import click
 
-from agent.cloud import settings
+from agent.cloud import formats, settings
+from agent.cloud.tables import fields, printable, table  # noqa: F401 - the commands' one table style
 from common.client import ApiError, Client, ClientError
 
 
 class Run:
     """One command's run: whether it prints JSON, and the client (made on first use)."""
 
-    def __init__(self, as_json: bool, url: str | None = None):
-        self.as_json = as_json
+    def __init__(self, as_json: bool, url: str | None = None, fmt: str = "table", columns: tuple[str, ...] = ()):
+        self.as_json = as_json or fmt == "json"
         self.url = url  # `cloud --url`
+        self.fmt, self.columns = fmt, columns  # -f and -c (agent/cloud/formats.py)
         self._client: Client | None = None
 
     @property
@@ -28,35 +30,42 @@ class Run:
 
     def emit(self, document, human: Callable[[], str] | str) -> None:
         """Print the API's document with --json, else the text for people."""
-        if self.as_json:
+        if self.fmt in ("yaml", "csv", "value") or (self.columns and self.as_json):
+            try:
+                click.echo(formats.render(document, "json" if self.as_json else self.fmt, self.columns))
+            except ValueError as e:
+                raise ClientError(str(e)) from None
+        elif self.as_json:
             click.echo(json.dumps(document, indent=1))
         else:
             text = human() if callable(human) else human
             if text:
-                click.echo(text)
+                # Names and messages come from other people: nothing in them drives the terminal.
+                click.echo(printable(text, keep="\n\t"))
 
     def progress(self, message: str) -> None:
         """Progress goes to stderr, so that stdout keeps one document."""
-        click.echo(message, err=True)
+        click.echo(printable(message), err=True)
 
 
-def fail(run: Run, message: str, *, status: int | None = None, code: int = 1):
+def fail(run: Run, message: str, *, status: int | None = None, code: int = 1, extra: dict | None = None):
     if run.as_json:
-        click.echo(json.dumps({"error": message, **({"status": status} if status else {})}))
-    click.echo(f"error: {message}", err=True)
+        click.echo(json.dumps({"error": message, **({"status": status} if status else {}), **(extra or {})}))
+    click.echo(f"error: {printable(message)}", err=True)
     sys.exit(code)
 
 
-def cloud_command(fn):
-    """Adds --json (also accepted before the command name) and turns every failure into one
-    line on stderr and a non-zero exit."""
+def cloud_command(fn=None, *, formats_options: bool = True):
+    """Adds --json (also accepted before the command name), and -f/-c unless told not to
+    (`server ssh` passes its own options on to ssh), and turns every failure into one line
+    on stderr and a non-zero exit."""
+    if fn is None:
+        return functools.partial(cloud_command, formats_options=formats_options)
 
-    @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
-    @click.pass_context
     @functools.wraps(fn)
-    def wrapper(click_ctx, as_json, *args, **kwargs):
+    def wrapper(click_ctx, as_json, *args, fmt="table", columns=(), **kwargs):
         root = click_ctx.find_root().obj or {}
-        run = Run(as_json or root.get("as_json", False), root.get("url"))
+        run = Run(as_json or root.get("as_json", False), root.get("url"), fmt, tuple(columns))
         try:
             return fn(run, *args, **kwargs)
         except ApiError as e:
@@ -66,7 +75,15 @@ def cloud_command(fn):
         except OSError as e:
             fail(run, f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
 
-    return wrapper
+    wrapper = click.pass_context(wrapper)
+    if formats_options:
+        wrapper = click.option("-c", "--column", "columns", multiple=True, metavar="FIELD",
+                               help="With -f: only this field of the API's document (repeatable).")(wrapper)
+        wrapper = click.option("-f", "--format", "fmt", type=click.Choice(formats.FORMATS), default="table",
+                               show_default=True,
+                               help="Output format: the API's document as json, yaml, csv or bare values.")(wrapper)
+    return click.option("--json", "as_json", is_flag=True, default=False,
+                        help="Print exactly one JSON document.")(wrapper)
 
 
 def confirm(run: Run, yes: bool, question: str) -> None:
@@ -79,28 +96,6 @@ def confirm(run: Run, yes: bool, question: str) -> None:
         fail(run, "not confirmed", code=1)
 
 
-def table(rows: Iterable, columns: list[tuple[str, Callable]]) -> str:
-    """Aligned columns with a header line; an empty list says so."""
-    cells = [[h for h, _ in columns]]
-    for row in rows:
-        cells.append(["-" if (v := get(row)) is None or v == "" else str(v) for _, get in columns])
-    if len(cells) == 1:
-        return "(none)"
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
-
-
-def fields(pairs: list[tuple[str, object]]) -> str:
-    """One object as `name: value` lines."""
-    width = max(len(k) for k, _ in pairs)
-    shown = []
-    for k, v in pairs:
-        if isinstance(v, (list, tuple)):
-            v = ", ".join(map(str, v)) or "-"
-        shown.append(f"{k + ':':<{width + 1}} {'-' if v is None or v == '' else v}")
-    return "\n".join(shown)
-
-
 def read_secret(prompt: str) -> str:
     """A secret: prompted without echo on a terminal, else the first line of stdin."""
     if sys.stdin.isatty():
@@ -109,6 +104,18 @@ def read_secret(prompt: str) -> str:
     if not line:
         raise ClientError(f"{prompt.lower()}: none given on stdin")
     return line
+
+
+# The service's password rule, told before a new password is asked for.
+PASSWORD_RULE = "A password is 14 to 24 characters long and mixes at least two of: letters, digits, punctuation."
+
+
+def read_new_password(prompt: str) -> str:
+    """A new password: on a terminal the rule first, then asked twice; else stdin's first line."""
+    if sys.stdin.isatty():
+        click.echo(PASSWORD_RULE, err=True)
+        return click.prompt(prompt, hide_input=True, confirmation_prompt="Repeat the password", err=True)
+    return read_secret(prompt)
 
 
 # -- commands of one shape, made once ----------------------------------------------------

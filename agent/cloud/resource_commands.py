@@ -45,6 +45,16 @@ def volume_create(run: Run, size, name):
     run.emit(v.raw, lambda: _volume_fields(v))
 
 
+list_command(volume, "list", fetch=lambda c: c.list_volumes(), columns=[
+    ("ID", lambda v: v.id), ("NAME", lambda v: v.name), ("SIZE-GB", lambda v: v.size),
+    ("MOUNT-POINT", lambda v: v.mount_point), ("OWNER", lambda v: v.owner), ("CREATED", lambda v: v.created)],
+    help="""
+    List the volumes you see (yours, and your managed users').
+
+    Example: cloud volume list --json
+    """)
+
+
 @volume.command("show")
 @click.argument("volume_id", required=False)
 @cloud_command

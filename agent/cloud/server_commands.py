@@ -11,7 +11,8 @@ import click
 
 from agent.cloud import names
 from agent.cloud.output import Run, cloud_command, fail, fields, members_command, show_command, table
-from agent.cloud.waiting import POLL_SECONDS, wait_for_guest
+from agent.cloud.tables import console_text
+from agent.cloud.waiting import POLL_SECONDS, NoGuestHere, WaitTimeout, wait_for_guest
 from common.client import ApiError, Client, ClientError, Server
 
 WAIT_SECONDS = 900
@@ -25,17 +26,22 @@ def server():
     """
 
 
-def _table(servers: list[Server]) -> str:
+def _table(client: Client, servers: list[Server]) -> str:
+    label = names.Labels(client)
     return table(servers, [("ID", lambda s: s.id), ("HOSTNAME", lambda s: s.hostname),
-                           ("STATUS", lambda s: s.status), ("PRIVATE-IP", lambda s: s.private_ip),
-                           ("PUBLIC-IP", lambda s: s.public_ip), ("CREATED", lambda s: s.created)])
+                           ("STATUS", lambda s: s.status), ("OWNER", lambda s: label.user(s.owner)),
+                           ("IMAGE", lambda s: label.image(s.image)), ("FLAVOR", lambda s: label.flavor(s.flavor)),
+                           ("PRIVATE-IP", lambda s: s.private_ip), ("PUBLIC-IP", lambda s: s.public_ip),
+                           ("CREATED", lambda s: s.created)])
 
 
 def _details(client: Client, s: Server) -> str:
     usernames = names.usernames_by_account(client)
+    label = names.Labels(client)
     return fields([("id", s.id), ("hostname", s.hostname), ("status", s.status), ("private-ip", s.private_ip),
-                   ("public-ip", s.public_ip), ("owner", s.owner), ("image", s.image), ("flavor", s.flavor),
-                   ("users", [usernames.get(u, u) for u in s.users]), ("created", s.created)])
+                   ("public-ip", s.public_ip), ("owner", label.user(s.owner)), ("image", label.image(s.image)),
+                   ("flavor", label.flavor(s.flavor)), ("users", [usernames.get(u, u) for u in s.users]),
+                   ("created", s.created)])
 
 
 def ssh_argv(client: Client, s: Server, command: tuple[str, ...] = ()) -> list[str]:
@@ -88,13 +94,35 @@ def create(run: Run, image, flavor, users, wait, run_ssh, timeout):
         fail(run, _refusal(client, e), status=e.status)
     if wait or run_ssh:
         run.progress(f"created {made.hostname} ({made.id})")
-        made = wait_for_guest(client, made, timeout=timeout, progress=run.progress)
+        try:
+            made = _waited(run, made, timeout)
+        except NoGuestHere as e:
+            run.emit(e.server.raw, lambda: _details(client, e.server))
+            return
         argv = ssh_argv(client, made)
         if run_ssh:
             os.execvp(argv[0], argv)
         run.emit(made.raw, lambda: _details(client, made) + "\n\n" + " ".join(argv))
         return
     run.emit(made.raw, lambda: _details(client, made))
+
+
+def _waited(run: Run, s: Server, timeout: int) -> Server:
+    """wait_for_guest with what a person needs at its ends: the sandbox's note, a timeout's
+    id and status under --json, and on Ctrl-C that the server keeps running."""
+    name = s.hostname or s.id
+    try:
+        return wait_for_guest(run.client, s, timeout=timeout, progress=run.progress)
+    except NoGuestHere:
+        run.progress(f"note: {name} is running on the sandbox, where guests do not boot (libvirt's test "
+                     "driver): stopped waiting at `running`")
+        raise
+    except WaitTimeout as e:
+        fail(run, e.message, extra={"id": e.server.id, "status": e.server.status})
+    except KeyboardInterrupt:
+        run.progress(f"\ninterrupted: stopped waiting; server {name} ({s.id}) keeps running; "
+                     f"`cloud server delete {name}` deletes it")
+        sys.exit(130)
 
 
 @server.command("list")
@@ -107,7 +135,7 @@ def list_(run: Run, owner):
     """
     owner_id = names.user(run.client, owner).id if owner else None
     servers = run.client.list_servers(owner=owner_id)
-    run.emit([s.raw for s in servers], lambda: _table(servers))
+    run.emit([s.raw for s in servers], lambda: _table(run.client, servers))
 
 
 show_command(server, resolve=names.server, render=_details, help="""
@@ -140,7 +168,10 @@ def _power(what: str, method: str, done: str):
         s = names.server(run.client, name)
         changed = getattr(run.client, method)(s.id)
         if wait:
-            changed = wait_for_guest(run.client, changed, timeout=timeout, progress=run.progress)
+            try:
+                changed = _waited(run, changed, timeout)
+            except NoGuestHere as e:
+                changed = e.server
         run.emit(changed.raw, f"{done} {changed.hostname or changed.id}: {changed.status}")
 
     power.help = inspect.cleandoc(f"""{what.capitalize()} a server.
@@ -180,7 +211,7 @@ _users("set", "replace", "Make these the server's only users")
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--print", "print_only", is_flag=True, help="Print the ssh line instead of running it.")
-@cloud_command
+@cloud_command(formats_options=False)
 def ssh(run: Run, name, command, print_only):
     """Log in to a server as yourself (ssh USERNAME@PRIVATE-IP), or run a command there.
 
@@ -200,18 +231,27 @@ def ssh(run: Run, name, command, print_only):
 @click.option("--bytes", "size", type=click.IntRange(1, 1048576), default=None,
               help="How much of the end to show (default 64 KiB).")
 @click.option("--follow", is_flag=True, help="Keep printing new output until interrupted or the server is gone.")
+@click.option("--raw", is_flag=True,
+              help="Write the guest's text as it is, control sequences too (by default they are shown escaped).")
 @cloud_command
-def console(run: Run, name, size, follow):
+def console(run: Run, name, size, follow, raw):
     """Show a server's serial console since its last start, and whether it has finished booting.
+
+    The guest writes this text: control characters and escape sequences in it are shown
+    as `\\x1b`-style escapes, so that they cannot drive your terminal; --raw writes them.
 
     Example: cloud server console vm-1a2b3c4d --follow
     """
     s = names.server(run.client, name)
     got = run.client.console(s.id, size=size)
-    if run.as_json or not follow:
-        run.emit(got.raw, lambda: got.text.rstrip("\n") + f"\n-- ready: {'yes' if got.ready else 'no'}")
+    shown = (lambda text: text) if raw else console_text
+    if raw and not run.as_json and not follow:
+        sys.stdout.write(got.text.rstrip("\n") + f"\n-- ready: {'yes' if got.ready else 'no'}\n")
         return
-    sys.stdout.write(got.text)
+    if run.as_json or not follow:
+        run.emit(got.raw, lambda: shown(got.text).rstrip("\n") + f"\n-- ready: {'yes' if got.ready else 'no'}")
+        return
+    sys.stdout.write(shown(got.text))
     sys.stdout.flush()
     seen = got.text
     try:
@@ -224,7 +264,7 @@ def console(run: Run, name, size, follow):
                     run.progress(f"server {s.hostname or s.id} is gone")
                     return
                 raise
-            sys.stdout.write(_new_part(seen, now))
+            sys.stdout.write(shown(_new_part(seen, now)))
             sys.stdout.flush()
             seen = now
     except KeyboardInterrupt:
@@ -250,7 +290,8 @@ def actions(run: Run, name):
     """
     server_id = name.lower() if names.is_uuid(name) else names.server(run.client, name).id
     done = run.client.server_actions(server_id)
+    label = names.Labels(run.client)
     run.emit([a.raw for a in done], lambda: table(done, [
         ("TIME", lambda a: a.time), ("ACTION", lambda a: a.action), ("RESULT", lambda a: a.result),
-        ("REQUESTER", lambda a: a.requester or "(administrator)"), ("REQUEST-ID", lambda a: a.request_id),
+        ("REQUESTER", lambda a: label.user(a.requester) or "(administrator)"), ("REQUEST-ID", lambda a: a.request_id),
         ("MESSAGE", lambda a: a.message)]))

@@ -46,15 +46,49 @@ def console_ready(client: Client, server_id: str) -> bool | None:
         raise
 
 
+# The first words of the console of a guest on libvirt's test driver (the sandbox), where
+# no guest boots: waiting for SSH there would only run into the timeout.
+SANDBOX_CONSOLE = "cloud-controller sandbox:"
+
+
+class NoGuestHere(Exception):
+    """The server runs on the sandbox's test driver: it is `running`, and no guest boots."""
+
+    def __init__(self, server: Server):
+        super().__init__("sandbox")
+        self.server = server
+
+
+class WaitTimeout(ClientError):
+    """--wait's bound ended: the message, and the server's id and last status (for --json)."""
+
+    def __init__(self, message: str, server: Server):
+        super().__init__(message)
+        self.server = server
+
+
+def _on_sandbox(client: Client, server_id: str) -> bool:
+    try:
+        return client.console(server_id, size=256).text.startswith(SANDBOX_CONSOLE)
+    except ApiError:
+        return False
+
+
 def wait_for_guest(client: Client, server: Server, *, timeout: float,
                    progress: Callable[[str], None]) -> Server:
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     said = None
+    asked_sandbox = False
     while True:
         server = client.get_server(server.id)
         address = server.private_ip
         if server.status in FAILED:
             raise ClientError(f"server {server.id} is in status {server.status}")
+        if server.status == "running" and not asked_sandbox:
+            asked_sandbox = True  # once: a real guest's console never starts so
+            if _on_sandbox(client, server.id):
+                raise NoGuestHere(server)
         if server.status == "running" and address:
             reach = ssh_answers(address)
             ready = console_ready(client, server.id) if reach is not False else False
@@ -72,9 +106,9 @@ def wait_for_guest(client: Client, server: Server, *, timeout: float,
         else:
             state = server.status
         if state != said:
-            progress(f"waiting for {server.hostname or server.id}: {state}")
+            progress(f"waiting for {server.hostname or server.id}: {state} ({time.monotonic() - started:.0f} s)")
             said = state
         if time.monotonic() + POLL_SECONDS > deadline:
-            raise ClientError(f"server {server.id} did not take SSH logins within {timeout:g} s "
-                              f"(last: {state}); see `cloud server console {server.hostname or server.id}`")
+            raise WaitTimeout(f"server {server.id} did not take SSH logins within {timeout:g} s "
+                              f"(last: {state}); see `cloud server console {server.hostname or server.id}`", server)
         time.sleep(POLL_SECONDS)
