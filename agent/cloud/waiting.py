@@ -67,9 +67,13 @@ class WaitTimeout(ClientError):
         self.server = server
 
 
+# The start of a console is enough to tell the sandbox's note from a guest's output.
+SANDBOX_PROBE_BYTES = 256
+
+
 def _on_sandbox(client: Client, server_id: str) -> bool:
     try:
-        return client.console(server_id, size=256).text.startswith(SANDBOX_CONSOLE)
+        return client.console(server_id, size=SANDBOX_PROBE_BYTES).text.startswith(SANDBOX_CONSOLE)
     except ApiError:
         return False
 
