@@ -11,6 +11,7 @@ the CSRF checks, before any page resource runs.
   not the session's (the login form has no session yet; the header checks apply to it).
 """
 
+from datetime import datetime, timezone
 from urllib.parse import quote
 
 import falcon
@@ -46,7 +47,9 @@ def set_session_cookie(resp, session_id: str) -> None:
 
 
 def clear_session_cookie(resp) -> None:
-    resp.unset_cookie(COOKIE, path="/", same_site="Strict")
+    # A browser takes a __Host- cookie, even one that deletes it, only when it is Secure with Path=/.
+    resp.set_cookie(COOKIE, "", path="/", secure=True, http_only=True, same_site="Strict",
+                    expires=datetime(1970, 1, 1, tzinfo=timezone.utc))
 
 
 class PortalGuard:

@@ -103,6 +103,8 @@ def shots(tmp_path):
 
 def test_a_users_journey_in_chromium(portal, shots):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.expected_conditions import staleness_of
+    from selenium.webdriver.support.ui import WebDriverWait
 
     base = portal["base"]
     driver = _browser()
@@ -125,7 +127,14 @@ def test_a_users_journey_in_chromium(portal, shots):
             box.send_keys(value)
         target = driver.find_element(By.XPATH, f"//main//button[normalize-space()='{button}']") if button else \
             driver.find_element(By.CSS_SELECTOR, f"{form} button[type=submit]")
-        target.click()
+        click(target)
+
+    def click(element):
+        """Click, then wait for the page it leads to (the POST, its 303 and the GET) to load."""
+        old = driver.find_element(By.TAG_NAME, "html")
+        element.click()
+        WebDriverWait(driver, 30).until(staleness_of(old))
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
     def text() -> str:
         return driver.find_element(By.TAG_NAME, "main").text
@@ -157,7 +166,7 @@ def test_a_users_journey_in_chromium(portal, shots):
         assert requests.post(base + "/v1/auth/token", timeout=10,
                              json={"api_key": key, "api_secret": old_secret}).status_code == 200
         fill({"password": PASSWORD})
-        assert driver.current_url == base + "/portal/credentials/new"
+        assert driver.current_url == base + "/portal/credentials/new", text()
         secret = driver.find_element(By.CSS_SELECTOR, "code.secret").text
         settle("05-new-secret")
         assert requests.post(base + "/v1/auth/token", timeout=10,
@@ -201,7 +210,7 @@ def test_a_users_journey_in_chromium(portal, shots):
               "password_again": "Dan-pass-2026xx"}, "Create the user")
         assert "dan@example.org" in text()
         settle("12-users")
-        driver.find_element(By.LINK_TEXT, "dan@example.org").click()
+        click(driver.find_element(By.LINK_TEXT, "dan@example.org"))
         fill({"name": "Daniel"}, "Save")
         assert "Daniel" in text()
 
@@ -210,6 +219,7 @@ def test_a_users_journey_in_chromium(portal, shots):
         forger = Forger(server_url + "/delete", {"csrf": "x"})
         try:
             driver.get(forger.url)
+            WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/portal/"))
             settle(None)
             assert "Not allowed" in driver.find_element(By.TAG_NAME, "h1").text
             settle("13-forged-refused")
@@ -220,6 +230,7 @@ def test_a_users_journey_in_chromium(portal, shots):
         forger = Forger(base + "/portal/credentials/rotate", {"password": PASSWORD})
         try:
             driver.get(forger.url)
+            WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/portal/"))
             settle(None)
             assert "Not allowed" in driver.find_element(By.TAG_NAME, "h1").text
         finally:
@@ -236,7 +247,7 @@ def test_a_users_journey_in_chromium(portal, shots):
 
         # Log out; the old cookie replayed opens nothing.
         old_cookie = driver.get_cookie(COOKIE)["value"]
-        driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+        click(driver.find_element(By.CSS_SELECTOR, "form.logout button"))
         assert driver.current_url == base + "/portal/login"
         assert driver.get_cookie(COOKIE) is None
         settle(None)
