@@ -367,6 +367,10 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     conn.execute("DROP TABLE instance_actions")  # migration 15's
     conn.execute("ALTER TABLE audit DROP COLUMN request_id")
     conn.execute("DROP TABLE moves")  # migration 16's (host drain)
+    for index in ("hosts_host_uuid", "hosts_pool_uuid"):  # _M_HOST_IDENTITY's
+        conn.execute(f"DROP INDEX {index}")
+    conn.execute("ALTER TABLE hosts DROP COLUMN host_uuid")
+    conn.execute("ALTER TABLE hosts DROP COLUMN pool_uuid")
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
     listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
