@@ -35,7 +35,9 @@ def host_add(opts: Options, name, uri, storage_pool, network, insecure):
     """Add a hypervisor host: connects to it, checks its pool and network and reads its CPUs and memory.
     An unreachable URI is refused, and so is an unencrypted or unverified transport (qemu+tcp://
     without auth=sasl, ext, no_verify=1, known_hosts_verify=auto|ignore, a weak tls_priority)
-    unless --insecure. Images reach the host on first use there.
+    unless --insecure. One libvirt is one host: another record of a libvirt already added (the
+    same URI again, or another URI for it: told by its host UUID or its pool's UUID) is
+    refused. Images reach the host on first use there.
 
     \b
     Examples:
@@ -137,8 +139,9 @@ def host_drain(opts: Options, name, abandon):
     disabled first, then each instance is shut down (ACPI, then powered off after [hosts]
     shutdown_wait_seconds), its disk copied and its domain defined on the new host with the
     same id, hostname, addresses and users, and started there if it ran. Refused when the
-    host does not answer (a dead host is evacuated) and when the others lack room (nothing
-    changes). Running it again finishes a drain cut short. Exit 0 only when the host holds
+    host does not answer (a dead host is evacuated), when another record reaches the same
+    libvirt or it now reaches another libvirt than when it was added, and when the others
+    lack room (nothing changes). Running it again finishes a drain cut short. Exit 0 only when the host holds
     no instance afterwards; `host enable NAME` takes it back after the maintenance.
 
     With --abandon, the moves a drain cut short are given up instead (their target died):

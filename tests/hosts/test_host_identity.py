@@ -86,8 +86,8 @@ def test_reconcile_never_removes_as_stale_a_domain_the_row_places_on_a_second_re
     disks = with_disks(cluster, made)
     _duplicate_of_node_a(cctx, cluster)
     drift = reconcile(cctx, fix=True)
-    duplicates = [d for d in drift if d["kind"] == "host-duplicate"]
-    assert sorted(d["target"] for d in duplicates) == sorted(made)
+    doubled = [d for d in drift if d["kind"] == "host-duplicate"]
+    assert sorted(d["target"] for d in doubled) == sorted(made)
     assert not [d for d in drift if d["kind"] == "domain-stale"]
     assert {i: cluster["node-a"].disk_content.get(i) for i in made} == disks
     assert set(made) <= set(cluster["node-a"].instances)

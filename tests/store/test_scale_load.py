@@ -368,6 +368,11 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     conn.execute("ALTER TABLE audit DROP COLUMN request_id")
     conn.execute("DROP TABLE moves")  # migration 16's (host drain)
     conn.execute("DROP TABLE instance_claims")  # _M_INSTANCE_CLAIMS (one claim per instance)
+    for index in ("hosts_host_uuid", "hosts_pool_uuid"):  # _M_HOST_IDENTITY's
+        conn.execute(f"DROP INDEX {index}")
+    conn.execute("ALTER TABLE hosts DROP COLUMN host_uuid")
+    conn.execute("ALTER TABLE hosts DROP COLUMN pool_uuid")
+    conn.execute("DROP TABLE portal_sessions")  # _M_PORTAL_SESSIONS (the cloud portal)
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
     listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
