@@ -309,18 +309,27 @@ def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> str 
     """Carry out the task; its history message, None when it changed nothing (not recorded)."""
     require_mutate(ctx, requester, row, "this server-instance")
     what = task["what"]
-    # One claim per instance (instance_claims.py), taken first: a second power task, or a
-    # change of users during one (a clean shutdown may take minutes), is refused at once
-    # (409) rather than waiting it out, in this process or another.
-    with instance_claims.held(ctx, row["id"], what, refresh=lambda: refresh_guest(ctx, row["id"])), \
-            host_changes(ctx), one_at_a_time("instance", row["id"]):
-        _refuse_while_moving(ctx, row)
-        if what == "modify-users":
+    instance_id = row["id"]
+
+    def refresh() -> None:  # user changes that came while the claim was held
+        refresh_guest(ctx, instance_id)
+
+    if what == "modify-users":
+        # Quick: changes of one instance's users in this process wait their turn (one_at_a_time)
+        # and then take the instance's claim, which is refused (409) during a power task or a
+        # move, in this process or another, rather than waiting a guest's shutdown out.
+        with host_changes(ctx), one_at_a_time("instance", row["id"]), \
+                instance_claims.held(ctx, row["id"], what, refresh=refresh):
+            _refuse_while_moving(ctx, row)
             # Read again under the lock: another modify-users may just have changed the list.
             row = instance_row(ctx, requester, row["id"])
             return "" if _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"]) else None
+    # A power task may wait minutes for the guest's clean shutdown: the claim, taken first and
+    # alone (no in-process lock held meanwhile), makes a second task or a change of users 409
+    # at once (instance_claims.py).
+    with instance_claims.held(ctx, row["id"], what, refresh=refresh), host_changes(ctx):
+        _refuse_while_moving(ctx, row)
         return power_tasks.run(ctx, row, what)
-
 
 def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uuids: list[str]) -> bool:
     """Change the instance's users; False when the list stays as it was."""

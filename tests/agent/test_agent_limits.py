@@ -85,7 +85,7 @@ def test_private_flavor_add_and_grant(sandbox, api, bob):
     assert sandbox.rows("SELECT * FROM flavor_access") == [{"flavor_id": int(out["id"]), "user_id": bob}]
     public = sandbox.ok("flavor", "add", "--name", "small", "--memory", "512", "--disk", "2", "--vcpu", "1")
     assert "is public" in sandbox.error("flavor", "grant", public["id"], BOB_EMAIL)
-    assert "not found" in sandbox.error("flavor", "grant", "77", BOB_EMAIL)
+    assert "no server-flavor with id or name '77'" in sandbox.error("flavor", "grant", "77", BOB_EMAIL)
     assert len(sandbox.rows("SELECT * FROM flavor_access")) == 1
 
 
@@ -96,7 +96,7 @@ def test_flavor_grant_takes_ascii_digits_only(sandbox, bob):
                      "--private")
     assert out["id"] == "1"
     for value in ("\u00b9", "\u0661", "\uff11", "1" * 5000):
-        assert "not found" in sandbox.error("flavor", "grant", value, BOB_EMAIL)
+        assert "no server-flavor with id or name" in sandbox.error("flavor", "grant", value, BOB_EMAIL)
     assert sandbox.rows("SELECT * FROM flavor_access") == []
 
 
