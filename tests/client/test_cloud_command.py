@@ -438,8 +438,8 @@ def test_server_actions_shows_the_history_the_api_answers(svc, alice, carol):
     table = alice.ok("server", "actions", sid[:8]).splitlines()
     assert table[0].split() == ["TIME", "ACTION", "RESULT", "REQUESTER", "REQUEST-ID", "MESSAGE"]
     assert [row.split()[1:5] for row in table[1:3]] == [
-        ["create", "success", svc.users["alice"]["id"], mine[0]["request-id"]],
-        ["power-off", "success", svc.users["alice"]["id"], "cli-stop-1"]]
+        ["create", "success", "alice@example.org", mine[0]["request-id"]],  # the requester by email
+        ["power-off", "success", "alice@example.org", "cli-stop-1"]]
     not_found = svc.api("carol", "GET", f"/v1/server-instance/{sid}/actions")
     assert not_found.status_code == 404 and carol.error("server", "actions", sid) == not_found.json()["msg"]
     alice.ok("server", "delete", host)
