@@ -9,6 +9,7 @@ from agent.common import (Options, command_options, confirm, emit, fail, require
 from controller import guests, limits, lookups, users
 from controller.permissions import ROLES, SUPERUSER
 from controller.rules import PASSWORD_RULE
+from host_adapters import factory
 
 
 @click.group("user")
@@ -240,9 +241,10 @@ def user_apply(opts: Options, email, userid, yes):
     """
     require_one_user(email, userid)
     ctx = opts.context(adapters=True)
-    if ctx.adapters.hypervisor_in_process:
-        # libvirt's test driver keeps the sandbox's guests inside the server process: this
-        # process sees none of them, and would report each as failed.
+    if factory.is_in_process_test_driver(ctx.config.libvirt.uri):
+        # libvirt's test driver in the server process (the sandbox profile) keeps its guests
+        # there: this process sees none of them, and would report each as failed. (A test
+        # driver served by a libvirtd is shared by every process that connects to it.)
         fail(opts, "sandbox profile: the guests live in the server process, which this command cannot reach; "
                    "a guest takes a user's changes at its next start (`cloud server stop` and `start`)")
     # Listed and asked before the user is reserved, so a prompt left open holds no reservation.

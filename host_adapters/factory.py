@@ -149,6 +149,12 @@ def is_test_driver(uri: str) -> bool:
     return scheme == "test" or scheme.startswith("test+")
 
 
+def is_in_process_test_driver(uri: str) -> bool:
+    """libvirt's test driver inside this process (`test:///default`, the sandbox profile): its
+    domains are this process's alone, unseen by any other."""
+    return uri.split(":", 1)[0] == "test"
+
+
 def is_local_qemu(uri: str) -> bool:
     """A QEMU libvirt URI served on this machine (`qemu:///system`, `qemu+unix:///system`)."""
     from urllib.parse import urlsplit
