@@ -7,11 +7,18 @@
 # With --against REF it compares this checkout with commit REF instead, in one run
 # (scripts/bench/compare.py: reads interleaved against the bare app, one create and a
 # burst of creates on a private real libvirtd; about 15 minutes).
+# With --portal it measures the cloud portal instead (scripts/bench/portal.py: its pages for
+# a user with 50 instances and the login to the overview, one client; about a minute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
 # Bounded: a hung server or client ends the run.
 for arg in "$@"; do
+  if [ "$arg" = "--portal" ]; then
+    rest=()
+    for a in "$@"; do [ "$a" = "--portal" ] || rest+=("$a"); done
+    exec timeout 900 "${PYTHON:-.venv/bin/python}" scripts/bench/portal.py "${rest[@]}"
+  fi
   if [ "$arg" = "--against" ] || [[ "$arg" == --against=* ]]; then
     exec timeout 2700 "${PYTHON:-.venv/bin/python}" scripts/bench/compare.py "$@"
   fi

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""The cloud portal's benchmark: `bash scripts/bench.sh --portal` (docs/performance.md, "Portal").
+
+Targets (issue 26): a portal page for a user with 50 instances answers with p95 < 150 ms
+in the sandbox; logging in to the overview takes p95 < 400 ms.
+
+In a temporary state folder: `cloud-agent init --sandbox` (libvirt's test driver in the
+server process, as the sandbox runs it), `cloud-agent sandbox load` (by default 1,000
+users, 10 owners with 50 instances of their own and 5 managed users each, 1,000 instances,
+100 groups), then `cloud-agent serve` on a free loopback port. Or --url takes a running
+sandbox and --email/--password (from `sandbox load`) name the user to log in as.
+
+Measured with one client over loopback, one request at a time (a person's browser, not a
+crowd): after --warmup requests per page, --requests GETs of each page of the portal for
+the owner (the overview, the servers list, one server's page, the volume, the groups, the
+managed users), then --logins times the journey GET /portal/login, POST /portal/login
+(email, password; the answer is a 303 with the session cookie), GET of the overview it
+points to. Each login hashes the password with argon2, which dominates the journey.
+Every count and wait is bounded; --max-seconds ends the measuring early (the rows say how
+many were made). Prints one table and writes it as JSON (portal-results.json in the state
+folder, or --json-out), with the machine's load average before and after.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+from run import AGENT, REPO, agent, free_port, http, stop, wait_ready
+
+COOKIE = "__Host-cc_portal"
+PAGE_TARGET_MS = 150.0
+LOGIN_TARGET_MS = 400.0
+_CSRF = re.compile(r'name="csrf" value="([^"]*)"')
+
+
+def percentile(sorted_ms: list[float], p: float) -> float:
+    """Nearest rank: the smallest value with at least p% of the values at or below it."""
+    if not sorted_ms:
+        return float("nan")
+    rank = max(1, -(-len(sorted_ms) * p // 100))
+    return sorted_ms[int(rank) - 1]
+
+
+def summary(name: str, times_s: list[float], target_ms: float, **extra) -> dict:
+    ms = sorted(t * 1000 for t in times_s)
+    row = {"name": name, "count": len(ms), "p50_ms": round(percentile(ms, 50), 2),
+           "p95_ms": round(percentile(ms, 95), 2), "p99_ms": round(percentile(ms, 99), 2),
+           "max_ms": round(ms[-1], 2) if ms else None, "target_p95_ms": target_ms, **extra}
+    row["met"] = bool(ms) and row["p95_ms"] < target_ms
+    return row
+
+
+class Browser:
+    """One browser over loopback: a kept connection and the session cookie. The cookie is
+    Secure (a __Host- cookie), which a cookie jar keeps off plain http, so it is sent by hand."""
+
+    def __init__(self, base: str):
+        self.base = base.rstrip("/")
+        self.http = requests.Session()
+        self.cookie: str | None = None
+
+    def request(self, method: str, path: str, **kw) -> requests.Response:
+        headers = {"Cookie": f"{COOKIE}={self.cookie}"} if self.cookie else {}
+        r = self.http.request(method, self.base + path, headers=headers, allow_redirects=False, timeout=30, **kw)
+        self.http.cookies.clear()
+        return r
+
+    def get(self, path: str, want: int = 200) -> requests.Response:
+        r = self.request("GET", path)
+        if r.status_code != want:
+            sys.exit(f"bench: GET {path} answered {r.status_code}, not {want}:\n{r.text[:500]}")
+        return r
+
+    def login(self, email: str, password: str) -> str:
+        """The journey: the login page, its form posted, the page the 303 names. Returns that path."""
+        self.cookie = None
+        form = self.get("/portal/login")
+        fields = {"email": email, "password": password, "next": ""}
+        found = _CSRF.search(form.text)
+        if found:
+            fields["csrf"] = found[1]
+        r = self.request("POST", "/portal/login", data=fields)
+        if r.status_code != 303 or COOKIE not in r.cookies:
+            sys.exit(f"bench: the login answered {r.status_code} without a session:\n{r.text[:500]}")
+        self.cookie = r.cookies[COOKIE]
+        target = r.headers["Location"]
+        self.get(target)
+        return target
+
+    def logout(self) -> None:
+        page = self.get("/portal/")
+        found = _CSRF.search(page.text)
+        r = self.request("POST", "/portal/logout", data={"csrf": found[1] if found else ""})
+        if r.status_code != 303:
+            sys.exit(f"bench: the logout answered {r.status_code}")
+        self.cookie = None
+
+
+def measure(browser: Browser, *, pages: dict[str, str], email: str, password: str, requests_per_page: int,
+            warmup: int, logins: int, max_seconds: float) -> list[dict]:
+    deadline = time.monotonic() + max_seconds
+    browser.login(email, password)
+    rows = []
+    for name, path in pages.items():
+        for _ in range(warmup):
+            browser.get(path)
+        times = []
+        for _ in range(requests_per_page):
+            if time.monotonic() > deadline:
+                break
+            t = time.perf_counter()
+            r = browser.get(path)
+            times.append(time.perf_counter() - t)
+        rows.append(summary(name, times, PAGE_TARGET_MS, path=path, bytes=len(r.content)))
+        print(f"bench: {name}: p95 {rows[-1]['p95_ms']} ms", file=sys.stderr)
+    browser.logout()
+    times = []
+    for _ in range(logins):
+        if time.monotonic() > deadline:
+            break
+        t = time.perf_counter()
+        browser.login(email, password)
+        times.append(time.perf_counter() - t)
+        browser.logout()  # not timed: keeps one live session, as a person logging in again would
+    rows.append(summary("login to overview", times, LOGIN_TARGET_MS, path="/portal/login"))
+    print(f"bench: login to overview: p95 {rows[-1]['p95_ms']} ms", file=sys.stderr)
+    return rows
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=None, help="a running sandbox's base URL (loopback); default: start one")
+    parser.add_argument("--email", default=None, help="with --url: the user to log in as")
+    parser.add_argument("--password", default=None, help="with --url: that user's password")
+    parser.add_argument("--server-id", default=None, help="with --url: the instance whose page is measured")
+    parser.add_argument("--requests", type=int, default=200, help="GETs per page (1-2000)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed GETs per page first (0-200)")
+    parser.add_argument("--logins", type=int, default=50, help="login journeys (1-500)")
+    parser.add_argument("--max-seconds", type=float, default=300, help="ends the measuring early (10-1800)")
+    parser.add_argument("--users", type=int, default=1_000)
+    parser.add_argument("--owners", type=int, default=10)
+    parser.add_argument("--owner-instances", type=int, default=50)
+    parser.add_argument("--managed-per-owner", type=int, default=5)
+    parser.add_argument("--instances", type=int, default=1_000)
+    parser.add_argument("--groups", type=int, default=100)
+    parser.add_argument("--json-out", default=None, help="also write the results here")
+    parser.add_argument("--keep", action="store_true", help="keep the state folder")
+    args = parser.parse_args()
+    count = min(max(args.requests, 1), 2000)
+    warmup = min(max(args.warmup, 0), 200)
+    logins = min(max(args.logins, 1), 500)
+    max_seconds = min(max(args.max_seconds, 10), 1800)
+
+    state = server = None
+    load = None
+    load_before = os.getloadavg()
+    uptime_before = uptime()
+    try:
+        if args.url:
+            if not (args.email and args.password):
+                sys.exit("bench: --url needs --email and --password")
+            if not re.match(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?/?$", args.url):
+                sys.exit("bench: --url must be a loopback http:// origin")
+            base, email, password, server_id = args.url, args.email, args.password, args.server_id
+        else:
+            state = Path(tempfile.mkdtemp(prefix="cc-bench-portal-")).resolve()
+            config = str(state / "controller.ini")
+            agent(config, "init", "--sandbox", str(state))
+            started = time.monotonic()
+            load = agent(config, "sandbox", "load", "--users", str(args.users), "--owners", str(args.owners),
+                         "--managed-per-owner", str(args.managed_per_owner), "--instances", str(args.instances),
+                         "--owner-instances", str(args.owner_instances), "--groups", str(args.groups))
+            load["seconds"] = round(time.monotonic() - started, 1)
+            port = free_port()
+            log = open(state / "serve.log", "w")
+            server = subprocess.Popen([*AGENT, "--config", config, "serve", "--port", str(port)], cwd=REPO,
+                                      stdout=log, stderr=subprocess.STDOUT)
+            wait_ready(port, "/healthz", server, 600)
+            base = f"http://127.0.0.1:{port}"
+            owner = load["sample"]["owner"]
+            email, password = owner["email"], load["password"]
+            token = http(port, "POST", "/v1/auth/token",
+                         {"api_key": owner["api_key"], "api_secret": owner["api_secret"]})["data"]["token"]
+            rows = http(port, "GET", "/v1/server-instance",
+                        headers={"X-Auth-Token": token, "X-Auth-Cloudauth-Id": owner["userid"]})["data"]
+            own = [i for i in rows if i["cloudauth-id"] == owner["userid"]]
+            load["owner_sees_instances"], load["owner_owns_instances"] = len(rows), len(own)
+            server_id = own[0]["id"]
+        browser = Browser(base)
+        if not server_id:  # --url without --server-id: the first one the servers page links to
+            browser.login(email, password)
+            linked = re.findall(r'href="/portal/servers/([0-9a-zA-Z-]+)"', browser.get("/portal/servers").text)
+            server_id = next((i for i in linked if i != "new"), None)
+            browser.logout()
+        pages = {"overview": "/portal/", "servers list": "/portal/servers", "volume": "/portal/volume",
+                 "groups": "/portal/groups", "managed users": "/portal/users"}
+        if server_id:
+            pages = {**dict(list(pages.items())[:2]), "one server": f"/portal/servers/{server_id}",
+                     **dict(list(pages.items())[2:])}
+        results = measure(browser, pages=pages, email=email, password=password, requests_per_page=count,
+                          warmup=warmup, logins=logins, max_seconds=max_seconds)
+    finally:
+        stop(server)
+    load_after = os.getloadavg()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO,
+                            timeout=10).stdout.strip()
+    doc = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
+        "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
+                    "uptime_before": uptime_before, "uptime_after": uptime()},
+        "client": "one, sequential, loopback", "requests_per_page": count, "warmup_per_page": warmup,
+        "url": args.url, "sandbox_load": ({k: load[k] for k in ("users", "owners", "managed_users", "groups",
+                                                                  "instances", "owner_sees_instances",
+                                                                  "owner_owns_instances", "seconds")}
+                                          if load else None),
+        "results": results,
+    }
+    out = Path(args.json_out).resolve() if args.json_out else (state or Path.cwd()) / "portal-results.json"
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"{'portal':20} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} {'target':>8} {'met':>4}")
+    for r in results:
+        print(f"{r['name']:20} {r['count']:>5} {r['p50_ms']:>8.1f} {r['p95_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+              f"{r['max_ms']:>8.1f} {'< ' + str(int(r['target_p95_ms'])):>8} {'yes' if r['met'] else 'NO':>4}")
+    print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} ({os.cpu_count()} CPUs)")
+    if state is not None and not args.keep:
+        for child in state.iterdir():
+            if child != out:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
