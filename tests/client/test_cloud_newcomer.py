@@ -118,6 +118,16 @@ def test_group_names_complete_from_the_service(svc, alice):
         svc.api("alice", "DELETE", f"/v1/group/{made['group-id']}")
 
 
+def test_a_user_the_admin_creates_with_cloud_is_owned_by_the_admin(svc, admin):
+    # `cloud user create` makes "a user you own", a superuser's too (the service alone leaves
+    # a superuser's new user without an owner).
+    made = admin.ok("--json", "user", "create", "--email", "owned@example.org", stdin=PASSWORD + "\n")
+    admin_id = svc.users["admin"]["id"]
+    assert made["owner_userid"] == admin_id
+    seen = svc.api("admin", "GET", f"/v1/user/view/{made['id']}").json()["data"]["user"]
+    assert seen["owner_userid"] == admin_id
+
+
 def test_names_with_control_characters_are_refused_by_the_service(svc, tmp_path):
     svc.add_user("erin2", volume=False)
     r = svc.api("erin2", "POST", "/v1/storage-volume", json={
