@@ -39,8 +39,8 @@ PY
   mv "$ADMIN.tmp" "$ADMIN"
 fi
 
-.venv/bin/python - "$ADMIN" "$PORT" <<'PY'
-import json, sys
+.venv/bin/python - "$ADMIN" "$PORT" "$CONFIG" <<'PY'
+import json, os, shlex, sys
 a = json.load(open(sys.argv[1]))
 print("Sandbox admin (kept in %s):" % sys.argv[1])
 print("  email:      %s" % a["email"])
@@ -53,8 +53,10 @@ print("Cloud portal (log in with an email and password, such as the admin's abov
 print("  http://127.0.0.1:%s/portal/" % sys.argv[2])
 print()
 print("For the README walk-through, in another shell:")
-print("  export CC=http://127.0.0.1:%s CC_USERID=%s CC_API_KEY=%s CC_API_SECRET=%s" % (
-    sys.argv[2], a["userid"], a["api_key"], a["api_secret"]))
+# The config's absolute path: the walk-through's cloud-agent commands and paths follow it
+# whatever STATE_DIR was, from any folder.
+print("  export CC=http://127.0.0.1:%s CC_USERID=%s CC_API_KEY=%s CC_API_SECRET=%s CLOUD_CONTROLLER_CONFIG=%s" % (
+    sys.argv[2], a["userid"], a["api_key"], a["api_secret"], shlex.quote(os.path.abspath(sys.argv[3]))))
 print(flush=True)
 PY
 

@@ -81,10 +81,24 @@ def login(run: Run, url, api_key, email, keep, new_secret):
             run.progress("note: a new API secret was made to keep; the previous one no longer works "
                          "(`cloud credentials show` names the key)")
     where = settings.save(saved)
-    doc = {"url": url, "userid": token.userid, "expires_at": token.expires_at, "kept_secret": keep,
-           "config": str(where)}
-    run.emit(doc, f"logged in to {url} as {token.userid}; token until {token.expires_at}"
+    email, username = _who(session)
+    doc = {"url": url, "userid": token.userid, "email": email, "username": username,
+           "expires_at": token.expires_at, "kept_secret": keep, "config": str(where)}
+    known = ", ".join(x for x in (username, f"id {token.userid}") if x)
+    who = f"{email} ({known})" if email else token.userid
+    run.emit(doc, f"logged in to {url} as {who}; token until {token.expires_at}"
                   + ("; the API key and secret are kept to renew it" if keep else ""))
+
+
+def _who(session: Client) -> tuple[str | None, str | None]:
+    """Your email and first system username, read as `cloud whoami` reads them. The login has
+    already succeeded and been kept: a failed look-up leaves the line with the id alone rather
+    than failing the login."""
+    try:
+        me = session.me()
+    except ClientError:
+        return None, None
+    return me.email, (me.usernames[0] if me.usernames else None)
 
 
 @click.command("logout")

@@ -31,7 +31,7 @@ def cli(click_ctx, as_json, url):
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell):
     """Print the shell completion script for bash, zsh or fish; it completes commands,
-    options, and the names of your servers, images and flavors.
+    options, and the names of your servers, images, flavors and groups.
 
     \b
     Example: eval "$(cloud completion bash)"   (in ~/.bashrc; zsh: in ~/.zshrc)
@@ -61,11 +61,15 @@ def _flavors():
     return [(f.name, f"{f.vcpu} vCPU, {f.memory} MB") for f in settings.client().list_flavors()]
 
 
+def _groups():
+    return [(g.name, f"{len(g.members)} members") for g in settings.client().list_groups()]
+
+
 def _complete_names() -> None:
-    """Names a person types complete from the service: a server's NAME, an image's or a
-    flavor's NAME, and server create's --image and --flavor."""
+    """Names a person types complete from the service: a server's, an image's, a flavor's or a
+    group's NAME, and server create's --image and --flavor (not a NAME that `create` makes)."""
     kinds = {"server": conveniences.completer("server", _servers), "image": conveniences.completer("image", _images),
-             "flavor": conveniences.completer("flavor", _flavors)}
+             "flavor": conveniences.completer("flavor", _flavors), "group": conveniences.completer("group", _groups)}
     for group_name, complete in kinds.items():
         group = cli.commands[group_name]
         stack = list(group.commands.values())
@@ -73,6 +77,8 @@ def _complete_names() -> None:
             cmd = stack.pop()
             if isinstance(cmd, click.Group):
                 stack.extend(cmd.commands.values())
+                continue
+            if cmd.name == "create":
                 continue
             for param in cmd.params:
                 if isinstance(param, click.Argument) and param.name == "name":

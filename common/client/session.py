@@ -325,7 +325,11 @@ class Client:
 
     def create_user(self, *, email: str, password: str, name: str | None = None) -> User:
         """A user owned by the caller (it needs the create_user permission)."""
-        body = {"email": email, "password": password, **({"name": name} if name is not None else {})}
+        # The owner is named even though the service makes a non-superuser the owner by itself:
+        # a superuser's new user would otherwise have no owner at all.
+        self._ensure_token()
+        body = {"email": email, "password": password, "owner_userid": self.userid,
+                **({"name": name} if name is not None else {})}
         return self.get_user(self.call("POST", "/v1/user/create", json=body)["data"]["userid"])
 
     def update_user(self, userid: str, *, email: str | None = None, name: str | None = None,

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from controller.config import load_config
+from controller.write_mark import WriteMark
 from tests.fixtures.agent import agent_ok as agent
 from tests.fixtures.cloud import Cloud
 from tests.fixtures.server import sandbox_with_admin, served
@@ -114,6 +115,10 @@ def expire_tokens(svc, who: str) -> None:
     """Make every token of the user expired in the service's database (as time would)."""
     with sqlite3.connect(svc.database) as db:
         db.execute("UPDATE tokens SET expires_at = 0 WHERE user_id = ?", (svc.users[who]["id"],))
+    # A write outside the service does not change its write mark: change it as the service's own
+    # writes do, so that the service does not answer from a token it remembers (`cloud login`
+    # has just used the token).
+    WriteMark(svc.database).change()
 
 
 # -- login, logout, the config file, the environment -----------------------------------

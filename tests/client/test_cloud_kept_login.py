@@ -258,7 +258,11 @@ def test_a_busy_login_is_retried(cloud):
         kept = json.loads(cloud.file.read_text())
         assert kept["token"] == "fresh" and kept["email"] == "alice@example.org" and kept["source"] == "password"
         assert "Alice-pass-2026" not in cloud.file.read_text()
-        assert len(stub.requests) == 2
+        # Two logins, then the look-up of who logged in (which this stand-in does not answer:
+        # the login stands, named by its id alone).
+        assert [r[:2] for r in stub.requests] == [("POST", "/v1/auth/token")] * 2 + [
+            ("GET", f"/v1/user/view/{USERID}")]
+        assert (doc["email"], doc["username"]) == (None, None)
     finally:
         stub.close()
 

@@ -89,6 +89,45 @@ def test_tables_show_names_where_the_caller_knows_them(svc, alice):
         svc.api("alice", "DELETE", f"/v1/server-instance/{made['id']}")
 
 
+def test_logins_line_names_the_user_by_email_and_system_username(svc, tmp_path):
+    alice_id = svc.users["alice"]["id"]
+    line = Cloud(tmp_path / "a").ok("login", "--url", svc.base, "--email", "alice@example.org",
+                                    stdin=PASSWORD + "\n")
+    assert line.startswith(f"logged in to {svc.base} as alice@example.org (alice, id {alice_id}); token until ")
+    doc = Cloud(tmp_path / "b").ok("--json", "login", "--url", svc.base, "--email", "alice@example.org",
+                                   stdin=PASSWORD + "\n")
+    assert (doc["userid"], doc["email"], doc["username"]) == (alice_id, "alice@example.org", "alice")
+    # No system account: the email and the id.
+    nobody = svc.add_user("nobody", account=False, volume=False)
+    line = Cloud(tmp_path / "n").ok("login", "--url", svc.base, "--email", "nobody@example.org",
+                                    stdin=PASSWORD + "\n")
+    assert line.startswith(f"logged in to {svc.base} as nobody@example.org (id {nobody['id']}); token until ")
+
+
+def test_group_names_complete_from_the_service(svc, alice):
+    made = alice.ok("--json", "group", "create", "complab", "--member", "alice")
+    try:
+        for words, cword in (("cloud group show comp", "3"), ("cloud group add comp", "3")):
+            env = {"_CLOUD_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": cword}
+            proc = alice.run(env=env)
+            assert proc.returncode == 0 and proc.stdout.split() == ["plain,complab"], (words, proc.stdout)
+        # A name `group create` makes is new: nothing to complete.
+        env = {"_CLOUD_COMPLETE": "bash_complete", "COMP_WORDS": "cloud group create comp", "COMP_CWORD": "3"}
+        assert alice.run(env=env).stdout.split() == []
+    finally:
+        svc.api("alice", "DELETE", f"/v1/group/{made['group-id']}")
+
+
+def test_a_user_the_admin_creates_with_cloud_is_owned_by_the_admin(svc, admin):
+    # `cloud user create` makes "a user you own", a superuser's too (the service alone leaves
+    # a superuser's new user without an owner).
+    made = admin.ok("--json", "user", "create", "--email", "owned@example.org", stdin=PASSWORD + "\n")
+    admin_id = svc.users["admin"]["id"]
+    assert made["owner_userid"] == admin_id
+    seen = svc.api("admin", "GET", f"/v1/user/view/{made['id']}").json()["data"]["user"]
+    assert seen["owner_userid"] == admin_id
+
+
 def test_names_with_control_characters_are_refused_by_the_service(svc, tmp_path):
     svc.add_user("erin2", volume=False)
     r = svc.api("erin2", "POST", "/v1/storage-volume", json={
