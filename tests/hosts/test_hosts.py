@@ -9,6 +9,7 @@ status and what is stored and on which host it is.
 import json
 import os
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -586,6 +587,12 @@ def test_test_driver_hosts_have_their_own_capacity_and_take_instances(libvirt_cl
     for name, ids in by_host.items():
         hv = host_routing.hypervisor_of_host(ctx, name)
         assert hv.list_instances() == sorted(ids)  # the domains are on that host, not elsewhere
+        # Statuses are kept by libvirt's lifecycle events, which a loaded machine delivers
+        # late: an event from before a create (DEFINED) may land after the create's own
+        # update. They settle within a bounded wait.
+        deadline = time.monotonic() + 10
+        while hv.statuses() != {i: "running" for i in ids} and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert hv.statuses() == {i: "running" for i in ids}
         assert hv.list_base_images() == [body["server-image"]]  # reached it on first use
     assert ctx.adapters.hypervisor.list_instances() == []
