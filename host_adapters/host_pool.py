@@ -39,10 +39,18 @@ class _Health:
     def __init__(self, retry_seconds: float, clock: Callable[[], float]):
         self.retry_seconds, self.clock = retry_seconds, clock
         self._down: dict[str, tuple[float, str]] = {}
+        # When each host last answered a call. A call that began before that answer and
+        # then failed (a connect begun while libvirtd was still starting, which waits out
+        # connect_timeout) says nothing new: it must not put a host that answers since back
+        # into its back-off (faults (a): creates 503 for seconds after libvirtd came back).
+        self._answered_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def failed(self, name: str, why: str) -> None:
+    def failed(self, name: str, why: str, *, began: float | None = None) -> None:
+        """The host did not answer a call (begun at `began`, by this clock; None: now)."""
         with self._lock:
+            if began is not None and self._answered_at.get(name, float("-inf")) > began:
+                return
             self._down[name] = (self.clock(), why)
 
     def down(self) -> list[str]:
@@ -50,6 +58,8 @@ class _Health:
             return list(self._down)
 
     def answered(self, name: str) -> None:
+        # A dict store is atomic under the GIL: the common case (a host that is up) takes no lock.
+        self._answered_at[name] = self.clock()
         if name in self._down:
             with self._lock:
                 self._down.pop(name, None)
@@ -81,10 +91,11 @@ def _guarded(method: str):
         refusal = self._health.refusal(self.name)
         if refusal is not None:
             raise refusal
+        began = self._health.clock()
         try:
             result = getattr(self.inner, method)(*args, **kwargs)
         except HostUnreachable as e:
-            self._health.failed(self.name, e.message)
+            self._health.failed(self.name, e.message, began=began)
             raise
         self._health.answered(self.name)
         return result
