@@ -111,6 +111,11 @@ def _connection_lost(err) -> bool:
     )
 
 
+# A connection attempt that meets silence this long is joined by another (ConnectionPart._open).
+HEDGE_AFTER_SECONDS = 1.0
+OPEN_ATTEMPTS = 3
+
+
 class ConnectionPart:
     """The connection of LibvirtHypervisor (driver.py): one per adapter (libvirt connections
     are thread-safe), opened on first use and opened again, once per call, when it was lost."""
@@ -127,6 +132,11 @@ class ConnectionPart:
         lv = _libvirt()
         if not self.connect_timeout:
             return lv.open(self.uri)
+        # An attempt that meets silence is joined, after HEDGE_AFTER_SECONDS, by another
+        # (at most OPEN_ATTEMPTS in flight): one begun while libvirtd was starting again can
+        # wait the whole timeout though the daemon answers a second later, and every call to
+        # the host waits behind it (faults (a)). The first answer wins, success or error; the
+        # others are closed when they come. All within connect_timeout.
         outcome: dict = {}
         done = threading.Event()
         guard = threading.Lock()
@@ -135,24 +145,32 @@ class ConnectionPart:
             try:
                 conn = lv.open(self.uri)
             except lv.libvirtError as e:
-                outcome["error"] = e
-                conn = None
+                conn, error = None, e
+            else:
+                error = None
             with guard:
-                if outcome.get("abandoned"):
+                if done.is_set() or outcome.get("abandoned"):
                     if conn is not None:
                         conn.close()  # answered too late: nobody uses it
                     return
-                outcome["conn"] = conn
+                outcome["conn"], outcome["error"] = conn, error
                 done.set()
 
-        threading.Thread(target=attempt, name=f"libvirt-open {self.uri}", daemon=True).start()
-        done.wait(self.connect_timeout)
+        deadline = time.monotonic() + self.connect_timeout
+        for n in range(OPEN_ATTEMPTS):
+            threading.Thread(target=attempt, name=f"libvirt-open {self.uri} #{n + 1}", daemon=True).start()
+            left = deadline - time.monotonic()
+            wait = left if n == OPEN_ATTEMPTS - 1 else min(HEDGE_AFTER_SECONDS, left)
+            if done.wait(max(wait, 0)) or time.monotonic() >= deadline:
+                break
+        if not done.is_set():
+            done.wait(max(deadline - time.monotonic(), 0))
         with guard:
             if not done.is_set():
                 outcome["abandoned"] = True
                 raise HostUnreachable(f"cannot connect to libvirt at {self.uri}: "
                                       f"no answer within {self.connect_timeout:g} s")
-        if "error" in outcome:
+        if outcome["error"] is not None:
             raise outcome["error"]
         return outcome["conn"]
 

@@ -69,10 +69,19 @@ class _LiveStatuses:
 
     Events that come before the first full read are held and applied after it, in
     order: each is at least as new as what the read saw, so the end state is right.
+
+    The adapter's own changes are set at once (set()), read from the domain, and pinned:
+    events arrive late on a loaded host, and one from before the change (the STARTED of
+    an earlier power-on, the DEFINED of a create) would otherwise show an old status, or
+    bring a destroyed instance back, until the later events caught up. While pinned, an
+    event that disagrees with the pin is held rather than shown; the first event that
+    agrees (the change's own, events coming in order) ends the pin, and a pin that meets
+    no such event within PIN_SECONDS yields to what the events said meanwhile.
     """
 
     # Changes remembered for status_changes(); a caller further behind takes the whole map.
     JOURNAL_MAX = 4096
+    PIN_SECONDS = 10.0
 
     def __init__(self, conn, names: Names):
         self.conn, self._names = conn, names
@@ -84,6 +93,10 @@ class _LiveStatuses:
         self._base = 0
         # Whether the connection's close callback is ours, and whether it was called.
         self.watched = self.closed = False
+        # Our own changes (id -> (status, until)) and what disagreeing events said meanwhile.
+        self._pins: dict[str, tuple[str | None, float]] = {}
+        self._held: dict[str, str | None] = {}
+        self.clock = time.monotonic
 
     def start(self, statuses: dict[str, str]) -> None:
         with self._lock:
@@ -99,13 +112,42 @@ class _LiveStatuses:
         with self._lock:
             if self._statuses is None:
                 self._pending.append((instance_id, event, detail))
-            else:
-                self._apply(instance_id, status_of_event(event, detail, self._statuses.get(instance_id)))
+                return
+            new = status_of_event(event, detail, self._statuses.get(instance_id))
+            pin = self._pins.get(instance_id)
+            if pin is not None and pin[1] >= self.clock():
+                if event not in _telling_events():
+                    return  # it says nothing of its own (DEFINED, SHUTDOWN...): the pin stands
+                if new != pin[0]:
+                    self._held[instance_id] = new  # older than our change, or overtaken by it
+                    return
+                self._unpin(instance_id)  # our change's own event: events are current again
+            elif pin is not None:
+                self._expire_pin(instance_id)
+            self._apply(instance_id, new)
 
     def set(self, instance_id: str, status: str | None) -> None:
         with self._lock:
             if self._statuses is not None:
                 self._apply(instance_id, status)
+                self._pins[instance_id] = (status, self.clock() + self.PIN_SECONDS)
+                self._held.pop(instance_id, None)
+
+    def _unpin(self, instance_id: str) -> None:
+        self._pins.pop(instance_id, None)
+        self._held.pop(instance_id, None)
+
+    def _expire_pin(self, instance_id: str) -> None:
+        """A pin no event agreed with in time: what the events said meanwhile is shown."""
+        self._pins.pop(instance_id, None)
+        if instance_id in self._held:
+            self._apply(instance_id, self._held.pop(instance_id))
+
+    def _expire_pins(self) -> None:
+        # Called with the lock held, by every read while pins exist (rarely more than a few).
+        now = self.clock()
+        for instance_id in [i for i, (_, until) in self._pins.items() if until < now]:
+            self._expire_pin(instance_id)
 
     def _apply(self, instance_id: str, status: str | None) -> None:
         if status is None:
@@ -121,6 +163,8 @@ class _LiveStatuses:
     def changes(self, since: object | None) -> tuple[object, dict[str, str | None], bool]:
         """status_changes() of these statuses: a mark is (this object, change number)."""
         with self._lock:
+            if self._pins:
+                self._expire_pins()
             mark = (self, self._base + len(self._journal))
             if not (isinstance(since, tuple) and since[0] is self and since[1] >= self._base):
                 return mark, dict(self._statuses), True
@@ -128,11 +172,24 @@ class _LiveStatuses:
             return mark, {i: self._statuses.get(i) for i in changed}, False
 
     def get(self, instance_id: str) -> str:
+        if self._pins:  # the common case (no change of ours in the last seconds) takes no lock
+            with self._lock:
+                self._expire_pins()
         return self._statuses.get(instance_id, "error")
 
     def copy(self) -> dict[str, str]:
         with self._lock:
+            if self._pins:
+                self._expire_pins()
             return dict(self._statuses)
+
+
+def _telling_events() -> tuple[int, ...]:
+    """The lifecycle events that say what a domain's status is now (the others keep it)."""
+    lv = _libvirt()
+    return (lv.VIR_DOMAIN_EVENT_UNDEFINED, lv.VIR_DOMAIN_EVENT_STARTED, lv.VIR_DOMAIN_EVENT_RESUMED,
+            lv.VIR_DOMAIN_EVENT_SUSPENDED, lv.VIR_DOMAIN_EVENT_PMSUSPENDED, lv.VIR_DOMAIN_EVENT_CRASHED,
+            lv.VIR_DOMAIN_EVENT_STOPPED)
 
 
 def _on_lifecycle(_conn, dom, event, detail, live: _LiveStatuses) -> None:

@@ -771,3 +771,46 @@ def test_a_call_that_began_before_the_host_answered_again_does_not_put_it_back_i
     with pytest.raises(HostUnreachable):
         hv.host_capacity()
     assert not pool.reachable("default")
+
+
+def test_a_connect_begun_while_libvirtd_restarts_is_joined_by_another_that_answers(mocker):
+    """faults (a): an open begun while libvirtd was starting again waited the whole
+    connect_timeout in silence, though the daemon answered a moment later; every call to the
+    host waited behind it, and the host went back into its back-off. A second attempt after
+    a second of silence takes the answer."""
+    import libvirt
+
+    from host_adapters.libvirt import connection
+    from host_adapters.libvirt.driver import LibvirtHypervisor
+
+    class Conn:
+        closed = False
+
+        def setKeepAlive(self, *_):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    stuck, answered = threading.Event(), Conn()
+    late = Conn()
+    calls = []
+
+    def open_(uri):
+        calls.append(uri)
+        if len(calls) == 1:
+            stuck.wait(10)  # begun while the daemon restarted: silence
+            return late  # ... and it answers only after the other attempt won
+        return answered
+
+    mocker.patch.object(libvirt, "open", open_)
+    mocker.patch.object(connection, "_start_event_loop", lambda: None)
+    hv = LibvirtHypervisor("qemu+tcp://127.0.0.1:1/system", storage_pool="p", connect_timeout=5)
+    began = time.monotonic()
+    assert hv._connection() is answered
+    assert time.monotonic() - began < connection.HEDGE_AFTER_SECONDS + 1.5 and len(calls) == 2
+    stuck.set()
+    deadline = time.monotonic() + 5
+    while not late.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert late.closed  # the late answer is closed, not leaked

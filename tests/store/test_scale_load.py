@@ -503,6 +503,47 @@ def test_events_before_the_first_read_are_applied_after_it_in_order():
     assert live.get(iid) == "crashed" and live.get(gone) == "error"
 
 
+def test_our_own_change_is_not_undone_by_an_older_event_that_arrives_late():
+    """A loaded host delivers events late: the STARTED of an earlier power-on after our
+    power-off's own update, the DEFINED of a create after our destroy. They must not show
+    an old status (or a destroyed instance) until the later events catch up."""
+    import libvirt
+
+    from host_adapters.names import Names
+    from host_adapters.libvirt.statuses import _LiveStatuses
+
+    names = Names("cc-")
+    clock = [100.0]
+    live = _LiveStatuses(conn=None, names=names)
+    live.clock = lambda: clock[0]
+    a, b = "0d000000-0000-4000-8000-00000000000a", "0d000000-0000-4000-8000-00000000000b"
+    live.start({a: "running"})
+    ev = lambda iid, e, d=0: live.event(names.domain(iid), e, d)  # noqa: E731
+    live.set(a, "shutoff")  # our power-off, read from the domain
+    ev(a, libvirt.VIR_DOMAIN_EVENT_STARTED, libvirt.VIR_DOMAIN_EVENT_STARTED_BOOTED)  # an older one, late
+    assert live.get(a) == "shutoff" and live.copy()[a] == "shutoff"
+    ev(a, libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_DESTROYED)  # its own: the pin ends
+    ev(a, libvirt.VIR_DOMAIN_EVENT_STARTED, libvirt.VIR_DOMAIN_EVENT_STARTED_BOOTED)  # a new change, shown
+    assert live.get(a) == "running"
+    live.set(b, "running")  # our create
+    live.set(b, None)  # and our destroy
+    ev(b, libvirt.VIR_DOMAIN_EVENT_DEFINED)  # the create's events, late
+    ev(b, libvirt.VIR_DOMAIN_EVENT_STARTED, libvirt.VIR_DOMAIN_EVENT_STARTED_BOOTED)
+    assert b not in live.copy()
+    ev(b, libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_DESTROYED)
+    ev(b, libvirt.VIR_DOMAIN_EVENT_UNDEFINED)
+    assert b not in live.copy()
+    # A pin no event agrees with yields, after PIN_SECONDS, to what the events said.
+    live.set(a, "paused")
+    ev(a, libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STOPPED_CRASHED)
+    assert live.get(a) == "paused"
+    clock[0] += live.PIN_SECONDS + 1
+    assert live.get(a) == "crashed"
+    mark = live.changes(None)[0]
+    ev(a, libvirt.VIR_DOMAIN_EVENT_STARTED, libvirt.VIR_DOMAIN_EVENT_STARTED_BOOTED)
+    assert live.changes(mark)[1] == {a: "running"}
+
+
 def test_a_batch_makes_the_reservations_together_at_its_end(libvirt_test_driver):
     hv = libvirt_test_driver
     hv.ensure_network()
