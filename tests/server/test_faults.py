@@ -106,6 +106,9 @@ class Run:
     probes: list[Probe] = field(default_factory=list)
     fault_start: float = 0.0
     fault_end: float = 0.0
+    # When restore() returned: the part answers again (a libvirtd's start takes seconds,
+    # its QEMU probe included). The recovery grace counts from here, not from fault_end.
+    back_at: float = 0.0
     down: tuple[float, float] | None = None  # (d): from the kill until the new server answered
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -357,6 +360,7 @@ def run_mix(d: Deployment, clients, *, needs, fault, restore, ldap_writes=False,
         run.fault_end = time.monotonic()
         if restore is not None:
             restore(run)
+        run.back_at = time.monotonic()
         time.sleep(AFTER)
     return run
 
@@ -384,6 +388,7 @@ def figures(name: str, run: Run, reconciled: str) -> dict:
         "healthz_max_latency_s": round(max((p.latency for p in probes), default=0), 3),
         "healthz_probes": len(probes),
         "recovery_s": round(min(back), 1) if back else None,
+        "restart_s": round(run.back_at - run.fault_end, 1) if run.back_at else None,
         "reconcile": reconciled,
     }
 
@@ -424,7 +429,7 @@ def problems(run: Run, *, restored: bool, part: str) -> list[str]:
         if c.status != 503 and not _in_down(run, c.started, c.ended):
             out.append(f"needs {part} while it is down, so 503 expected: {_short(c)}")
     if restored:
-        after = [c for c in run.calls if c.needs and c.started >= run.fault_end + RECOVERY_GRACE]
+        after = [c for c in run.calls if c.needs and c.started >= max(run.fault_end, run.back_at) + RECOVERY_GRACE]
         if not after:
             out.append(f"nothing that needs {part} was asked after it came back")
         out += [f"needs {part}, which is back, yet failed: {_short(c)}" for c in after if not c.ok]
