@@ -311,7 +311,7 @@ def test_the_last_page_has_no_next_and_pages_stay_readable_after_the_delete(clie
 
 
 @pytest.mark.parametrize("before", [
-    "", "x!", "Zm9v", "A" * 41, history.cursor_of(1) + "=", "YmVmb3JlOjA", "YmVmb3JlOi0x", "YmVmb3JlOjEg",
+    "", "x!", "Zm9v", "A" * 41, "YmVmb3JlOjE=", "YmVmb3JlOjA", "YmVmb3JlOi0x", "YmVmb3JlOjEg",
     "YmVmb3JlOjEyMzQ1Njc4OTAxMjM0NTY3ODk", "%00", "before:1",
 ])
 def test_a_bad_cursor_is_400_in_the_envelope(client, people, made, before):
