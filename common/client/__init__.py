@@ -15,6 +15,6 @@ from common.client.models import (Action, ActionPage, Console, Flavor, Group, Im
 from common.client.session import Client
 
 __all__ = [
-    "Action", "ActionPage", "ApiError", "Client", "ClientError", "Console", "Flavor", "Group", "Image", "Limit", "Limits",
-    "LoginEnded", "Server", "Token", "Unreachable", "User", "Volume",
+    "Action", "ActionPage", "ApiError", "Client", "ClientError", "Console", "Flavor", "Group", "Image", "Limit",
+    "Limits", "LoginEnded", "Server", "Token", "Unreachable", "User", "Volume",
 ]
