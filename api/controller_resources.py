@@ -70,7 +70,14 @@ class InstanceConsole(_Resource):
 class InstanceActions(_Resource):
     def on_get(self, req, resp, id):
         limit = history.parse_limit(_query(req, "limit"))
-        ok_controller(resp, history.list_actions(self.ctx, req.context.requester, id, limit=limit))
+        before = history.parse_cursor(_query(req, "before"))
+        page = history.page_actions(self.ctx, req.context.requester, id, limit=limit, before=before)
+        if page.next_cursor is not None:
+            # The envelope has no place for it: the next page is a Link header (RFC 8288), a
+            # reference relative to this request's URL.
+            resp.append_link(f"/v1/server-instance/{page.instance_id}/actions?limit={limit}"
+                             f"&before={page.next_cursor}", "next")
+        stream_controller(resp, page.chunks)
 
 
 class ImageCollection(_Resource):

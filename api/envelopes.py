@@ -56,11 +56,17 @@ _OPENING, _CLOSING = '{"data": [', '], "msg": "", "success": true}'
 
 
 def _body(first: str, second: str, rest: Iterator[str]) -> Iterator[bytes]:
+    # No chunk is referenced here once its piece is made: while the next one is read, only
+    # the piece the server is sending is alive, so a long list holds a few chunks at most.
     try:
-        yield (_OPENING + first).encode()
-        yield ("," + second).encode()
+        piece, first = (_OPENING + first).encode(), None
+        yield piece
+        piece, second = ("," + second).encode(), None
+        yield piece
         for chunk in rest:
-            yield ("," + chunk).encode()
+            piece, chunk = ("," + chunk).encode(), None
+            yield piece
+            piece = None
         yield _CLOSING.encode()
     finally:
         _close(rest)  # the source's own clean-up, also when the client went away half way

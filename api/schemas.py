@@ -277,6 +277,9 @@ CONSOLE_BYTES = {"type": "integer", "minimum": 1, "maximum": 1024 * 1024, "defau
 # The history's `limit`: the most recent entries answered (controller/history.py).
 ACTIONS_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": MAX_LIMIT}
 
+# The history's `before`: a cursor an earlier answer gave, opaque (controller/history.py).
+ACTIONS_CURSOR = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,40}$"}
+
 # One entry of an instance's history (CONTRACT.md section 13; controller/history.py).
 ACTION_OBJECT = {
     "type": "object",
@@ -307,6 +310,20 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
         return o
 
     cloudauth_q = {"name": "cloudauth-id", "in": "query", "required": False, "schema": UUID}
+    actions_op = op(
+        "The instance's most recent `limit` actions (below the cursor `before`), oldest first (also after its "
+        "delete, for the audit retention). When older ones remain, the answer's `Link` header gives the next "
+        "page: `<...?limit=N&before=CURSOR>; rel=next`", ACTION_OBJECT,
+        params=[path("id"),
+                {"name": "limit", "in": "query", "required": False, "schema": ACTIONS_LIMIT,
+                 "description": f"entries per page, default {MAX_LIMIT}"},
+                {"name": "before", "in": "query", "required": False, "schema": ACTIONS_CURSOR,
+                 "description": "the cursor of the `Link: rel=next` of an earlier answer: the page of entries "
+                                "older than that answer's"}],
+        errs=(400, 401, 404))
+    actions_op["responses"]["200"]["headers"] = {"Link": {
+        "description": "`<reference>; rel=next` (RFC 8288), relative to the request's URL, when older entries "
+                       "remain", "schema": {"type": "string"}}}
     group_q = {"name": "group-name", "in": "query", "required": False, "schema": {"type": "string"}}
     id_p = [path("id")]
     return {
@@ -355,10 +372,5 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
             "get": op("A user's limits and what it holds now", LIMITS_OBJECT, params=[cloudauth_q],
                       errs=(400, 401, 404)),
         },
-        "/v1/server-instance/{id}/actions": {
-            "get": op("The instance's most recent `limit` actions, oldest first (also after its delete, for the "
-                      "audit retention)", ACTION_OBJECT,
-                      params=[*id_p, {"name": "limit", "in": "query", "required": False, "schema": ACTIONS_LIMIT}],
-                      errs=(400, 401, 404)),
-        },
+        "/v1/server-instance/{id}/actions": {"get": actions_op},
     }

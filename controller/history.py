@@ -12,11 +12,14 @@ whoever would see the instance by the visibility rule (the owner, the owner's ow
 superuser) still reads it, until the audit retention prunes it (audit.prune_before).
 """
 
+import base64
+import binascii
 import logging
 import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from controller import permissions as perms
 from controller import request_ids
@@ -101,6 +104,74 @@ def parse_limit(value: str | None) -> int:
     if not re.fullmatch(r"[0-9]{1,7}", value) or not 1 <= int(value) <= MAX_LIMIT:
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}")
     return int(value)
+
+
+# A cursor names the entry a page ended at, opaque to clients (they pass back what they were
+# given): base64url of "before:<id>". Its id is a position in the history's id order only; read
+# through the same visibility rule as the rest, so a made-up one shows nothing it should not.
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,40}")
+_CURSOR_TEXT = re.compile(r"before:([1-9][0-9]{0,17})")
+# Entries a chunk of a streamed page holds: a page is read and sent this many at a time (up to
+# about 110 KB of the longest entries; a page of 1,000 is ten chunks).
+PER_CHUNK = 100
+
+
+def cursor_of(entry_id: int) -> str:
+    """The cursor of the page that goes on below the entry `entry_id`."""
+    return base64.urlsafe_b64encode(f"before:{entry_id}".encode()).decode().rstrip("=")
+
+
+def parse_cursor(value: str | None) -> int | None:
+    """The `before` query parameter of the history: a cursor an earlier answer gave (its `next`
+    link), as the id the page goes on below; None when absent."""
+    if value is None:
+        return None
+    text = None
+    if _CURSOR.fullmatch(value):
+        try:
+            text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode("ascii")
+        except (binascii.Error, UnicodeDecodeError):
+            text = None
+    found = _CURSOR_TEXT.fullmatch(text or "")
+    if found is None:
+        raise InvalidInput("before must be a cursor an earlier answer gave (its Link: rel=\"next\")")
+    return int(found.group(1))
+
+
+@dataclass
+class ActionsPage:
+    """One page of an instance's history: `chunks`, its entries oldest first as JSON objects
+    joined by commas (read as they are sent), and `next_cursor`, the cursor of the page of
+    older entries (None: this page reaches the oldest kept)."""
+
+    instance_id: str
+    chunks: Iterator[str]
+    next_cursor: str | None
+
+
+def page_actions(ctx, requester: Requester, instance_id: str, *, limit: int = MAX_LIMIT,
+                 before: int | None = None) -> ActionsPage:
+    """The instance's `limit` most recent actions below the cursor `before` (parse_cursor; None:
+    the most recent of all), oldest first, for whoever sees the instance (while it lives or, by
+    its kept owner, after its delete); 404 otherwise. Where the page lies is found first (two
+    indexed statements); its entries are read a chunk at a time as the answer is sent."""
+    scope = perms.visible_to(requester)
+
+    def visible_page(parsed: str) -> ActionsPage | None:
+        bounds = ctx.store.instance_action_page(parsed, visible_to=scope, limit=limit, before=before)
+        if bounds is None:
+            # Nothing on this page: an empty history, or a cursor past its oldest entry, of an
+            # instance the requester sees (its row, or a kept entry after its delete); else
+            # 404 as for the instance.
+            seen = (ctx.store.get_instance(parsed, visible_to=scope) is not None
+                    or ctx.store.instance_action_page(parsed, visible_to=scope, limit=1) is not None)
+            return ActionsPage(parsed, iter(()), None) if seen else None
+        first, last, older = bounds
+        chunks = ctx.store.iter_instance_actions_json(parsed, visible_to=scope, first=first, last=last,
+                                                      per_chunk=PER_CHUNK)
+        return ActionsPage(parsed, chunks, cursor_of(first) if older else None)
+
+    return find_or_404("server-instance", instance_id, visible_page)
 
 
 def list_actions(ctx, requester: Requester, instance_id: str, *, limit: int = MAX_LIMIT) -> list[dict]:

@@ -85,6 +85,10 @@ _INSTANCE_JSON = """printf(
     iif(coalesce(public_ip, '') = '', '', ',"public-ip":' || json_quote(public_ip)),
     iif(coalesce(private_ip, '') = '', '', ',"private-ip":' || json_quote(private_ip)))"""
 
+# One entry of an instance's history as its API object (controller/history.py), encoded by SQLite.
+_ACTION_JSON = """json_object('action', action, 'requester', requester, 'request-id', request_id,
+    'result', result, 'message', message, 'time', at_utc)"""
+
 # The two forms a GET uses, made once: with the stored status, or with a status given.
 _INSTANCE_JSON_STORED = _INSTANCE_JSON.format(status="status")
 _INSTANCE_JSON_GIVEN = _INSTANCE_JSON.format(status="?")
@@ -1389,6 +1393,49 @@ class Store:
         where, params = self._where(visible_to, instance_id=instance_id)
         return self._all(f"SELECT * FROM (SELECT * FROM instance_actions WHERE {where} ORDER BY id DESC LIMIT ?) "
                          "ORDER BY id", (*params, limit))
+
+    def instance_action_page(self, instance_id: str, *, visible_to: str | None, limit: int,
+                             before: int | None = None) -> tuple[int, int, bool] | None:
+        """Where one page of the history lies: the ids of its oldest and newest entries, the
+        instance's `limit` most recent with an id below `before` (all: None), and whether older
+        ones remain; None when there is none. Keyed on the id (AUTOINCREMENT: never reused, a
+        new entry's is above all others), so entries written meanwhile never shift a page."""
+        where, params = self._where(visible_to, instance_id=instance_id)
+        below, below_params = ("", []) if before is None else (" AND id < ?", [before])
+        count, first, last = self.conn.execute(
+            f"""SELECT count(*), min(id), max(id) FROM (SELECT id FROM instance_actions
+                WHERE {where}{below} ORDER BY id DESC LIMIT ?)""", [*params, *below_params, limit]).fetchone()
+        if not count:
+            return None
+        older = self.conn.execute(f"SELECT 1 FROM instance_actions WHERE {where} AND id < ? LIMIT 1",
+                                  [*params, first]).fetchone() is not None
+        return first, last, older
+
+    def iter_instance_actions_json(self, instance_id: str, *, visible_to: str | None, first: int, last: int,
+                                   per_chunk: int = 200) -> Iterator[str]:
+        """The instance's entries with ids from `first` to `last` (instance_action_page), oldest
+        first, as history objects encoded by SQLite: chunks of up to per_chunk JSON objects
+        joined by commas. As iter_instance_json, each chunk is read by its own statement, ended
+        before it is yielded: a page is never held whole, and a client that stops reading holds
+        no transaction. An entry pruned meanwhile is left out; none is listed twice."""
+        where, params = self._where(visible_to, instance_id=instance_id)
+
+        def chunks() -> Iterator[str]:
+            after = first - 1
+            while True:
+                # The objects are concatenated in the order the subquery gives them.
+                count, upto, text = self.conn.execute(
+                    f"""SELECT count(*), max(id), group_concat(obj, ',') FROM (
+                            SELECT id, {_ACTION_JSON} AS obj FROM instance_actions
+                            WHERE {where} AND id > ? AND id <= ? ORDER BY id LIMIT ?)""",
+                    [*params, after, last, per_chunk]).fetchone()
+                if text:
+                    yield text
+                if count < per_chunk:
+                    return
+                after = upto
+
+        return chunks()
 
     def delete_instance_actions_before(self, before: str, *, batch: int = 10_000) -> int:
         return self._delete_before("instance_actions", before, batch)

@@ -280,18 +280,33 @@ def _new_part(seen: str, now: str) -> str:
 
 @server.command("actions")
 @click.argument("name")
+@click.option("--limit", type=click.IntRange(min=1),
+              help="The most recent N entries: a page (the service's default and largest: 1000).")
+@click.option("--marker", metavar="CURSOR", help="The page of entries older than an earlier page, by the cursor "
+                                                  "that page named.")
+@click.option("--all", "all_pages", is_flag=True, help="Every kept entry: the pages followed to the oldest.")
 @cloud_command
-def actions(run: Run, name):
+def actions(run: Run, name, limit, marker, all_pages):
     """Show what was done to a server, oldest first: by whom, under which request id, with what result.
 
     A deleted server's history stays readable for the audit retention: name it by its full id.
+    The most recent page is shown; when older entries remain, stderr names the --marker of
+    the next page (--all shows them all).
 
     Example: cloud server actions vm-1a2b3c4d --json
+    Example: cloud server actions vm-1a2b3c4d --limit 50 --all
     """
     server_id = name.lower() if names.is_uuid(name) else names.server(run.client, name).id
-    done = run.client.server_actions(server_id)
+    if all_pages:
+        done, older = run.client.server_actions(server_id, limit=limit, before=marker, all_pages=True), None
+    else:
+        page = run.client.server_actions_page(server_id, limit=limit, before=marker)
+        done, older = page.actions, page.next_cursor
     label = names.Labels(run.client)
     run.emit([a.raw for a in done], lambda: table(done, [
         ("TIME", lambda a: a.time), ("ACTION", lambda a: a.action), ("RESULT", lambda a: a.result),
         ("REQUESTER", lambda a: label.user(a.requester) or "(administrator)"), ("REQUEST-ID", lambda a: a.request_id),
         ("MESSAGE", lambda a: a.message)]))
+    if older is not None:
+        # On stderr: stdout keeps the one document --json promises.
+        run.progress(f"older entries remain: cloud server actions {server_id} --marker {older} (or --all)")

@@ -155,3 +155,12 @@ class Action(_Model):
     result: str = _api("result")
     message: str = _api("message")
     time: str = _api("time")
+
+
+@dataclass(frozen=True)
+class ActionPage:
+    """One page of a server's history: its entries oldest first, and the cursor of the page of
+    older ones (the answer's `Link: rel=next`; None when none remain)."""
+
+    actions: list[Action]
+    next_cursor: str | None

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import requests
 
 from common.client.errors import ApiError, ClientError, LoginEnded, Unreachable
-from common.client.models import Action, Console, Flavor, Group, Image, Limits, Server, Token, User, Volume
+from common.client.models import (Action, ActionPage, Console, Flavor, Group, Image, Limits, Server, Token, User,
+                                  Volume)
 from common.client.urls import check_url, describe
 
 DEFAULT_TIMEOUT = 60.0
@@ -62,6 +63,13 @@ def _retry_after(value: str | None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return max(0.0, when.timestamp() - time.time())
+
+
+def _next_cursor(resp: requests.Response) -> str | None:
+    """The `before` of the answer's `Link: <...>; rel=next`, if any."""
+    link = resp.links.get("next", {}).get("url", "")
+    found = parse_qs(urlsplit(link).query).get("before")
+    return found[0] if found else None
 
 
 class Client:
@@ -191,6 +199,11 @@ class Client:
         """One authenticated call; the answer's envelope (ApiError on an error). With renew=False
         a 401 is the call's own answer (a wrong proof), never a reason to log in again.
         `timeout`: this call's wait for the answer, if not the client's."""
+        return self._checked(self._answer(method, path, params=params, json=json, renew=renew, timeout=timeout))
+
+    def _answer(self, method: str, path: str, *, params=None, json=None, renew: bool = True,
+                timeout: float | None = None) -> requests.Response:
+        """call()'s answer itself, unchecked (for its headers)."""
         self._ensure_token()
         sent = self.token
         resp = self._send(method, path, params=params, json=json, headers=self._auth(), timeout=timeout)
@@ -201,7 +214,7 @@ class Client:
                 if self.token == sent:  # another thread may have renewed it already
                     self._renew()
             resp = self._send(method, path, params=params, json=json, headers=self._auth(), timeout=timeout)
-        return self._checked(resp)
+        return resp
 
     def _auth(self) -> dict:
         return {"X-Auth-Token": self.token, "X-Auth-Cloudauth-Id": self.userid}
@@ -255,10 +268,32 @@ class Client:
         params = {"bytes": size} if size is not None else None
         return self._one("GET", f"/v1/server-instance/{_seg(server_id)}/console", Console, params=params)
 
-    def server_actions(self, server_id: str) -> list[Action]:
+    def server_actions(self, server_id: str, *, limit: int | None = None, before: str | None = None,
+                       all_pages: bool = False) -> list[Action]:
         """What was done to a server, oldest first: by whom, under which request id, with what
-        result (CONTRACT.md section 13); also for a deleted server, for the audit retention."""
-        return self._items("GET", f"/v1/server-instance/{_seg(server_id)}/actions", Action)
+        result (CONTRACT.md section 13); also for a deleted server, for the audit retention.
+        The most recent `limit` entries (the service's default page: 1,000) older than the
+        cursor `before` (None: of all), or with all_pages every kept entry from there on back,
+        the cursor of each page followed (server_actions_page)."""
+        page = self.server_actions_page(server_id, limit=limit, before=before)
+        pages, seen = [page.actions], set()
+        # A page that is empty or a cursor given twice ends it too: never a loop on an odd answer.
+        while all_pages and page.next_cursor is not None and page.actions and page.next_cursor not in seen:
+            seen.add(page.next_cursor)
+            page = self.server_actions_page(server_id, limit=limit, before=page.next_cursor)
+            pages.append(page.actions)
+        return [a for p in reversed(pages) for a in p]
+
+    def server_actions_page(self, server_id: str, *, limit: int | None = None,
+                            before: str | None = None) -> ActionPage:
+        """One page of a server's history: its `limit` most recent entries older than the cursor
+        `before` (None: the most recent of all), oldest first, and the cursor of the next page
+        of older ones, read from the answer's `Link: rel=next`. Only the cursor is taken from
+        the link: the request goes to this client's URL, whatever host the link might name."""
+        params = {k: v for k, v in (("limit", limit), ("before", before)) if v is not None}
+        resp = self._answer("GET", f"/v1/server-instance/{_seg(server_id)}/actions", params=params or None)
+        actions = [Action.from_api(d) for d in self._checked(resp)["data"]]
+        return ActionPage(actions, _next_cursor(resp))
 
     # -- images and flavors ----------------------------------------------------------
     def list_images(self) -> list[Image]:

@@ -227,3 +227,139 @@ def test_the_audit_retention_has_a_finite_default(cctx):
     from controller.config import config_from_dict, sandbox_values
 
     assert 0 < config_from_dict(sandbox_values("/tmp/unused")).audit.retention_days <= 400
+
+
+# -- pages of the history: a cursor, streamed (issue 27, item 5) ----------------------------------
+
+
+def _write_entries(cctx, instance: dict, count: int, prefix: str, *, message: str = "") -> None:
+    """`count` entries written as the service writes them, untrimmed (the pages do not depend on
+    the per-instance bound): request ids prefix-0, prefix-1, ..."""
+    for n in range(count):
+        cctx.store.insert_instance_action({
+            "instance_id": instance["id"], "owner_id": instance["cloudauth-id"], "action": "reboot",
+            "requester": None, "request_id": f"{prefix}-{n}", "result": "success", "message": message,
+            "at_utc": "2026-11-27T10:00:00Z"})
+
+
+def _next_page(r, instance_id: str) -> tuple[str, str] | None:
+    """The answer's Link rel=next as (limit, before), None without one."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from requests.utils import parse_header_links
+
+    link = r.headers.get("link")
+    if link is None:
+        return None
+    [found] = parse_header_links(link)
+    assert found["rel"] == "next", link
+    url = urlsplit(found["url"])
+    assert url.path == f"/v1/server-instance/{instance_id}/actions" and not url.netloc, link
+    query = parse_qs(url.query, strict_parsing=True)
+    assert set(query) == {"limit", "before"}, link
+    return query["limit"][0], query["before"][0]
+
+
+def test_pages_follow_the_cursor_over_2500_entries_each_once_in_order_while_more_are_written(
+        client, cctx, people, made, monkeypatch):
+    owner = people["owner"]
+    monkeypatch.setattr(history, "KEPT_PER_INSTANCE", 10_000)  # the tasks below trim nothing
+    _write_entries(cctx, made, 2500, "old")
+    expected = ["create-1"] + [f"old-{n}" for n in range(2500)]
+    path = f"/v1/server-instance/{made['id']}/actions"
+    r = client.simulate_get(path, headers=owner.headers)  # the default page is the largest: 1000
+    pages, written = [], []
+    while True:
+        pages.append([a["request-id"] for a in ok(r)])
+        following = _next_page(r, made["id"])
+        if following is None:
+            break
+        # Entries written between two pages are newer than any page still to come: they
+        # never shift one (the cursor is the entry's id, not an offset).
+        what = ("power-off", "power-on")[len(written) % 2]
+        ok(task(client, owner, made["id"], what, f"new-{len(written)}"))
+        written.append(f"new-{len(written)}")
+        limit, before = following
+        assert limit == "1000"
+        r = client.simulate_get(path, headers=owner.headers, params={"limit": limit, "before": before})
+    assert [len(p) for p in pages] == [1000, 1000, 501]
+    assert [rid for page in reversed(pages) for rid in page] == expected  # each once, oldest first
+    assert written == ["new-0", "new-1"]
+    latest = client.simulate_get(path, headers=owner.headers, params={"limit": "1000"})
+    assert [a["request-id"] for a in ok(latest)] == expected[-998:] + written
+    assert _next_page(latest, made["id"]) is not None
+
+
+def test_the_last_page_has_no_next_and_pages_stay_readable_after_the_delete(client, cctx, people, made):
+    owner, stranger = people["owner"], people["stranger"]
+    _write_entries(cctx, made, 8, "e")  # ten entries with the create and the delete: two pages of five
+    ok(client.simulate_delete(f"/v1/server-instance/{made['id']}", headers={**owner.headers, "X-Request-Id": "del"}))
+    path = f"/v1/server-instance/{made['id']}/actions"
+    first = client.simulate_get(path, headers=owner.headers, params={"limit": "5"})
+    assert [a["request-id"] for a in ok(first)] == ["e-4", "e-5", "e-6", "e-7", "del"]
+    limit, before = _next_page(first, made["id"])
+    second = client.simulate_get(path, headers=owner.headers, params={"limit": limit, "before": before})
+    assert [a["request-id"] for a in ok(second)] == ["create-1", "e-0", "e-1", "e-2", "e-3"]
+    assert _next_page(second, made["id"]) is None
+    # A cursor below the oldest entry: an empty page of a history one sees; nothing of one
+    # one does not see.
+    oldest = history.cursor_of(1)
+    third = client.simulate_get(path, headers=owner.headers, params={"before": oldest})
+    assert ok(third) == [] and _next_page(third, made["id"]) is None
+    err(client.simulate_get(path, headers=stranger.headers, params={"limit": limit, "before": before}), 404)
+    err(client.simulate_get(path, headers=stranger.headers, params={"before": oldest}), 404)
+
+
+@pytest.mark.parametrize("before", [
+    "", "x!", "Zm9v", "A" * 41, "YmVmb3JlOjE=", "YmVmb3JlOjA", "YmVmb3JlOi0x", "YmVmb3JlOjEg",
+    "YmVmb3JlOjEyMzQ1Njc4OTAxMjM0NTY3ODk", "%00", "before:1",
+])
+def test_a_bad_cursor_is_400_in_the_envelope(client, people, made, before):
+    # Not base64, not ours ("foo"), too long, padded, "before:0", "before:-1", "before:1 ",
+    # an id of 19 digits, a NUL, the text itself.
+    r = client.simulate_get(f"/v1/server-instance/{made['id']}/actions", headers=people["owner"].headers,
+                            query_string=f"before={before}")
+    assert "before must be a cursor an earlier answer gave" in err(r, 400)
+    r = client.simulate_get(f"/v1/server-instance/{made['id']}/actions", headers=people["owner"].headers,
+                            query_string=f"before={history.cursor_of(5)}&before={history.cursor_of(6)}")
+    assert "before may be given once" in err(r, 400)
+
+
+def test_a_page_is_read_and_sent_a_chunk_at_a_time(cctx, people, made):
+    """A full page of the longest entries (1000 of 1000-character messages, about 1.1 MB) is
+    streamed: the body comes in pieces of at most one chunk of entries each, and serving it
+    holds a few chunks of it in Python's memory, never the page."""
+    import json
+    import tracemalloc
+
+    from falcon import testing
+
+    from api.app import create_app
+
+    _write_entries(cctx, made, history.MAX_LIMIT, "long", message="m" * 1000)
+    app = create_app(cctx)
+    environ = testing.create_environ(path=f"/v1/server-instance/{made['id']}/actions",
+                                     headers=people["owner"].headers)
+    started = []
+    tracemalloc.start()
+    try:
+        pieces = app(environ, lambda status, headers, exc_info=None: started.append((status, dict(headers))))
+        sizes, total, tail = [], 0, b""
+        for piece in pieces:
+            sizes.append(len(piece))
+            total += len(piece)
+            tail = (tail + piece)[-200:]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    status, headers = started[0]
+    assert status.startswith("200") and "content-length" not in {k.lower() for k in headers}
+    entry = len(json.dumps({"action": "reboot", "requester": None, "request-id": "long-999", "result": "success",
+                            "message": "m" * 1000, "time": "2026-11-27T10:00:00Z"}, separators=(",", ":")))
+    chunk = history.PER_CHUNK * (entry + 1)  # one chunk of entries, with their commas
+    assert total > history.MAX_LIMIT * 1000 and tail.endswith(b'], "msg": "", "success": true}')
+    assert len(sizes) > history.MAX_LIMIT // history.PER_CHUNK and max(sizes) <= chunk + 20
+    # Two chunks read ahead, or one as text and as bytes while the last piece is sent (about
+    # four chunks): what the page's size does not change (ten chunks here; built whole, about
+    # three times the body).
+    assert total > 9 * chunk and peak < 5 * chunk, (peak, chunk, total)
