@@ -179,6 +179,17 @@ def emit(opts: Options, document, human: str | None = None) -> None:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
 
 
+def email_of(ctx: Context, user_ids) -> dict[str, str]:
+    """User id -> email, for the ids among `user_ids` that name a user: what a person reads in
+    place of an id (an owner, an actor); any other value is left out, to be shown as it is."""
+    found = {}
+    for user_id in set(user_ids) - {None, ""}:
+        row = ctx.store.get_user(user_id)
+        if row is not None:
+            found[user_id] = row["email"]
+    return found
+
+
 # -- commands that act on one user -------------------------------------------------
 def userid_option(fn):
     """--userid UUID: the user by id instead of by EMAIL."""

@@ -4,8 +4,8 @@ import sys
 
 import click
 
-from agent.common import (Options, command_options, confirm, emit, require_one_user, table, target_user,
-                          user_argument, yes_no)
+from agent.common import (Options, command_options, confirm, email_of, emit, require_one_user, table,
+                          target_user, user_argument, yes_no)
 from controller import accounts, images, instance_table, volumes
 from controller.users import account_object
 
@@ -112,7 +112,7 @@ def image_grant(opts: Options, image_id, email, userid):
     """
     with target_user(opts, email, userid) as user:
         obj = images.grant_image(opts.context(), image_id, user["id"])
-    emit(opts, obj, f"{user['email']} may use image {image_id}")
+    emit(opts, obj, f"{user['email']} may use image {obj['id']} ({obj['name']})")
 
 
 def _activation(active: bool):
@@ -120,7 +120,7 @@ def _activation(active: bool):
     @command_options
     def command(opts: Options, image_id):
         obj = images.set_image_active(opts.context(), image_id, active)
-        emit(opts, obj, f"image {image_id} {'active' if active else 'inactive'}")
+        emit(opts, obj, f"image {obj['id']} ({obj['name']}) {'active' if active else 'inactive'}")
 
     return command
 
@@ -217,7 +217,7 @@ def flavor_grant(opts: Options, flavor_id, email):
     Example: cloud-agent flavor grant 3 alice@example.org
     """
     obj = images.grant_flavor(opts.context(), flavor_id, email)
-    emit(opts, obj, f"{email} may use flavor {obj['id']}")
+    emit(opts, obj, f"{email} may use flavor {obj['id']} ({obj['name']})")
 
 
 @flavor.command("list")
@@ -303,8 +303,10 @@ def volume_resize(opts: Options, volume_id, size_gb):
 
     Example: cloud-agent volume resize 9b1e... 200
     """
-    obj = volumes.resize_volume(opts.context(adapters=True), volume_id, size_gb)
-    emit(opts, obj, f"volume {volume_id} is now {size_gb} GB")
+    ctx = opts.context(adapters=True)
+    obj = volumes.resize_volume(ctx, volume_id, size_gb)
+    owner = email_of(ctx, [obj["cloudauth-id"]]).get(obj["cloudauth-id"], obj["cloudauth-id"])
+    emit(opts, obj, f"volume {obj['volume-id']} of {owner} is now {size_gb} GB")
 
 
 def register(cli) -> None:

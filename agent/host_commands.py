@@ -1,4 +1,4 @@
-"""cloud-agent host: the hypervisor hosts instances are placed on (CONTRACT.md section 9)."""
+"""cloud-agent host: the hypervisor hosts instances are placed on."""
 
 import sys
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from agent.common import Options, command_options, emit, fail, status_line
+from agent.common import Options, command_options, email_of, emit, fail, status_line
 from controller import audit as audit_trail
 from controller.errors import InvalidInput
 from controller.rules import as_decimal
@@ -163,7 +163,8 @@ def audit(opts: Options, since, user, limit, prune, before):
             raise InvalidInput(f"no user with email {user}")
         actor = found["id"]
     entries = audit_trail.list_entries(ctx.store, since=_since(since), actor=actor, limit=limit)
-    lines = [f"{e['at_utc']} {e['actor']} {e['action']} {e['target']} -> {e['result']}"
+    emails = email_of(ctx, [e["actor"] for e in entries])  # an API user's rows name it by id
+    lines = [f"{e['at_utc']} {emails.get(e['actor'], e['actor'])} {e['action']} {e['target']} -> {e['result']}"
              + (f" ({e['detail']})" if e["detail"] else "") for e in entries]
     emit(opts, {"entries": entries}, "\n".join(lines) if lines else "no audit rows")
 

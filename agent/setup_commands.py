@@ -34,7 +34,7 @@ def _ensure_network(config) -> str:
 
 
 def _record_config_host(config, store) -> None:
-    """The config's [libvirt] uri is a hypervisor host from the start (CONTRACT.md section 9)."""
+    """The config's [libvirt] uri is a hypervisor host from the start: a single node needs no `host add`."""
     from host_adapters.factory import config_host
 
     spec = config_host(config)

@@ -4,8 +4,8 @@ import sys
 
 import click
 
-from agent.common import (Options, command_options, confirm, emit, fail, require_one_user, table, target_user,
-                          user_argument, userid_option, yes_no)
+from agent.common import (Options, command_options, confirm, email_of, emit, fail, require_one_user, table,
+                          target_user, user_argument, userid_option, yes_no)
 from controller import guests, limits, lookups, users
 from controller.permissions import ROLES, SUPERUSER
 from controller.rules import PASSWORD_RULE
@@ -82,8 +82,7 @@ def _role_command(grant: bool):
 def _cut_note(ctx, link: dict, changed: dict) -> str:
     """One line saying which ownership link a role change cut, and why."""
     def email(user_id: str) -> str:
-        found = ctx.store.get_user(user_id)
-        return found["email"] if found else user_id
+        return email_of(ctx, [user_id]).get(user_id, user_id)
 
     if link["user_id"] == changed["id"]:
         return (f"{changed['email']} is detached from its owner {email(link['owner_userid'])}, "
@@ -160,8 +159,10 @@ def user_list(opts: Options, active_only):
 
     Example: cloud-agent user list --json
     """
-    found = users.admin_list_users(opts.context(), include_inactive=not active_only)
-    emails = {u["id"]: u["email"] for u in found}
+    ctx = opts.context()
+    found = users.admin_list_users(ctx, include_inactive=not active_only)
+    # Owners by email, an inactive one too (left out of the rows with --active-only).
+    emails = email_of(ctx, [u.get("owner_userid") for u in found])
     emit(opts, {"users": found}, table(found, [
         ("ID", lambda u: u["id"]), ("EMAIL", lambda u: u["email"]), ("NAME", lambda u: u.get("name")),
         ("USERNAME", lambda u: ",".join(a["username"] for a in u.get("system_accounts") or [])),

@@ -1,9 +1,10 @@
 """Which request gets a server thread now (issue 16, finding 4).
 
-Creates are synchronous (CONTRACT.md): a create holds its request thread for
-the seconds libvirt, the disk and the seed take, and so do deletes, power
-tasks, volume and group changes and account locks. With one pool of threads a
-burst of them took every thread and a `GET /v1/server-flavor` waited 24 s. So
+Creates are synchronous (the 201 comes once the guest is defined and started):
+a create holds its request thread for the seconds libvirt, the disk and the
+seed take, and so do deletes, power tasks, volume and group changes and
+account locks. With one pool of threads a burst of them took every thread and
+a `GET /v1/server-flavor` waited 24 s. So
 `serve` runs `threads + host_workers + host_queue` threads and this
 middleware shares them out:
 

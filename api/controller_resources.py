@@ -4,7 +4,7 @@ from api import schemas
 from api.envelopes import controller_body, ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
-from controller import console, groups, history, images, instances, limits, volumes
+from controller import console, groups, history, images, instance_table, instances, limits, volumes
 from controller.context import Context
 from controller.errors import InvalidInput
 
@@ -78,6 +78,13 @@ class InstanceActions(_Resource):
             resp.append_link(f"/v1/server-instance/{page.instance_id}/actions?limit={limit}"
                              f"&before={page.next_cursor}", "next")
         stream_controller(resp, page.chunks)
+
+
+class ServerHosts(_Resource):
+    """Which host each server-instance is on: for superusers (the instance object has no host)."""
+
+    def on_get(self, req, resp):
+        ok_controller(resp, instance_table.server_hosts(self.ctx, req.context.requester))
 
 
 class ImageCollection(_Resource):
@@ -165,6 +172,7 @@ def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/server-image/{id}", ImageItem(ctx))
     app.add_route("/v1/server-flavor", FlavorCollection(ctx))
     app.add_route("/v1/server-flavor/{id}", FlavorItem(ctx))
+    app.add_route("/v1/server-host", ServerHosts(ctx))
     app.add_route("/v1/storage-volume", VolumeCollection(ctx))
     app.add_route("/v1/storage-volume/{id}", VolumeItem(ctx))
     app.add_route("/v1/group", GroupCollection(ctx))

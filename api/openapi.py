@@ -11,7 +11,7 @@ _SECURITY_SCHEMES = {
 }
 _PUBLIC = {"security": []}
 
-# Every answer of either interface carries it (CONTRACT.md section 13); a request may send
+# Every answer of either interface carries it; a request may send
 # its own, kept when it is a safe token.
 _REQUEST_ID = {
     "description": "The request's id, shared by the service's logs, audit rows and instance history: the "

@@ -251,7 +251,7 @@ _LIMIT = {
     "type": "object",
     "additionalProperties": False,
     "required": ["limit", "used"],
-    # limit -1: no limit (CONTRACT.md section 11).
+    # limit -1: no limit.
     "properties": {"limit": {"type": "integer", "minimum": -1}, "used": {"type": "integer", "minimum": 0}},
 }
 
@@ -261,6 +261,16 @@ LIMITS_OBJECT = {
     "required": ["cloudauth-id", "instances", "vcpus", "memory_mb", "groups", "managed_users"],
     "properties": {"cloudauth-id": UUID, **{k: _LIMIT for k in ("instances", "vcpus", "memory_mb", "groups",
                                                                    "managed_users")}},
+}
+
+
+# Which host a server-instance is on (GET /v1/server-host, superusers only): the
+# server-instance object keeps its own fields, none of them a host.
+SERVER_HOST_OBJECT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "host"],
+    "properties": {"id": UUID, "host": {"type": "string"}},
 }
 
 
@@ -280,7 +290,7 @@ ACTIONS_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default
 # The history's `before`: a cursor an earlier answer gave, opaque (controller/history.py).
 ACTIONS_CURSOR = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,40}$"}
 
-# One entry of an instance's history (CONTRACT.md section 13; controller/history.py).
+# One entry of an instance's history (controller/history.py).
 ACTION_OBJECT = {
     "type": "object",
     "additionalProperties": False,
@@ -347,6 +357,8 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
         "/v1/server-image/{id}": {"get": op("View an image", IMAGE_OBJECT, params=id_p, errs=(401, 404))},
         "/v1/server-flavor": {"get": op("List flavors", FLAVOR_OBJECT, errs=(401,))},
         "/v1/server-flavor/{id}": {"get": op("View a flavor", FLAVOR_OBJECT, params=id_p, errs=(401, 404))},
+        "/v1/server-host": {"get": op("Which hypervisor host each server-instance is on (superuser only)",
+                                      SERVER_HOST_OBJECT, errs=(401, 403))},
         "/v1/storage-volume": {
             "get": op("List visible volumes", VOLUME_OBJECT, params=[cloudauth_q], errs=(400, 401)),
             "post": op("Create the requester's home volume", VOLUME_OBJECT, status="201", body=VOLUME_CREATE,

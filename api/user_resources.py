@@ -1,4 +1,4 @@
-"""The cloud auth user interface (spec section 4.6) and token issuance (CONTRACT.md section 2).
+"""The cloud auth user interface (`/v1/user/...`) and token issuance (`POST /v1/auth/token`).
 
 Resources are thin: read parameters, call one service function, answer in the
 user-interface envelope.

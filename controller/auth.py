@@ -1,4 +1,5 @@
-"""Token issuance and the check every authenticated request goes through (CONTRACT.md section 2)."""
+"""Token issuance (POST /v1/auth/token) and the check every authenticated request goes through:
+X-Auth-Token issued to the X-Auth-Cloudauth-Id user, unexpired, unrevoked, the user active."""
 
 import re
 import threading

@@ -1,7 +1,6 @@
 """The one INI configuration file, its defaults, and the typed object read from it.
 
-Keys named by CONTRACT.md section 6 keep their meaning; the rest are ours and
-are documented in etc/controller.ini.sample. `load_config` reads and checks
+Every key is documented in etc/controller.ini.sample and the README's config table. `load_config` reads and checks
 every key once, at start; code reads `config.hosts.retry_seconds`, never a
 section and key by name (docs/architecture.md).
 """
@@ -705,7 +704,7 @@ def write_config(values: dict[str, dict[str, object]], path: str) -> None:
 
 
 def sandbox_values(state_dir: str) -> dict[str, dict[str, object]]:
-    """A complete config whose state all lives under state_dir (CONTRACT.md section 6)."""
+    """A complete config whose state all lives under state_dir (`cloud-agent init --sandbox DIR`)."""
     d = Path(state_dir).resolve()
     return {
         "controller": {"id": 1, "profile": "sandbox"},

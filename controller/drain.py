@@ -1,6 +1,6 @@
 """`cloud-agent host drain NAME`: every instance of a host that answers moved to others.
 
-CONTRACT.md section 9. The host is disabled first (nothing new lands on it), then
+The host is disabled first (nothing new lands on it), then
 each instance is moved cold to the host placement picks, as for a create: its
 guest is shut down (ACPI, at most [hosts] shutdown_wait_seconds, then powered off),
 its disk is copied to the new host (the base image first, if that host lacks it)

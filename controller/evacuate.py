@@ -1,6 +1,6 @@
 """`cloud-agent host evacuate NAME --host-is-down`: a dead host's instances rebuilt elsewhere.
 
-CONTRACT.md section 9. Each instance is made again on another host from its image,
+Each instance is made again on another host from its image,
 with the same id, hostname, MAC, addresses and users; its root disk is lost with
 the host (homes live on the cluster filesystem). Only for a host that does not
 answer and that the admin has fenced: a host that answers still runs the guests,

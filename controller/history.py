@@ -1,5 +1,5 @@
 """The instance history: what was done to an instance, by whom, under which request id, with
-what result (`GET /v1/server-instance/<id>/actions`, CONTRACT.md section 13).
+what result (`GET /v1/server-instance/<id>/actions`).
 
 Recorded by the service functions that act (create, the power tasks, modify-users,
 delete, evacuation, a move), never by the API layer: an admin command records as a

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def host_object(row: dict, *, reachable: bool) -> dict:
-    """A host as `cloud-agent host ... --json` prints it (CONTRACT.md section 9)."""
+    """A host as `cloud-agent host ... --json` prints it."""
     return {
         "name": row["name"],
         "uri": row["uri"],

@@ -1,9 +1,12 @@
 """Every server-instance as an admin reads it (`cloud-agent server list`): with the names a
 person knows them by (owner's email, image and flavor names) and the host each runs on,
-which the API's instance object does not carry."""
+which the API's instance object does not carry; and, for a superuser over the API, which
+host each one is on (`GET /v1/server-host`, what `cloud server list` shows an admin)."""
 
+from controller import permissions as perms
 from controller.context import Context
 from controller.lookups import find_user
+from controller.permissions import Requester
 
 
 def admin_list(ctx: Context, *, owner: str | None = None, host: str | None = None) -> list[dict]:
@@ -20,3 +23,11 @@ def admin_list(ctx: Context, *, owner: str | None = None, host: str | None = Non
              "flavor": flavor_names.get(r["flavor_id"], str(r["flavor_id"])), "server-flavor": str(r["flavor_id"]),
              "private-ip": r["private_ip"], "creation-date": r["creation_date"]}
             for r in rows]
+
+
+def server_hosts(ctx: Context, requester: Requester) -> list[dict]:
+    """`{"id", "host"}` of every live instance, oldest first: a superuser's only. Host names
+    map the cluster, so a regular user is refused (403) rather than shown its own instances'
+    hosts; the server-instance object itself carries no host, for anyone."""
+    perms.require_superuser(requester, "listing the hosts of server-instances")
+    return [{"id": r["id"], "host": r["host"]} for r in ctx.store.list_instances(visible_to=None)]

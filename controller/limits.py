@@ -1,4 +1,4 @@
-"""Per-user limits and host admission (CONTRACT.md section 8).
+"""Per-user limits and host admission.
 
 A user may hold at once at most `[limits] instances` live instances it owns,
 `vcpus` and `memory_mb` summed over those instances' flavors, `groups` it
@@ -33,7 +33,7 @@ UNLIMITED = -1
 
 # The sandbox profile's values, generous for demos and load tests. libvirt's test
 # driver reports a host of 16 CPUs and 3,072 MB: these ratios make it hold 10,240
-# instances of 2 vCPU / 2 GiB (CONTRACT.md section 8 asks for 2,000). A sandbox
+# instances of 2 vCPU / 2 GiB (the sandbox must hold at least 2,000). A sandbox
 # config written before these sections existed gets them too.
 SANDBOX_LIMITS = {"instances": 10000, "vcpus": 20000, "memory_mb": 10000 * 2048, "groups": 1000,
                   "managed_users": 1000}
@@ -190,7 +190,7 @@ def set_limits(ctx, user: dict, changes: dict[str, int | None], *, reset: bool =
     return limits_object(ctx, user)
 
 
-# -- a user's own view (GET /v1/limits, CONTRACT.md section 11) --------------------
+# -- a user's own view (GET /v1/limits; a limit of -1 is no limit) ----------------
 def usage_object(ctx, requester, *, cloudauth_id: str | None = None) -> dict:
     """The limits in force and what is held now, for the requester or a user it sees.
 

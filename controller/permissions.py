@@ -1,4 +1,4 @@
-"""Every permission decision of the project, in one place (CONTRACT.md section 3)."""
+"""Every permission decision of the project, in one place (the rules: docs/api.md, "Who may do what")."""
 
 from dataclasses import dataclass
 

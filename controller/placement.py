@@ -1,4 +1,4 @@
-"""Placement: which host a new instance goes to (CONTRACT.md section 9).
+"""Placement: which host a new instance goes to.
 
 It runs inside the transaction that inserts the instance (store.insert_instance's
 `place`). See docs/scaling.md and docs/decisions.md.

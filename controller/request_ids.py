@@ -1,5 +1,5 @@
 """Request ids: one per API request and per `cloud-agent` run, shared by the response's
-`X-Request-Id`, the log lines, the audit row and the instance history (CONTRACT.md section 13).
+`X-Request-Id`, the log lines, the audit row and the instance history.
 
 A client's own id is kept when it is a safe token (1 to 64 of `[A-Za-z0-9._-]`), so a
 caller can find its request in the logs by an id it chose; anything else (too long,

@@ -199,7 +199,7 @@ def list_users(
             name
             for name, value in (
                 ("owner_userid", owner_userid),
-                # show_inactive=0/false counts as not given (CONTRACT.md section 4).
+                # show_inactive counts as given with any value but 0/false (docs/api.md).
                 ("show_inactive", show_inactive or None),
                 ("registration_source", registration_source),
             )

@@ -97,7 +97,8 @@ class Adapters:
             self.hosts = HostPool(lambda spec: self.hypervisor)
 
     def checks(self) -> Iterator[tuple[str, Callable[[], None]]]:
-        # Named as CONTRACT.md section 6 names them; homes and their quotas are one check.
+        # The names `cloud-agent check` and /healthz report them by; homes and their quotas
+        # are one check.
         yield "libvirt", self.hypervisor.check
         yield "directory", self.directory.check
         yield "quota_backend", self.homes.check

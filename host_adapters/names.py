@@ -10,7 +10,8 @@ import uuid
 
 from common.errors import InvalidInput
 
-# POSIX portable user and group names, as CONTRACT.md section 5 fixes them.
+# POSIX portable user and group names: a lower-case letter or underscore, then up to 31
+# lower-case letters, digits, underscores or hyphens.
 _POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 

@@ -140,9 +140,9 @@ def user():
     """
 
 
-def _user_fields(u: User) -> str:
+def _user_fields(client: Client, u: User) -> str:
     return fields([("id", u.id), ("email", u.email), ("name", u.name), ("active", "yes" if u.active else "no"),
-                   ("owner", u.owner), ("usernames", u.usernames),
+                   ("owner", names.Labels(client).user(u.owner)), ("usernames", u.usernames),
                    *((k, u.raw[k]) for k in ("roles", "api_key") if k in u.raw)])
 
 
@@ -156,12 +156,17 @@ def user_create(run: Run, email, name):
     Example: cloud user create --email bob@example.org --name "Bob Smith"
     """
     u = run.client.create_user(email=email, password=read_new_password("Password for the new user"), name=name)
-    run.emit(u.raw, lambda: _user_fields(u))
+    run.emit(u.raw, lambda: _user_fields(run.client, u))
 
 
-list_command(user, "list", fetch=lambda c: c.list_users(), columns=[
-    ("ID", lambda u: u.id), ("EMAIL", lambda u: u.email), ("NAME", lambda u: u.name),
-    ("ACTIVE", lambda u: "yes" if u.active else "no"), ("USERNAME", lambda u: ",".join(u.usernames))], help="""
+def _user_columns(client: Client) -> list:
+    label = names.Labels(client)
+    return [("ID", lambda u: u.id), ("EMAIL", lambda u: u.email), ("NAME", lambda u: u.name),
+            ("ACTIVE", lambda u: "yes" if u.active else "no"), ("USERNAME", lambda u: ",".join(u.usernames)),
+            ("OWNER", lambda u: label.user(u.owner))]
+
+
+list_command(user, "list", fetch=lambda c: c.list_users(), columns=_user_columns, help="""
     List the users you may view.
 
     Example: cloud user list --json
@@ -177,7 +182,7 @@ def user_show(run: Run, name):
     Example: cloud user show bob@example.org
     """
     u = names.user(run.client, name) if name else run.client.me()
-    run.emit(u.raw, lambda: _user_fields(u))
+    run.emit(u.raw, lambda: _user_fields(run.client, u))
 
 
 @user.command("update")
@@ -194,4 +199,4 @@ def user_update(run: Run, name, email, new_name, active):
     if email is None and new_name is None and active is None:
         raise ClientError("nothing to change: give --email, --new-name or --active/--inactive")
     u = run.client.update_user(names.user(run.client, name).id, email=email, name=new_name, active=active)
-    run.emit(u.raw, lambda: _user_fields(u))
+    run.emit(u.raw, lambda: _user_fields(run.client, u))

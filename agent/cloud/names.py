@@ -117,28 +117,45 @@ def usernames_by_account(client: Client) -> dict[str, str]:
 class Labels:
     """Names for the ids an API document carries (owner, image, flavor, requester), fetched
     once per command and only for human output: a table shows what people know things by;
-    an id the caller cannot see stays an id."""
+    an id the caller cannot see stays an id. For a superuser, also the host each server is
+    on (GET /v1/server-host: the server objects carry no host, and nobody else is shown one)."""
 
     def __init__(self, client: Client):
         self._client = client
         self._maps: dict[str, dict[str, str]] = {}
+        self._me: User | None = None
+
+    def _myself(self) -> User:
+        if self._me is None:
+            self._me = self._client.me()
+        return self._me
 
     def _map(self, kind: str) -> dict[str, str]:
         if kind not in self._maps:
             try:
                 if kind == "user":
                     people = {u.id: u for u in self._client.list_users()}
-                    me = self._client.me()
+                    me = self._myself()
                     people.setdefault(me.id, me)
                     found = {i: u.email for i, u in people.items()}
                 elif kind == "image":
                     found = {i.id: i.name for i in self._client.list_images()}
+                elif kind == "host":
+                    found = self._client.server_hosts()
                 else:
                     found = {f.id: f.name for f in self._client.list_flavors()}
             except ApiError:
                 found = {}  # a list the caller may not read: ids it is
             self._maps[kind] = found
         return self._maps[kind]
+
+    @property
+    def superuser(self) -> bool:
+        """Whether the caller is a superuser: its own user object carries `roles` only then."""
+        try:
+            return "superuser" in (self._myself().raw.get("roles") or ())
+        except ApiError:
+            return False
 
     def user(self, user_id: str | None) -> str | None:
         return None if user_id is None else self._map("user").get(user_id, user_id)
@@ -148,3 +165,7 @@ class Labels:
 
     def flavor(self, flavor_id: str) -> str:
         return self._map("flavor").get(str(flavor_id), flavor_id)
+
+    def host(self, server_id: str) -> str | None:
+        """The host a server is on; ask only for a superuser (anyone else is refused)."""
+        return self._map("host").get(server_id)

@@ -119,14 +119,18 @@ def read_new_password(prompt: str) -> str:
 
 
 # -- commands of one shape, made once ----------------------------------------------------
-def list_command(parent: click.Group, name: str, *, help: str, fetch: Callable, columns: list[tuple[str, Callable]]):
-    """`PARENT list`: fetch(client) -> typed objects; a table, or with --json their API documents."""
+def list_command(parent: click.Group, name: str, *, help: str, fetch: Callable,
+                 columns: list[tuple[str, Callable]] | Callable[[Client], list[tuple[str, Callable]]]):
+    """`PARENT list`: fetch(client) -> typed objects; a table, or with --json their API documents.
+    `columns` may be a function of the client, for columns that name the ids a row holds
+    (agent.cloud.names.Labels): it is called only for the table."""
 
     @parent.command(name, help=inspect.cleandoc(help))
     @cloud_command
     def command(run: Run):
         items = fetch(run.client)
-        run.emit([i.raw for i in items], lambda: table(items, columns))
+        run.emit([i.raw for i in items],
+                 lambda: table(items, columns(run.client) if callable(columns) else columns))
 
     return command
 

@@ -4,7 +4,7 @@ import click
 
 from agent.cloud import names
 from agent.cloud.output import Run, cloud_command, confirm, fields, list_command, members_command, show_command
-from common.client import ClientError, Flavor, Group, Image, Volume
+from common.client import Client, ClientError, Flavor, Group, Image, Volume
 
 
 # -- volume ---------------------------------------------------------------------
@@ -16,9 +16,16 @@ def volume():
     """
 
 
-def _volume_fields(v: Volume) -> str:
+def _volume_fields(client: Client, v: Volume) -> str:
     return fields([("volume-id", v.id), ("name", v.name), ("size-gb", v.size), ("mount-point", v.mount_point),
-                   ("owner", v.owner), ("created", v.created)])
+                   ("owner", names.Labels(client).user(v.owner)), ("created", v.created)])
+
+
+def _volume_columns(client: Client) -> list:
+    label = names.Labels(client)
+    return [("ID", lambda v: v.id), ("NAME", lambda v: v.name), ("SIZE-GB", lambda v: v.size),
+            ("MOUNT-POINT", lambda v: v.mount_point), ("OWNER", lambda v: label.user(v.owner)),
+            ("CREATED", lambda v: v.created)]
 
 
 def _the_volume(run: Run, given: str | None) -> Volume:
@@ -42,13 +49,10 @@ def volume_create(run: Run, size, name):
     Example: cloud volume create --size 10 --name home
     """
     v = run.client.create_volume(size=size, name=name)
-    run.emit(v.raw, lambda: _volume_fields(v))
+    run.emit(v.raw, lambda: _volume_fields(run.client, v))
 
 
-list_command(volume, "list", fetch=lambda c: c.list_volumes(), columns=[
-    ("ID", lambda v: v.id), ("NAME", lambda v: v.name), ("SIZE-GB", lambda v: v.size),
-    ("MOUNT-POINT", lambda v: v.mount_point), ("OWNER", lambda v: v.owner), ("CREATED", lambda v: v.created)],
-    help="""
+list_command(volume, "list", fetch=lambda c: c.list_volumes(), columns=_volume_columns, help="""
     List the volumes you see (yours, and your managed users').
 
     Example: cloud volume list --json
@@ -64,7 +68,7 @@ def volume_show(run: Run, volume_id):
     Example: cloud volume show
     """
     v = _the_volume(run, volume_id)
-    run.emit(v.raw, lambda: _volume_fields(v))
+    run.emit(v.raw, lambda: _volume_fields(run.client, v))
 
 
 @volume.command("delete")
@@ -92,8 +96,9 @@ def group():
     """
 
 
-def _group_fields(g: Group) -> str:
-    return fields([("group-id", g.id), ("group-name", g.name), ("members", g.members), ("owner", g.owner)])
+def _group_fields(client: Client, g: Group) -> str:
+    return fields([("group-id", g.id), ("group-name", g.name), ("members", g.members),
+                   ("owner", names.Labels(client).user(g.owner))])
 
 
 @group.command("create")
@@ -106,16 +111,21 @@ def group_create(run: Run, name, members):
     Example: cloud group create lab --member alice
     """
     g = run.client.create_group(name, members)
-    run.emit(g.raw, lambda: _group_fields(g))
+    run.emit(g.raw, lambda: _group_fields(run.client, g))
 
 
-list_command(group, "list", fetch=lambda c: c.list_groups(), columns=[
-    ("ID", lambda g: g.id), ("NAME", lambda g: g.name), ("MEMBERS", lambda g: ",".join(g.members))], help="""
+def _group_columns(client: Client) -> list:
+    label = names.Labels(client)
+    return [("ID", lambda g: g.id), ("NAME", lambda g: g.name), ("MEMBERS", lambda g: ",".join(g.members)),
+            ("OWNER", lambda g: label.user(g.owner))]
+
+
+list_command(group, "list", fetch=lambda c: c.list_groups(), columns=_group_columns, help="""
     List the groups you see.
 
     Example: cloud group list --json
     """)
-show_command(group, resolve=names.group, render=lambda c, g: _group_fields(g), help="""
+show_command(group, resolve=names.group, render=_group_fields, help="""
     Show a group (by id or name).
 
     Example: cloud group show lab
@@ -123,7 +133,7 @@ show_command(group, resolve=names.group, render=lambda c, g: _group_fields(g), h
 
 
 def _members(verb: str, action: str, what: str):
-    members_command(group, verb, render=lambda c, g: _group_fields(g), help=f"""
+    members_command(group, verb, render=_group_fields, help=f"""
     {what} (UNIX user names).
 
     Example: cloud group {verb} lab alice bob

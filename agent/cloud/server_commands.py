@@ -27,20 +27,23 @@ def server():
 
 
 def _table(client: Client, servers: list[Server]) -> str:
+    """A superuser's table also says which host each server is on."""
     label = names.Labels(client)
+    host = [("HOST", lambda s: label.host(s.id))] if label.superuser else []
     return table(servers, [("ID", lambda s: s.id), ("HOSTNAME", lambda s: s.hostname),
                            ("STATUS", lambda s: s.status), ("OWNER", lambda s: label.user(s.owner)),
                            ("IMAGE", lambda s: label.image(s.image)), ("FLAVOR", lambda s: label.flavor(s.flavor)),
-                           ("PRIVATE-IP", lambda s: s.private_ip), ("PUBLIC-IP", lambda s: s.public_ip),
+                           *host, ("PRIVATE-IP", lambda s: s.private_ip), ("PUBLIC-IP", lambda s: s.public_ip),
                            ("CREATED", lambda s: s.created)])
 
 
 def _details(client: Client, s: Server) -> str:
     usernames = names.usernames_by_account(client)
     label = names.Labels(client)
+    host = [("host", label.host(s.id))] if label.superuser else []
     return fields([("id", s.id), ("hostname", s.hostname), ("status", s.status), ("private-ip", s.private_ip),
                    ("public-ip", s.public_ip), ("owner", label.user(s.owner)), ("image", label.image(s.image)),
-                   ("flavor", label.flavor(s.flavor)), ("users", [usernames.get(u, u) for u in s.users]),
+                   ("flavor", label.flavor(s.flavor)), *host, ("users", [usernames.get(u, u) for u in s.users]),
                    ("created", s.created)])
 
 

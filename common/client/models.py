@@ -147,7 +147,7 @@ class Console(_Model):
 
 @dataclass(frozen=True, kw_only=True)
 class Action(_Model):
-    """One entry of a server's history (CONTRACT.md section 13)."""
+    """One entry of a server's history (GET /v1/server-instance/<id>/actions)."""
 
     action: str = _api("action")
     requester: str | None = _api("requester")  # None: an administrator's command

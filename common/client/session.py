@@ -235,6 +235,11 @@ class Client:
     def get_server(self, server_id: str) -> Server:
         return self._one("GET", f"/v1/server-instance/{_seg(server_id)}", Server)
 
+    def server_hosts(self) -> dict[str, str]:
+        """Server id -> the hypervisor host it is on, for every server: a superuser's only (403
+        for anyone else; the server objects themselves carry no host)."""
+        return {d["id"]: d["host"] for d in self.call("GET", "/v1/server-host")["data"]}
+
     def create_server(self, *, image: str, flavor: str, users: Iterable[str] = ()) -> Server:
         body = {"server-image": image, "server-flavor": flavor}
         users = list(users)
@@ -264,14 +269,14 @@ class Client:
 
     def console(self, server_id: str, *, size: int | None = None) -> Console:
         """The last `size` bytes (default the service's, 64 KiB) of the guest's serial console
-        since its last start, and whether its boot setup has finished (CONTRACT.md section 10)."""
+        since its last start, and whether its boot setup has finished (cloud-init's final stage)."""
         params = {"bytes": size} if size is not None else None
         return self._one("GET", f"/v1/server-instance/{_seg(server_id)}/console", Console, params=params)
 
     def server_actions(self, server_id: str, *, limit: int | None = None, before: str | None = None,
                        all_pages: bool = False) -> list[Action]:
         """What was done to a server, oldest first: by whom, under which request id, with what
-        result (CONTRACT.md section 13); also for a deleted server, for the audit retention.
+        result; also for a deleted server, for the audit retention.
         The most recent `limit` entries (the service's default page: 1,000) older than the
         cursor `before` (None: of all), or with all_pages every kept entry from there on back,
         the cursor of each page followed (server_actions_page)."""

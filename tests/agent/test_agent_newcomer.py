@@ -272,3 +272,45 @@ def test_setup_host_for_the_sandbox_installs_only_what_it_uses_and_waits_for_apt
     full = calls[1].split()
     assert {"qemu-system-x86", "slapd", "nslcd", "mmdebstrap", "wrk", "libvirt-daemon-system"} <= set(full)
     assert not (full_run / "policy-rc.d").exists()
+
+
+# -- names, not ids, in the admin command's lines ----------------------------------------------------
+def test_lines_name_images_flavors_owners_and_actors_where_they_are_known(sandbox, api):
+    private = add_image(sandbox, "Secret OS", "1", "--private")
+    flavor = sandbox.ok("flavor", "add", "--name", "gpu", "--memory", "256", "--disk", "1", "--vcpu", "1", "--private")
+
+    def line(*args: str) -> str:
+        proc = sandbox.run(*args)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert line("image", "grant", private["id"], BOB_EMAIL) == f"{BOB_EMAIL} may use image {private['id']} (Secret OS)"
+    assert line("image", "deactivate", private["id"]) == f"image {private['id']} (Secret OS) inactive"
+    assert line("flavor", "grant", flavor["id"], BOB_EMAIL) == f"{BOB_EMAIL} may use flavor {flavor['id']} (gpu)"
+    # A volume's owner by email.
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    volume = api.create_volume(api.headers, size=1)
+    assert line("volume", "resize", volume["volume-id"], "3") == (
+        f"volume {volume['volume-id']} of {ADMIN_EMAIL} is now 3 GB")
+    assert sandbox.rows("SELECT size_gb FROM volumes") == [{"size_gb": 3}]
+    # The API's audit rows name their actor by id; the human lines by email (--json keeps the id).
+    entries = sandbox.ok("audit")["entries"]
+    created = next(e for e in entries if e["action"] == "POST /v1/storage-volume")
+    assert created["actor"] == sandbox.admin["userid"]
+    shown = next(x for x in line("audit").splitlines() if "POST /v1/storage-volume" in x)
+    assert f" {ADMIN_EMAIL} POST /v1/storage-volume " in shown and sandbox.admin["userid"] not in shown
+
+
+def test_user_list_names_an_inactive_owner_by_email_with_active_only(sandbox, api):
+    owner = api.create_user("olga@example.org")
+    r = api.client.simulate_post("/v1/user/create", headers=api.headers,
+                                 json={"email": "mia@example.org", "password": "User-pass-2026!",
+                                       "owner_userid": owner})
+    assert r.status_code == 200, r.text
+    r = api.client.simulate_post(f"/v1/user/update/{owner}", headers=api.headers, json={"active": 0})
+    assert r.status_code == 200, r.text
+    table = sandbox.run("user", "list", "--active-only").stdout.splitlines()
+    assert all(row.split()[1] != "olga@example.org" for row in table[1:])  # olga is inactive
+    mia = next(row for row in table if row.split()[1] == "mia@example.org").split()
+    assert mia[-2:] == ["olga@example.org", "yes"]
+    assert owner not in "\n".join(table)

@@ -6,6 +6,7 @@ service), except the console's bytes, which a guest writes: a stand-in service a
 those, since no guest runs in the sandbox."""
 
 import json
+import re
 import signal
 import sqlite3
 import threading
@@ -16,7 +17,7 @@ import pexpect
 import pytest
 
 from tests.client.test_cloud_command import (  # noqa: F401 - fixtures
-    PASSWORD, admin, alice, bob, carol, login, svc)
+    INSTANCE_KEYS, PASSWORD, admin, alice, bob, carol, login, svc)
 from tests.fixtures.agent import agent_ok as agent
 from tests.fixtures.agent import run_agent
 from tests.fixtures.cloud import CLOUD, Cloud
@@ -85,6 +86,72 @@ def test_tables_show_names_where_the_caller_knows_them(svc, alice):
         assert "flavor:     small" in shown
         actions = alice.ok("server", "actions", made["hostname"]).splitlines()
         assert actions[0].split()[3] == "REQUESTER" and actions[1].split()[3] == "alice@example.org"
+    finally:
+        svc.api("alice", "DELETE", f"/v1/server-instance/{made['id']}")
+
+
+def _field(text: str, key: str) -> str:
+    """The value of `key:` in `name: value` lines."""
+    return next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(key + ":"))
+
+
+def _column(table: str, header: str, row_with: str) -> str:
+    """The cell under `header` in the row holding `row_with` (columns are aligned to the header)."""
+    head, *rows = table.splitlines()
+    row = next(r for r in rows if row_with in r)
+    starts = {m.group(): m.start() for m in re.finditer(r"\S+", head)}
+    after = [at for at in starts.values() if at > starts[header]]
+    return row[starts[header]:min(after) if after else None].strip()
+
+
+def test_owners_of_volumes_groups_and_users_are_shown_by_email(svc, alice, bob):
+    bob_id, alice_id = svc.users["bob"]["id"], svc.users["alice"]["id"]
+    assert _field(bob.ok("volume", "show"), "owner") == "bob@example.org"
+    assert bob.ok("--json", "volume", "show")["cloudauth-id"] == bob_id  # --json keeps the id
+    bobs_volume = bob.ok("--json", "volume", "show")["volume-id"]
+    assert _column(alice.ok("volume", "list"), "OWNER", bobs_volume) == "bob@example.org"  # alice owns bob
+    made = alice.run("group", "create", "ownlab", "--member", "bob")
+    assert made.returncode == 0, made.stderr
+    try:
+        assert _field(made.stdout, "owner") == "alice@example.org"
+        assert _field(alice.ok("group", "show", "ownlab"), "owner") == "alice@example.org"
+        assert _field(alice.ok("group", "add", "ownlab", "alice"), "owner") == "alice@example.org"
+        assert _column(alice.ok("group", "list"), "OWNER", "ownlab") == "alice@example.org"
+        assert alice.ok("--json", "group", "show", "ownlab")["cloudauth-id"] == alice_id
+    finally:
+        gid = alice.ok("--json", "group", "show", "ownlab")["group-id"]
+        svc.api("alice", "DELETE", f"/v1/group/{gid}")
+    created = alice.run("user", "create", "--email", "fay@example.org", stdin=PASSWORD + "\n")
+    try:
+        assert created.returncode == 0, created.stderr
+        assert _field(created.stdout, "owner") == "alice@example.org"
+        assert _field(alice.ok("user", "show", "bob"), "owner") == "alice@example.org"
+        assert _field(alice.ok("user", "update", "bob", "--new-name", "bob"), "owner") == "alice@example.org"
+        assert _column(alice.ok("user", "list"), "OWNER", "fay@example.org") == "alice@example.org"
+    finally:
+        fay = svc.api("admin", "POST", "/v1/user/search", json={"email": "fay@example.org"}).json()["data"]["users"]
+        if fay:
+            assert svc.api("admin", "POST", "/v1/user/delete/fay@example.org").status_code == 200
+
+
+def test_a_superusers_server_list_shows_owner_and_host_and_nobody_else_sees_a_host(svc, admin, alice):
+    made = alice.ok("--json", "server", "create", "--image", "Debian 12", "--flavor", "small")
+    try:
+        [on] = [s["host"] for s in agent(svc.config, "server", "list")["servers"] if s["id"] == made["id"]]
+        table = admin.ok("server", "list")
+        assert table.splitlines()[0].split() == ["ID", "HOSTNAME", "STATUS", "OWNER", "IMAGE", "FLAVOR", "HOST",
+                                                 "PRIVATE-IP", "PUBLIC-IP", "CREATED"]
+        assert _column(table, "OWNER", made["id"]) == "alice@example.org"
+        assert _column(table, "HOST", made["id"]) == on
+        assert _field(admin.ok("server", "show", made["hostname"]), "host") == on
+        # --json stays the API's server objects, a superuser's too.
+        assert all(set(s) <= INSTANCE_KEYS | {"public-ip"} for s in admin.ok("--json", "server", "list"))
+        # A regular user: no HOST column, no host line, and the service refuses the hosts.
+        mine = alice.ok("server", "list")
+        assert "HOST" not in mine.splitlines()[0].split() and _column(mine, "OWNER", made["id"]) == "alice@example.org"
+        assert "host:" not in alice.ok("server", "show", made["hostname"])
+        refused = svc.api("alice", "GET", "/v1/server-host")
+        assert refused.status_code == 403 and on not in refused.text
     finally:
         svc.api("alice", "DELETE", f"/v1/server-instance/{made['id']}")
 

@@ -58,6 +58,8 @@ CONTROLLER_MATRIX = [
     ("DELETE", "/v1/group/G", None, row(404, **VISIBLE)),
     ("GET", "/v1/server-image", None, row(200)),
     ("GET", "/v1/server-flavor", None, row(200)),
+    # Which host each instance is on: a superuser's only (host names map the cluster).
+    ("GET", "/v1/server-host", None, row(403, superuser=200)),
 ]
 
 
