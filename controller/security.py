@@ -34,6 +34,8 @@ class Passwords:
         # "argon2's parallelism"). A hash records its own parameters, so hashes made with
         # other ones still verify, at their own cost.
         self._hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=parallelism)
+        # Whether a stored hash was made with other parameters than these (it reads the hash's own).
+        self._needs_rehash = self._hasher.check_needs_rehash
         # Made on first use, not at start: one argon2 hash costs memory_kib (64 MiB by
         # default), which would set the server's peak memory before any request.
         self._dummy: str | None = None
@@ -79,7 +81,7 @@ class Passwords:
         user: the stored hash has them after. It takes a hash slot as a check does; when none
         is free it waits for the user's next login (None), never for a slot."""
         try:
-            if not self._hasher.check_needs_rehash(password_hash):
+            if not self._needs_rehash(password_hash):
                 return None
         except (InvalidHashError, ValueError):
             return None
