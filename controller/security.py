@@ -30,7 +30,7 @@ class Passwords:
                  max_concurrent_checks: int = 4, max_checks_per_source: int = 2):
         # RFC 9106's second recommended profile by default (t=3, 64 MiB, 4 lanes). The lanes
         # split the same 64 MiB and the same passes over it between threads: the check takes
-        # the wall time of a quarter of the work where cores are free (docs/decisions.md,
+        # down to a quarter of the work's wall time where cores are free (docs/decisions.md,
         # "argon2's parallelism"). A hash records its own parameters, so hashes made with
         # other ones still verify, at their own cost.
         self._hasher = PasswordHasher(time_cost=time_cost, memory_cost=memory_kib, parallelism=parallelism)
