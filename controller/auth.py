@@ -98,6 +98,7 @@ def _check_credentials(ctx: Context, *, api_key: str | None, api_secret: str | N
 
     throttle_key = f"key:{api_key}" if by_key else email_throttle_key(email)
     ctx.throttle.check(throttle_key)
+    address = source  # the client's; `source` becomes the token's kind below
 
     if by_key:
         user = ctx.store.get_user_by_api_key(api_key)
@@ -119,6 +120,13 @@ def _check_credentials(ctx: Context, *, api_key: str | None, api_secret: str | N
         ctx.throttle.failed(throttle_key)
         raise Unauthenticated(_BAD_CREDENTIALS)
     ctx.throttle.succeeded(throttle_key)
+    if source == "password":
+        # A hash made with older `[auth] argon2_*` parameters takes them on, once: until then a
+        # check of it costs what they cost, and a wrong password for this user takes another
+        # time than one for an unknown email (whose dummy hash has the current ones).
+        upgraded = ctx.passwords.rehashed(user["password_hash"], password, source=address)
+        if upgraded is not None:
+            ctx.store.upgrade_password_hash(user["id"], old=user["password_hash"], new=upgraded)
     return user, source
 
 

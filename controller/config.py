@@ -69,6 +69,9 @@ DEFAULTS: dict[str, dict[str, str]] = {
         # argon2id cost; lower only for tests.
         "argon2_time_cost": "3",
         "argon2_memory_kib": "65536",
+        # Lanes of one hash, each computed on a thread of its own: RFC 9106's second
+        # recommended profile (argon2-cffi's default), t=3, 64 MiB, p=4.
+        "argon2_parallelism": "4",
         # Password logins hashing at once; one more is answered 429 at once.
         "max_password_checks": "4",
         # Password logins one client address may have in progress at once (0: no cap). Two, so
@@ -372,6 +375,7 @@ class AuthConfig:
     lockout_seconds: int
     argon2_time_cost: int
     argon2_memory_kib: int
+    argon2_parallelism: int = _at_least(1)
     max_password_checks: int = _at_least(1)
     max_password_checks_per_source: int = _at_least(0, "0 (no cap) or more")
 

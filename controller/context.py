@@ -43,6 +43,7 @@ def build_context(config: Config, *, adapters=None, store: Store | None = None) 
         passwords=Passwords(
             time_cost=config.auth.argon2_time_cost,
             memory_kib=config.auth.argon2_memory_kib,
+            parallelism=config.auth.argon2_parallelism,
             max_concurrent_checks=config.auth.max_password_checks,
             max_checks_per_source=config.auth.max_password_checks_per_source,
         ),

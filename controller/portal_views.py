@@ -8,8 +8,6 @@ except for the console tail of one instance's page: lists show the statuses the
 controller recorded last (each power task and create records the host's answer).
 """
 
-from collections import Counter
-
 from controller import console, groups, history, images, limits, users, volumes
 from controller import permissions as perms
 from controller.context import Context
@@ -43,7 +41,7 @@ def _own_volume(ctx: Context, requester: Requester) -> dict | None:
 
 def overview(ctx: Context, requester: Requester) -> dict:
     scope = perms.visible_to(requester)
-    counts = Counter(r["status"] for r in ctx.store.list_instances(visible_to=scope, owner_id=requester.id))
+    counts = ctx.store.instance_status_counts(visible_to=scope, owner_id=requester.id)
     usage = limits.usage_object(ctx, requester)
     return {
         "cluster": ctx.config.controller_id,

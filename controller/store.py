@@ -309,6 +309,13 @@ class Store:
             # Portal sessions are password logins too.
             conn.execute("DELETE FROM portal_sessions WHERE user_id = ?", (user_id,))
 
+    def upgrade_password_hash(self, user_id: str, *, old: str, new: str) -> bool:
+        """The same password's hash made with new argon2 parameters: no session or token ends.
+        Only while the stored hash is still `old` (a password changed meanwhile stays)."""
+        with self.write() as conn:
+            return conn.execute("UPDATE users SET password_hash = ? WHERE id = ? AND password_hash = ?",
+                                (new, user_id, old)).rowcount == 1
+
     def set_api_secret(self, user_id: str, api_secret_enc: str | None) -> None:
         """A new secret kills the tokens issued from the key; a null one kills them all."""
         with self.write() as conn:
@@ -714,6 +721,13 @@ class Store:
             params += list(instance_ids)
         return [_with_users(r) for r in
                 self._all(f"SELECT * FROM instances WHERE {where} ORDER BY creation_date, id", params)]
+
+    def instance_status_counts(self, *, visible_to: str | None, owner_id: str | None = None) -> dict[str, int]:
+        """list_instances' rows counted by their stored status, in one statement (the portal's
+        overview counts; no row is read into Python)."""
+        where, params = self._where(visible_to, owner_id=owner_id)
+        return {r["status"]: r["n"] for r in self._all(
+            f"SELECT status, COUNT(*) AS n FROM instances WHERE {where} AND intent IS NULL GROUP BY status", params)}
 
     def get_instance(self, instance_id: str, *, visible_to: str | None) -> dict | None:
         """list_instances(instance_id=...)'s row (a GET of one instance: the most frequent request)."""

@@ -10,12 +10,19 @@ users, 10 owners with 50 instances of their own and 5 managed users each, 1,000 
 100 groups), then `cloud-agent serve` on a free loopback port. Or --url takes a running
 sandbox and --email/--password (from `sandbox load`) name the user to log in as.
 
-Measured with one client over loopback, one request at a time (a person's browser, not a
-crowd): after --warmup requests per page, --requests GETs of each page of the portal for
-the owner (the overview, the servers list, one server's page, the volume, the groups, the
-managed users), then --logins times the journey GET /portal/login, POST /portal/login
-(email, password; the answer is a 303 with the session cookie), GET of the overview it
-points to. Each login hashes the password with argon2, which dominates the journey.
+Measured over loopback, as a head node's portal is used: one person at a time logs in
+while others read pages. The timing client makes one request at a time (a person's
+browser, not a crowd): after --warmup requests per page, --requests GETs of each page of
+the portal for the owner (the overview, the servers list, one server's page, the volume,
+the groups, the managed users). Then --readers background readers start (separate
+processes, each logged in as a user of the load before any timing: a person reading one
+page, then pausing --reader-pause seconds, and again), and the timing client times
+--logins journeys one after another: GET /portal/login, POST /portal/login (email,
+password; the answer is a 303 with the session cookie), GET of the overview it points to,
+each step a row of its own. No two timed logins overlap, and the readers log in before
+the timing starts: a login never waits behind another user's password check, only
+shares the machine with the readers' pages. Each login checks the password with argon2
+once, which dominates the journey; the check alone is timed last, in this process.
 Every count and wait is bounded; --max-seconds ends the measuring early (the rows say how
 many were made). Prints one table and writes it as JSON (portal-results.json in the state
 folder, or --json-out), with the machine's load average before and after.
@@ -23,6 +30,7 @@ folder, or --json-out), with the machine's load average before and after.
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -79,23 +87,26 @@ class Browser:
             sys.exit(f"bench: GET {path} answered {r.status_code}, not {want}:\n{r.text[:500]}")
         return r
 
-    def login(self, email: str, password: str) -> float:
+    def login(self, email: str, password: str) -> tuple[float, float, float]:
         """The journey: the login page, its form posted, the page the 303 names. Returns the
-        seconds the POST alone took (the password check is in it)."""
+        seconds of each of the three steps (the password check is in the POST's)."""
         self.cookie = None
+        t0 = time.perf_counter()
         form = self.get("/portal/login")
+        t1 = time.perf_counter()
         fields = {"email": email, "password": password, "next": ""}
         found = _CSRF.search(form.text)
         if found:
             fields["csrf"] = found[1]
-        t = time.perf_counter()
+        t1b = time.perf_counter()
         r = self.request("POST", "/portal/login", data=fields)
-        post_s = time.perf_counter() - t
+        t2 = time.perf_counter()
         if r.status_code != 303 or COOKIE not in r.cookies:
             sys.exit(f"bench: the login answered {r.status_code} without a session:\n{r.text[:500]}")
         self.cookie = r.cookies[COOKIE]
         self.get(r.headers["Location"])
-        return post_s
+        t3 = time.perf_counter()
+        return t1 - t0, t2 - t1b, t3 - t2
 
     def logout(self) -> None:
         page = self.get("/portal/")
@@ -106,8 +117,60 @@ class Browser:
         self.cookie = None
 
 
+def reader(base: str, email: str, password: str, paths: list[str], pause: float, ready, stop, out) -> None:
+    """A background reader (its own process, so the timing client shares no GIL with it):
+    logs in, says so, then reads one page, pauses, reads the next, until told to stop."""
+    browser = Browser(base)
+    browser.login(email, password)
+    ready.put(True)
+    times, failed, i = [], 0, 0
+    while not stop.wait(pause):
+        t = time.perf_counter()
+        r = browser.request("GET", paths[i % len(paths)])
+        times.append(time.perf_counter() - t)
+        failed += r.status_code != 200
+        i += 1
+    out.put({"times": times, "failed": failed})
+
+
+class Readers:
+    """--readers background readers, each a user of the load, reading pages while logins are timed."""
+
+    def __init__(self, base: str, users: list[str], password: str, paths: list[str], *, count: int, pause: float):
+        self.mp = multiprocessing.get_context("fork")
+        self.ready, self.out, self.stop = self.mp.Queue(), self.mp.Queue(), self.mp.Event()
+        self.count, self.pause = count, pause
+        self.procs = [self.mp.Process(target=reader, daemon=True,
+                                      args=(base, users[i % len(users)], password, paths, pause, self.ready,
+                                            self.stop, self.out)) for i in range(count)]
+
+    def __enter__(self) -> "Readers":
+        # One after another (the per-source cap of password logins holds for the readers too),
+        # and every reader has logged in before any login is timed.
+        for p in self.procs:
+            p.start()
+            self.ready.get(timeout=120)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.results = []
+        for _ in self.procs if exc[0] is None else ():
+            self.results.append(self.out.get(timeout=60))
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()  # our own child, by its handle
+
+    def row(self) -> dict:
+        times = [t for r in getattr(self, "results", []) for t in r["times"]]
+        failed = sum(r["failed"] for r in getattr(self, "results", []))
+        return summary("  readers' pages", times, None, path=f"{self.count} readers, {self.pause} s apart",
+                       failed=failed)
+
+
 def measure(browser: Browser, *, pages: dict[str, str], email: str, password: str, requests_per_page: int,
-            warmup: int, logins: int, max_seconds: float) -> list[dict]:
+            warmup: int, logins: int, max_seconds: float, readers: dict) -> list[dict]:
     deadline = time.monotonic() + max_seconds
     browser.login(email, password)
     rows = []
@@ -124,17 +187,24 @@ def measure(browser: Browser, *, pages: dict[str, str], email: str, password: st
         rows.append(summary(name, times, PAGE_TARGET_MS, path=path, bytes=len(r.content)))
         print(f"bench: {name}: p95 {rows[-1]['p95_ms']} ms", file=sys.stderr)
     browser.logout()
-    times, posts = [], []
-    for _ in range(logins):
-        if time.monotonic() > deadline:
-            break
-        t = time.perf_counter()
-        posts.append(browser.login(email, password))
-        times.append(time.perf_counter() - t)
-        browser.logout()  # not timed: keeps one live session, as a person logging in again would
-    rows.append(summary("login to overview", times, LOGIN_TARGET_MS, path="/portal/login"))
-    rows.append(summary("  its login POST", posts, None, path="/portal/login"))
-    print(f"bench: login to overview: p95 {rows[-1]['p95_ms']} ms", file=sys.stderr)
+    times, steps = [], []
+    with Readers(browser.base, **readers) as background:
+        for _ in range(logins):
+            if time.monotonic() > deadline:
+                break
+            t = time.perf_counter()
+            steps.append(browser.login(email, password))
+            times.append(time.perf_counter() - t)
+            browser.logout()  # not timed: keeps one live session, as a person logging in again would
+    journey = summary("login to overview", times, LOGIN_TARGET_MS, path="/portal/login",
+                      readers=readers["count"], reader_pause_s=readers["pause"])
+    rows.append(journey)
+    for i, (name, path) in enumerate((("  its login page GET", "/portal/login"), ("  its login POST", "/portal/login"),
+                                      ("  its overview GET", "/portal/"))):
+        rows.append(summary(name, [s[i] for s in steps], None, path=path))
+    if readers["count"]:
+        rows.append(background.row())
+    print(f"bench: login to overview: p95 {journey['p95_ms']} ms", file=sys.stderr)
     return rows
 
 
@@ -147,7 +217,8 @@ def argon2_alone(config: str | None, count: int) -> dict:
     from controller.security import Passwords
 
     auth = load_config(config).auth if config else None
-    cost = {"time_cost": auth.argon2_time_cost if auth else 3, "memory_kib": auth.argon2_memory_kib if auth else 65536}
+    cost = {"time_cost": auth.argon2_time_cost if auth else 3, "memory_kib": auth.argon2_memory_kib if auth else 65536,
+            "parallelism": auth.argon2_parallelism if auth else 4}
     passwords = Passwords(**cost)
     stored = passwords.hash("Bench-portal-pass-2026")
     times = []
@@ -179,6 +250,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="GETs per page (1-2000)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed GETs per page first (0-200)")
     parser.add_argument("--logins", type=int, default=50, help="login journeys (1-500)")
+    parser.add_argument("--readers", type=int, default=4,
+                        help="background readers while logins are timed (0-16; 0: the machine is the client's alone)")
+    parser.add_argument("--reader-pause", type=float, default=0.5, help="each reader's pause between pages (0.05-10 s)")
     parser.add_argument("--max-seconds", type=float, default=300, help="ends the measuring early (10-1800)")
     parser.add_argument("--users", type=int, default=1_000)
     parser.add_argument("--owners", type=int, default=10)
@@ -193,6 +267,8 @@ def main() -> None:
     warmup = min(max(args.warmup, 0), 200)
     logins = min(max(args.logins, 1), 500)
     max_seconds = min(max(args.max_seconds, 10), 1800)
+    reader_count = min(max(args.readers, 0), 16)
+    reader_pause = min(max(args.reader_pause, 0.05), 10.0)
 
     state = server = config = None
     load = None
@@ -205,6 +281,7 @@ def main() -> None:
             if not re.match(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?/?$", args.url):
                 sys.exit("bench: --url must be a loopback http:// origin")
             base, email, password, server_id = args.url, args.email, args.password, args.server_id
+            reader_users = [email]
         else:
             state = Path(tempfile.mkdtemp(prefix="cc-bench-portal-")).resolve()
             config = str(state / "controller.ini")
@@ -229,6 +306,9 @@ def main() -> None:
             own = [i for i in rows if i["cloudauth-id"] == owner["userid"]]
             load["owner_sees_instances"], load["owner_owns_instances"] = len(rows), len(own)
             server_id = own[0]["id"]
+            # The readers: the load's other sample users first (a managed user, plain users), then
+            # more sessions of the owner.
+            reader_users = [u["email"] for k, u in load["sample"].items() if k != "owner"] + [email]
         browser = Browser(base)
         if not server_id:  # --url without --server-id: the first one the servers page links to
             browser.login(email, password)
@@ -240,8 +320,13 @@ def main() -> None:
         if server_id:
             pages = {**dict(list(pages.items())[:2]), "one server": f"/portal/servers/{server_id}",
                      **dict(list(pages.items())[2:])}
+        # Readers read the pages every user has (one server's page is the owner's, the managed
+        # users' page an owner's).
+        reader_paths = [p for n, p in pages.items() if n not in ("one server", "managed users")]
         results = measure(browser, pages=pages, email=email, password=password, requests_per_page=count,
-                          warmup=warmup, logins=logins, max_seconds=max_seconds)
+                          warmup=warmup, logins=logins, max_seconds=max_seconds,
+                          readers={"users": reader_users, "password": password, "paths": reader_paths,
+                                   "count": reader_count, "pause": reader_pause})
         results.append(argon2_alone(config, min(logins, 20)))
     finally:
         stop(server)
@@ -252,7 +337,9 @@ def main() -> None:
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
                     "uptime_before": uptime_before, "uptime_after": uptime()},
-        "client": "one, sequential, loopback", "requests_per_page": count, "warmup_per_page": warmup,
+        "client": "one, sequential, loopback",
+        "background": {"readers": reader_count, "reader_pause_s": reader_pause,
+                       "what": "each reader its own process and session: a page, a pause, the next"}, "requests_per_page": count, "warmup_per_page": warmup,
         "url": args.url, "sandbox_load": ({k: load[k] for k in ("users", "owners", "managed_users", "groups",
                                                                   "instances", "owner_sees_instances",
                                                                   "owner_owns_instances", "seconds")}

@@ -11,6 +11,7 @@ import pytest
 from falcon import testing
 
 from api.app import create_app
+from api.portal import render
 from api.portal.guard import COOKIE, HEADERS
 from api.portal.text import console_text
 from controller import images, users
@@ -457,8 +458,32 @@ def test_overview_shows_account_volume_servers_and_limits(browser, world):
     page = browser.get("/portal/").text
     assert "<code>alice</code>" in page and "2 GB" in page
     assert re.search(r'status-running">running</span> 1', page)
-    assert re.search(r"<td>Servers</td><td>1 of \d+</td>", page)
-    assert re.search(r"<td>Groups</td><td>1 of \d+</td>", page)
+    assert re.search(r'<td>Servers</td><td class="number">1</td><td class="number">\d{1,3}(,\d{3})*</td>', page)
+    assert re.search(r'<td>Groups</td><td class="number">1</td><td class="number">\d{1,3}(,\d{3})*</td>', page)
+
+
+def test_overview_counts_the_servers_by_their_recorded_status(cctx, browser, world):
+    before = browser.get("/portal/").text
+    cctx.store.conn.execute("UPDATE instances SET status = 'shutoff' WHERE id = ?", (world["id"],))
+    after = browser.get("/portal/").text
+    assert re.search(r'status-running">running</span> 1<', before) and "status-shutoff" not in before
+    assert re.search(r'status-shutoff">shutoff</span> 1<', after) and "status-running" not in after
+
+
+def test_paths_wrap_only_before_a_slash_and_stay_escaped(cctx, browser, world, alice):
+    home = cctx.store.account_of_user(alice.id, cctx.config.controller_id)["home"]
+    mount = cctx.store.volume_of_user(alice.id)["mount_point"]
+    for path, paths in (("/portal/", [home, mount]), ("/portal/volume", [mount])):
+        page = browser.get(path).text
+        shown = re.findall(r'<code class="path">(.*?)</code>', page)
+        assert [cell.replace("<wbr>", "") for cell in shown] == paths, path
+        for cell in shown:
+            assert "<wbr>" in cell
+            # Only ever a break before a slash (none before the leading one): names stay whole.
+            assert re.fullmatch(r"/[^/<]+(<wbr>/[^/<]+)*", cell), cell
+    macro = render._env.from_string('{% from "macros.html" import file_path %}{{ file_path(p) }}')
+    assert macro.render(p='/srv/<b>&"x"/a b') == '<code class="path">/srv<wbr>/&lt;b&gt;&amp;&#34;x&#34;<wbr>/a b</code>'
+    assert macro.render(p="") == '<code class="path"></code>'
 
 
 def test_server_detail_console_readiness_ssh_and_history(cctx, browser, world):
