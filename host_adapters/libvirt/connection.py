@@ -163,8 +163,6 @@ class ConnectionPart:
             wait = left if n == OPEN_ATTEMPTS - 1 else min(HEDGE_AFTER_SECONDS, left)
             if done.wait(max(wait, 0)) or time.monotonic() >= deadline:
                 break
-        if not done.is_set():
-            done.wait(max(deadline - time.monotonic(), 0))
         with guard:
             if not done.is_set():
                 outcome["abandoned"] = True

@@ -6,6 +6,7 @@ Lists of instances ask for every status at once (Hypervisor.statuses); with
 per connection and then follows the host's lifecycle events (_LiveStatuses).
 """
 
+import functools
 import logging
 import threading
 import time
@@ -184,6 +185,7 @@ class _LiveStatuses:
             return dict(self._statuses)
 
 
+@functools.cache
 def _telling_events() -> tuple[int, ...]:
     """The lifecycle events that say what a domain's status is now (the others keep it)."""
     lv = _libvirt()
