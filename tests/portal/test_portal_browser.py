@@ -11,6 +11,7 @@ old cookie replayed is refused. Over the whole journey the browser logs no CSP v
 the folder; else the test's temporary folder) to look at."""
 
 import http.server
+import json
 import os
 import re
 import subprocess
@@ -103,7 +104,7 @@ def shots(tmp_path):
 
 def test_a_users_journey_in_chromium(portal, shots):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.expected_conditions import staleness_of
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     base = portal["base"]
@@ -129,12 +130,29 @@ def test_a_users_journey_in_chromium(portal, shots):
             driver.find_element(By.CSS_SELECTOR, f"{form} button[type=submit]")
         click(target)
 
+    def arrive(condition: str):
+        """Wait until a loaded page meets a JavaScript condition.
+
+        While a page is being replaced, chromedriver may answer a call with an error about
+        the old page's nodes ("Node with given id does not belong to the document"), which
+        selenium's staleness_of does not expect (it failed CI once): such an answer means
+        "not there yet", and only the bound's expiry is a failure.
+        """
+        def loaded(d) -> bool:
+            try:
+                return bool(d.execute_script(f"return document.readyState === 'complete' && ({condition})"))
+            except WebDriverException:
+                return False
+        WebDriverWait(driver, 30).until(loaded)
+
     def click(element):
-        """Click, then wait for the page it leads to (the POST, its 303 and the GET) to load."""
-        old = driver.find_element(By.TAG_NAME, "html")
+        """Click, then wait for the page it leads to (the POST, its 303 and the GET) to load.
+
+        The old page carries a mark in its window; the new page has none.
+        """
+        driver.execute_script("window.ccLeaving = true")
         element.click()
-        WebDriverWait(driver, 30).until(staleness_of(old))
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+        arrive("window.ccLeaving === undefined")
 
     def text() -> str:
         return driver.find_element(By.TAG_NAME, "main").text
@@ -219,7 +237,7 @@ def test_a_users_journey_in_chromium(portal, shots):
         forger = Forger(server_url + "/delete", {"csrf": "x"})
         try:
             driver.get(forger.url)
-            WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/portal/"))
+            arrive(f"location.href.startsWith({json.dumps(base + '/portal/')})")
             settle(None)
             assert "Not allowed" in driver.find_element(By.TAG_NAME, "h1").text
             settle("13-forged-refused")
@@ -230,7 +248,7 @@ def test_a_users_journey_in_chromium(portal, shots):
         forger = Forger(base + "/portal/credentials/rotate", {"password": PASSWORD})
         try:
             driver.get(forger.url)
-            WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/portal/"))
+            arrive(f"location.href.startsWith({json.dumps(base + '/portal/')})")
             settle(None)
             assert "Not allowed" in driver.find_element(By.TAG_NAME, "h1").text
         finally:
