@@ -16,9 +16,11 @@
    (private_qemu_libvirtd.py: its own mount and network namespaces, a unix socket
    only), a storage pool and a NAT network per side, TCG (`virt_type = qemu`), a
    blank base image. One create alone, --create-rounds times per side alternating
-   (each deleted again through the API); then --burst creates at once per side while
-   a client reads the side's instance in a loop: when the last create answered, how
-   many were 201, the slowest read. Every domain of a side is destroyed before the
+   (each deleted again through the API); then --burst creates at once per side, spread
+   over --burst-users users (one user's host work in flight is bounded by
+   `[server] host_work_per_user`, 16: the burst measures the host, not that bound),
+   while a client reads the side's instance in a loop: when the last create answered,
+   how many were 201, the slowest read. Every domain of a side is destroyed before the
    other side's burst (TCG guests take CPU).
 
 Prints the table of docs/performance.md and writes the whole as JSON.
@@ -75,6 +77,7 @@ class Side:
     def __init__(self, name: str, repo: Path, python: str, commit: str):
         self.name, self.repo, self.python, self.commit = name, repo, python, commit
         self.procs: list[subprocess.Popen] = []
+        self.admin: dict = {}  # the superuser of its latest sandbox (sandbox())
 
     def agent(self, config: Path, *args: str, stdin: str | None = None) -> dict:
         out = subprocess.run([self.python, "-c", "from agent.cli import main; main()", "--config", str(config),
@@ -123,7 +126,8 @@ def token(port: int, who: dict) -> dict:
 def sandbox(side: Side, state: Path, *, uri: str, threads: int, extra: dict[str, dict[str, str]],
             init_again: bool = False) -> Path:
     """`init --sandbox` in state, its ini pointed at `uri` with `extra` keys (`init` again when
-    asked: it makes the network on that libvirt), and a superuser."""
+    asked: it makes the network on that libvirt), and a superuser (its credentials in
+    `side.admin`)."""
     config = state / "controller.ini"
     side.agent(config, "init", "--sandbox", str(state))
     ini = configparser.ConfigParser(interpolation=None)
@@ -138,8 +142,8 @@ def sandbox(side: Side, state: Path, *, uri: str, threads: int, extra: dict[str,
         ini.write(f)
     if init_again:
         side.agent(config, "init")
-    side.agent(config, "user", "create-superuser", "--email", "bench-admin@example.org", "--password-file", "-",
-               stdin="Bench-admin-pass-2026\n")
+    side.admin = side.agent(config, "user", "create-superuser", "--email", "bench-admin@example.org",
+                            "--password-file", "-", stdin="Bench-admin-pass-2026\n")
     return config
 
 
@@ -194,12 +198,33 @@ def create_setup(side: Side, state: Path, daemon: PrivateQemuLibvirtd, index: in
         "network": {"name": f"ccb-{side.name}", "subnet": f"10.{220 + index}.0.0/16"},
     }
     config = sandbox(side, state, uri=daemon.uri, threads=args.threads, extra=extra, init_again=True)
-    loaded = side.agent(config, "sandbox", "load", "--users", "1", "--owners", "1", "--managed-per-owner", "0",
+    n = str(args.burst_users)
+    loaded = side.agent(config, "sandbox", "load", "--users", n, "--owners", n, "--managed-per-owner", "0",
                         "--owner-instances", "0", "--instances", "0", "--groups", "0")
     port = side.serve(config, state / "serve.log")
     headers = token(port, loaded["sample"]["owner"])
     body = {"server-image": loaded["image"], "server-flavor": loaded["flavor"]}
-    return {"port": port, "headers": headers, "body": body, "prefix": prefix, "state": state}
+    return {"port": port, "headers": headers, "body": body, "prefix": prefix, "state": state,
+            "burst_headers": users_headers(port, side.admin, args.burst_users)}
+
+
+def users_headers(port: int, admin: dict, n: int) -> list[dict]:
+    """Tokens of the sandbox's n owners, by the spec's user interface (their secrets as a
+    superuser sees them): both commits answer it alike."""
+    boss = token(port, admin)
+    status, listed = http(port, "GET", "/v1/user/list", headers=boss)
+    if status != 200:
+        sys.exit(f"bench: user list answered {status}: {listed}")
+    owners = [u for u in listed["data"]["users"] if u["id"] != admin["userid"]][:n]
+    out = []
+    for user in owners:
+        status, secret = http(port, "GET", f"/v1/user/view_api_secret/{user['id']}", headers=boss)
+        if status != 200:
+            sys.exit(f"bench: view_api_secret answered {status}: {secret}")
+        out.append(token(port, {"api_key": user["api_key"], "api_secret": secret["data"]["api_secret"]}))
+    if len(out) != n:
+        sys.exit(f"bench: the sandbox has {len(out)} users for the burst, not {n}")
+    return out
 
 
 def one_create(s: dict) -> float:
@@ -213,7 +238,8 @@ def one_create(s: dict) -> float:
 
 
 def burst(s: dict, n: int) -> dict:
-    """n creates at once while one client reads the side's kept instance in a loop."""
+    """n creates at once, by the burst's users in turn, while one client reads the side's
+    kept instance in a loop."""
     created: list[tuple[float, int]] = []
     read_times: list[tuple[float, float, int]] = []
     stop = threading.Event()
@@ -221,9 +247,9 @@ def burst(s: dict, n: int) -> dict:
     began = [0.0]
     target = f"/v1/server-instance/{s['made'][-1]}"
 
-    def create():
+    def create(headers: dict):
         gate.wait()
-        status, _ = http(s["port"], "POST", "/v1/server-instance", body=s["body"], headers=s["headers"])
+        status, _ = http(s["port"], "POST", "/v1/server-instance", body=s["body"], headers=headers)
         created.append((time.monotonic() - began[0], status))
 
     def read():
@@ -233,7 +259,8 @@ def burst(s: dict, n: int) -> dict:
             read_times.append((t0 - began[0], time.monotonic() - t0, status))
             time.sleep(0.05)
 
-    workers = [threading.Thread(target=create) for _ in range(n)]
+    users = s["burst_headers"]
+    workers = [threading.Thread(target=create, args=(users[i % len(users)],)) for i in range(n)]
     for w in workers:
         w.start()
     reader = threading.Thread(target=read)
@@ -351,6 +378,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4, help="waitress threads of every server")
     parser.add_argument("--create-rounds", type=int, default=3, help="single creates per side")
     parser.add_argument("--burst", type=int, default=32, help="creates at once per side")
+    parser.add_argument("--burst-users", type=int, default=4, help="users the burst's creates are spread over")
     parser.add_argument("--skip-reads", action="store_true")
     parser.add_argument("--skip-creates", action="store_true")
     parser.add_argument("--json-out", default=None)
