@@ -1,5 +1,5 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): the agent (CONTRACT
-6).
+"""Black-box tests of the published contract (the API spec, the README and docs/): the agent
+(`cloud-agent`, as the README describes it).
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
@@ -15,7 +15,7 @@ from tests.fixtures.blackbox import (
 
 
 # ===========================================================================
-# The agent (CONTRACT 6)
+# The agent (the admin command, README)
 # ===========================================================================
 
 def test_agent_init_check_and_env_config(env):

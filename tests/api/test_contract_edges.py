@@ -1,4 +1,4 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): more edges: rate
+"""Black-box tests of the published contract (the API spec, the README and docs/): more edges: rate
 limit, escalation attempts, odd input, OpenAPI methods.
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
@@ -351,7 +351,7 @@ def test_tokens_expire_and_host_failures_are_503(ttl_service):
 
 
 def test_no_secret_in_plain_text_at_rest_or_in_the_log(env):
-    """CONTRACT 2: slow hashes for passwords, API secrets encrypted at rest; no secret in logs."""
+    """Authentication (docs/api.md): slow hashes for passwords, API secrets encrypted at rest; no secret in logs."""
     u = env.user()
     cp = configparser.ConfigParser()
     cp.read(env.config)

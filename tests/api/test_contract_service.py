@@ -1,5 +1,5 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): the service
-endpoints, body limits and content types (CONTRACT 5).
+"""Black-box tests of the published contract (the API spec, the README and docs/): the service
+endpoints, body limits and content types (the controller's rules, docs/api.md).
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
@@ -27,7 +27,7 @@ def test_openapi_document_lists_both_interfaces(env):
 
 
 # ===========================================================================
-# Body limits and content types (CONTRACT 5)
+# Body limits and content types (the controller's rules, docs/api.md)
 # ===========================================================================
 
 def test_413_on_both_interfaces(env):

@@ -51,7 +51,7 @@ schema = schemathesis.openapi.from_wsgi("/v1/openapi.json", APP)
 def test_generated_requests_get_documented_answers(case):
     case.call_and_validate(
         headers={"X-Auth-Token": ADMIN.token, "X-Auth-Cloudauth-Id": ADMIN.id},
-        # Headers: every answer's documented X-Request-Id (CONTRACT.md section 13).
+        # Headers: every answer's documented X-Request-Id (history and request ids, docs/api.md).
         checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
                 response_headers_conformance],
     )

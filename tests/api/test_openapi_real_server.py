@@ -60,7 +60,7 @@ def test_generated_requests_to_the_real_server_get_documented_answers(case, real
     # Every check but two. A request the document allows may still break a business rule
     # (a weak password, a group name that exists, both filters of GET /v1/group): a
     # documented 400/403/409, not a wrong answer. And unknown query parameters are ignored,
-    # and `show_inactive` counts as given with any value but 0/false (CONTRACT.md section
-    # 4, docs/decisions.md), which the negative-data check takes for accepting bad data.
+    # and `show_inactive` counts as given with any value but 0/false (the user
+    # interface's rules, docs/api.md and docs/decisions.md), which the negative-data check takes for accepting bad data.
     case.call_and_validate(base_url=real_server["base"], headers=real_server[who],
                            excluded_checks=[positive_data_acceptance, negative_data_rejection])

@@ -1,4 +1,4 @@
-"""X-Request-Id (CONTRACT.md section 13): on every answer of both interfaces, errors and
+"""X-Request-Id (history and request ids, docs/api.md): on every answer of both interfaces, errors and
 unauthenticated paths included; a client's safe id kept, any other replaced; the same id
 on the audit row, the log lines and the instance history."""
 

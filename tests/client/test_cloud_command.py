@@ -1,4 +1,4 @@
-"""The `cloud` command (issue 18, CONTRACT.md section 12) against a real `cloud-agent serve`.
+"""The `cloud` command (issue 18, the user command, docs/client.md) against a real `cloud-agent serve`.
 
 The sandbox profile on waitress (libvirt's test driver: no guest boots), driven
 through the installed entry point next to the test's python, as a subprocess,

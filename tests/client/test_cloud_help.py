@@ -26,7 +26,7 @@ def test_every_command_has_help_with_an_example():
         assert example, f"cloud {' '.join(path)} --help has no example"
         assert "cloud " in example[0] and ("cloud " + " ".join(path[:1])) in result.output, (path, example)
         seen.append(" ".join(path))
-    # The commands of CONTRACT.md section 12, and the rest of issue 18.
+    # The commands docs/client.md lists, and the rest of issue 18.
     wanted = {"login", "logout", "limits", "server create", "server list", "server show", "server delete",
               "server reboot", "server start", "server stop", "server users add", "server users remove",
               "server users set", "server ssh", "server console", "volume create", "volume show", "volume delete",

@@ -1,6 +1,6 @@
 """What `cloud` keeps and where it sends it, with no real service: a kept login belongs to its URL,
 an ended login is not sent and says how to renew it, 429 and 503 are waited out within a bound and
-never cost the kept token, and a bad URL is said in words (CONTRACT.md section 12)."""
+never cost the kept token, and a bad URL is said in words (the user command, docs/client.md)."""
 
 import json
 import re

@@ -1,5 +1,5 @@
 """Parts of the client library and the `cloud` command that need no service: the console
-(whose server side is CONTRACT.md section 10), readiness probes, errors of the transport."""
+(whose server side docs/api.md describes), readiness probes, errors of the transport."""
 
 import json
 import socket
@@ -16,7 +16,7 @@ SID = "0b6a7c1e-4b5e-4a43-9a3e-2f0c5f1d9a01"
 
 
 class _Console(BaseHTTPRequestHandler):
-    """Answers GET /v1/server-instance/<SID>/console as CONTRACT.md section 10 says; 404 else."""
+    """Answers GET /v1/server-instance/<SID>/console as docs/api.md says; 404 else."""
 
     seen: list[str] = []
 

@@ -1,4 +1,4 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): groups.
+"""Black-box tests of the published contract (the API spec, the README and docs/): groups.
 
 The product is driven only from outside, through tests/fixtures/blackbox.py; every test
 runs on both groups backends (`env` in tests/groups/conftest.py), local and ldap."""

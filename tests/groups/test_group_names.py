@@ -62,7 +62,7 @@ def test_a_reserved_name_that_exists_on_the_host_is_named_as_existing(client, cc
 
 @pytest.mark.parametrize("name", ["lab", "_g1", "admins", "sudo-users", "dockerish", "g" + "x" * 31, "a"])
 def test_other_posix_names_are_accepted_by_default(client, cctx, adapters, alice, name):
-    """CONTRACT.md section 5: a POSIX name that is not refused and not on the host is accepted."""
+    """Group names (docs/api.md): a POSIX name that is not refused and not on the host is accepted."""
     r = post_group(client, alice, name, ["alice"])
     assert r.status_code == 201, r.text
     assert adapters.groups.get(name) == ["alice"]

@@ -12,7 +12,7 @@ instance's private address as themselves, with their cluster uid, gid and
 groups and their home mounted by virtiofs. modify-users then takes bob out,
 and after a reboot he can no longer log in and his home is not in the guest.
 Delete leaves no domain, disk, seed, kept console or reservation. Throughout, the
-console endpoint (CONTRACT.md section 10) shows the guest's boot, and `ready` is
+console endpoint (the console, docs/api.md) shows the guest's boot, and `ready` is
 false right after the create and after the reboot, true once cloud-init finished.
 
 Two hypervisor hosts (issue 10): the config's own (the test libvirtd) and a

@@ -1,5 +1,5 @@
 """What an instance's guest is told, on fake host adapters: addresses, users, groups, homes, and
-that every change reaches the seed (CONTRACT.md section 7)."""
+that every change reaches the seed (guests, docs/guests.md)."""
 
 import ipaddress
 import json

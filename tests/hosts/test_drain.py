@@ -1,4 +1,4 @@
-"""`cloud-agent host drain NAME` (CONTRACT.md section 9, issue 19): cold moves off a host that answers.
+"""`cloud-agent host drain NAME` (hosts, README, issue 19): cold moves off a host that answers.
 
 On fake hosts (tests/hosts/test_hosts.py's cluster: default 4 GiB, node-a 8 GiB, node-b
 6 GiB): each instance is moved with its identity, its disk's content and its power state,

@@ -1,4 +1,4 @@
-"""`cloud-agent host evacuate NAME --host-is-down` (CONTRACT.md section 9, issue 16 fault (c)).
+"""`cloud-agent host evacuate NAME --host-is-down` (hosts, README, issue 16 fault (c)).
 
 On fake hosts (tests/hosts/test_hosts.py's cluster: default 4 GiB, node-a 8 GiB, node-b
 6 GiB): a dead host's instances are rebuilt elsewhere with the same identity, the

@@ -1,4 +1,4 @@
-"""GET /v1/server-instance/<id>/actions on fake host adapters (CONTRACT.md section 13): every
+"""GET /v1/server-instance/<id>/actions on fake host adapters (history and request ids, docs/api.md): every
 action recorded with its requester, request id, result, message and time; errors of a
 visible instance recorded, requests that name none not; visibility; after the delete;
 pruned with the audit retention."""

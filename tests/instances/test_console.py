@@ -1,4 +1,4 @@
-"""GET /v1/server-instance/<id>/console on fake host adapters (CONTRACT.md section 10): the
+"""GET /v1/server-instance/<id>/console on fake host adapters (the console, docs/api.md): the
 output since the last start, `bytes`, `ready` from the seed's marker, reboots, visibility."""
 
 import json

@@ -1,4 +1,4 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): images and flavors.
+"""Black-box tests of the published contract (the API spec, the README and docs/): images and flavors.
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 

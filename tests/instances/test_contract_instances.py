@@ -1,4 +1,4 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): server-instances.
+"""Black-box tests of the published contract (the API spec, the README and docs/): server-instances.
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 

@@ -327,7 +327,7 @@ def test_32_concurrent_user_creates_never_pass_the_managed_users_limit(user_clie
     assert limited.store.count_owned([alice.id]) == {alice.id: 5}
 
 
-# -- the sandbox profile (CONTRACT.md section 8) ---------------------------------------------
+# -- the sandbox profile (limits, docs/api.md) ---------------------------------------------
 def test_sandbox_holds_20_instances_per_user_and_2000_on_the_test_drivers_host(tmp_path):
     import libvirt
 

@@ -1,4 +1,4 @@
-"""POST /v1/auth/token, the header check, token revocation, throttling, secrets at rest (CONTRACT.md 2)."""
+"""POST /v1/auth/token, the header check, token revocation, throttling, secrets at rest (authentication, docs/api.md)."""
 
 import glob
 import time

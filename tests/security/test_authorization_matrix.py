@@ -2,7 +2,7 @@
 
 The target is a managed user `target` owned by `owner`, who is itself owned by
 `grandowner`; `target` holds a system account, a volume, an instance and a
-group. Each cell is the status the contract gives (CONTRACT.md sections 2-5):
+group. Each cell is the status the documented rules give (docs/api.md):
 the test fails on any cell that differs. Every cell runs against a fresh
 service on fake adapters, so destructive calls do not disturb the others.
 """

@@ -1,5 +1,5 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): tokens and the header
-check (CONTRACT 2).
+"""Black-box tests of the published contract (the API spec, the README and docs/): tokens and the header
+check (authentication, docs/api.md).
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
@@ -9,7 +9,7 @@ from tests.fixtures.blackbox import DATE_TIME, PASSWORD, User, cc_err, ui_err, u
 
 
 # ===========================================================================
-# Tokens and the header check (CONTRACT 2)
+# Tokens and the header check (authentication, docs/api.md)
 # ===========================================================================
 
 def test_token_by_api_key_and_by_password(env):

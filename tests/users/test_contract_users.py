@@ -1,5 +1,5 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): the user interface:
-create, view, update, list, search, passwords, API secrets, delete (spec 4.6, CONTRACT 3 and 4).
+"""Black-box tests of the published contract (the API spec, the README and docs/): the user interface:
+create, view, update, list, search, passwords, API secrets, delete (spec 4.6, docs/api.md).
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
@@ -13,7 +13,7 @@ from tests.fixtures.blackbox import (
 
 
 # ===========================================================================
-# User interface: create (spec 4.6, CONTRACT 3 and 4)
+# User interface: create (spec 4.6, docs/api.md)
 # ===========================================================================
 
 def test_create_by_json_and_by_form(env):

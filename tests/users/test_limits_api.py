@@ -1,4 +1,4 @@
-"""GET /v1/limits (CONTRACT.md section 11): a user's limits in force and what it holds now,
+"""GET /v1/limits (limits, docs/api.md): a user's limits in force and what it holds now,
 for itself or a user it sees; on fake host adapters through the API."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The cloud auth user interface: every endpoint, and who may call it (spec 4.6, CONTRACT.md 3-4)."""
+"""The cloud auth user interface: every endpoint, and who may call it (spec 4.6, docs/api.md)."""
 
 import os
 import re

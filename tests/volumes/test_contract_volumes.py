@@ -1,4 +1,4 @@
-"""Black-box tests of the published contract (the spec, CONTRACT.md, the README): storage volumes.
+"""Black-box tests of the published contract (the API spec, the README and docs/): storage volumes.
 
 The product is driven only from outside, through tests/fixtures/blackbox.py."""
 
