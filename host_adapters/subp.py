@@ -8,6 +8,7 @@ command, its exit code and stderr.
 import logging
 import os
 import selectors
+import signal
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
@@ -69,7 +70,9 @@ def run_bounded(argv: Sequence[str], *, max_bytes: int, timeout: float,
     argv = [str(a) for a in argv]
     log.info("running %s", " ".join(argv))
     try:
-        proc = _popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # A session of its own: what it started ends with it (killpg below).
+        proc = _popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      start_new_session=True)
     except FileNotFoundError:
         raise HostUnavailable(f"command not found: {argv[0]}") from None
     out, err = bytearray(), bytearray()
@@ -99,7 +102,10 @@ def run_bounded(argv: Sequence[str], *, max_bytes: int, timeout: float,
     finally:
         selector.close()
         if proc.poll() is None:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()

@@ -7,7 +7,6 @@ in-memory fake; and which channel each libvirt URI gets.
 
 import os
 import stat
-import subprocess
 import time
 
 import pytest
@@ -193,8 +192,12 @@ def test_a_command_that_does_not_end_is_stopped_at_its_timeout(fake_ssh, tmp_pat
     began = time.monotonic()
     # Past the regular-file check (a race on the host): the read blocks; the bound ends it.
     with pytest.raises(HostUnavailable, match="timed out"):
-        files._run("read", f"cat {fifo}", max_bytes=10)
+        files._run("read", f"cat {fifo}; cat {fifo}", max_bytes=10)
     assert time.monotonic() - began < 5
+    # Nothing it started is left waiting on the FIFO: no writer finds a reader.
+    time.sleep(0.2)
+    with pytest.raises(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 @pytest.mark.parametrize("host, user, port", [("-oProxyCommand=x", None, None), ("node01", "-x", None),
