@@ -164,9 +164,15 @@ def is_local_qemu(uri: str) -> bool:
     return parts.scheme in ("qemu", "qemu+unix") and not parts.netloc
 
 
+# Which channel reaches a host's console files (this machine, loopback, ssh) is chosen from its
+# URI by host_files_choice.host_files_for, kept in a module of its own: the libvirt adapter
+# picks its default there, and this module imports the adapter.
+
+
 def build_hypervisor(config: AdapterConfig, host: HostSpec | None = None) -> Hypervisor:
     """The Hypervisor of one host (default: the config's own), with the config's
     virt_type, cpu_mode, domain prefix and subnet."""
+    from host_adapters.host_files_choice import host_files_for
     from host_adapters.libvirt.driver import LibvirtHypervisor
     from host_adapters.libvirt.volume_io import InProcessVolumeIO, StreamVolumeIO
 
@@ -192,6 +198,8 @@ def build_hypervisor(config: AdapterConfig, host: HostSpec | None = None) -> Hyp
         connect_timeout=None if in_process else float(config.hosts.connect_timeout_seconds),
         status_max_age=float(config.libvirt.status_max_age_seconds),
         lean_definitions=test_driver,
+        # The console files: read on this machine or over ssh, never through a pool.
+        host_files=host_files_for(host.uri),
     )
 
 

@@ -6,15 +6,23 @@ command, its exit code and stderr.
 """
 
 import logging
+import os
+import selectors
+import signal
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 
-from common.errors import CommandError, HostUnavailable
+from common.errors import CommandError, HostError, HostUnavailable
 
 log = logging.getLogger(__name__)
 
-# Tests replace this to forbid real commands unless a test opts in.
+# Tests replace these to forbid real commands unless a test opts in.
 _run = subprocess.run
+_popen = subprocess.Popen
+
+# What run_bounded keeps of a command's stderr (its end): a message, not a stream.
+STDERR_KEPT = 64 * 1024
 
 
 def run(
@@ -50,3 +58,58 @@ def run(
             stderr = stderr.replace(s, "<redacted>")
         raise CommandError(shown, proc.returncode, stderr)
     return proc
+
+
+def run_bounded(argv: Sequence[str], *, max_bytes: int, timeout: float,
+                ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess:
+    """Run argv and return its exit code, stdout (bytes, at most max_bytes) and the end of its
+    stderr (text), for a command whose output is not trusted to end where asked (another
+    host's): HostError, and the command killed, as soon as it sends more than max_bytes;
+    CommandError when it has not ended within `timeout` seconds or exits with a code not in
+    ok_codes."""
+    argv = [str(a) for a in argv]
+    log.info("running %s", " ".join(argv))
+    try:
+        # A session of its own: what it started ends with it (killpg below).
+        proc = _popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      start_new_session=True)
+    except FileNotFoundError:
+        raise HostUnavailable(f"command not found: {argv[0]}") from None
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    selector = selectors.DefaultSelector()
+    try:
+        selector.register(proc.stdout, selectors.EVENT_READ, out)
+        selector.register(proc.stderr, selectors.EVENT_READ, err)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommandError(argv, -1, f"timed out after {timeout} s")
+            for key, _events in selector.select(left):
+                piece = os.read(key.fd, 65536)
+                if not piece:
+                    selector.unregister(key.fileobj)
+                    continue
+                key.data.extend(piece)
+                if key.data is out and len(out) > max_bytes:
+                    raise HostError(f"{argv[0]} sent more than the {max_bytes} bytes asked for; stopped")
+                if key.data is err and len(err) > STDERR_KEPT:
+                    del err[:-STDERR_KEPT]
+        try:
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise CommandError(argv, -1, f"timed out after {timeout} s") from None
+    finally:
+        selector.close()
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    stderr = err.decode(errors="replace")
+    if code not in set(ok_codes):
+        raise CommandError(argv, code, stderr)
+    return subprocess.CompletedProcess(argv, code, bytes(out), stderr)

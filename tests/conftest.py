@@ -26,6 +26,7 @@ def _forbid_real_commands(request, monkeypatch):
         raise AssertionError(f"real command in a unit test: {argv!r}")
 
     monkeypatch.setattr(subp, "_run", refuse)
+    monkeypatch.setattr(subp, "_popen", refuse)
 
 
 @pytest.fixture
@@ -36,3 +37,4 @@ def no_commands(monkeypatch):
         raise AssertionError(f"a command ran: {argv!r}")
 
     monkeypatch.setattr(subp, "_run", refuse)
+    monkeypatch.setattr(subp, "_popen", refuse)

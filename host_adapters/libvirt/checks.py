@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 
 from common.errors import HostUnavailable
 from host_adapters.hypervisor import HostCapacity, HostIdentity
+from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.connection import _connection_lost, _libvirt, _msg
@@ -22,6 +23,8 @@ class ChecksPart:
     def check(self) -> None:
         def op(conn):
             self._pool(conn)
+            # An earlier version kept the consoles in a pool, which libvirt probes: forgotten.
+            console_log.forget_legacy_pool(conn, self.storage_pool, _libvirt())
             net = self._network(conn)
             if not net.isActive():
                 raise HostUnavailable(f"libvirt network {self.network!r} is not active: run `cloud-agent init`")

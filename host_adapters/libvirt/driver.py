@@ -23,6 +23,8 @@ from common.errors import Conflict, HostError, InvalidInput, NotFound
 from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes
 from host_adapters.disk_copy import open_disk_copy
 from host_adapters.guest import GuestSpec, Share, check_guest, check_positive, reservations_for
+from host_adapters.host_files import HostFiles
+from host_adapters.host_files_choice import host_files_for
 from host_adapters.hypervisor import GiB, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
 from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
@@ -67,6 +69,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
     `status_max_age`: statuses() may answer from a snapshot that old (seconds).
     `lean_definitions` (test driver only, the sandbox): domains carry only what
     the controller reads back (shares, NICs), not disks, console or CPU.
+    `host_files` reaches the host's console files (default: the channel its URI
+    calls for, host_files_choice.py).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         connect_timeout: float | None = None,
         status_max_age: float = 0.0,
         lean_definitions: bool = False,
+        host_files: HostFiles | None = None,
     ):
         if virt_type not in VIRT_TYPES:
             raise InvalidInput(f"virt_type must be one of {', '.join(VIRT_TYPES)}, not {virt_type!r}")
@@ -100,6 +105,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         # The sandbox's options for libvirt's test driver (test_driver.py).
         self._stand_in = stand_in_base_images
         self._lean = lean_definitions
+        self.host_files = host_files if host_files is not None else host_files_for(uri)
 
     def _domain(self, conn, instance_id: str):
         lv = _libvirt()
@@ -185,12 +191,12 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                 )
                 vol = step("create disk volume", _while_pool_busy, pool.createXML, overlay.to_xml(), 0)
             step("write seed", self._write_seed, conn, pool, instance_id, guest)
-            console_pool = step("make the console files", self._console_files, conn, pool, instance_id)
+            console_folder = step("make the console folder", self._console_folder, conn, pool)
             step("reserve addresses", self._update_hosts, conn, add=reservations_for(guest))
             step("define network filters", self._ensure_filters, conn, guest)
             seed_path = self._volume(pool, seed_name).path()
             definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu, memory_mb=memory_mb,
-                                          guest=guest, console_pool=console_pool)
+                                          guest=guest, console_folder=console_folder)
             dom = step("define domain", conn.defineXML, definition.to_xml())
             if start:
                 step("start domain", dom.create)
@@ -227,7 +233,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                                    domain_xml.Volume(name=name, capacity_bytes=source.size, format="raw").to_xml(), 0)
             self._io.upload_file(conn, vol, source, None)
             # libvirt probes the file again: a qcow2 overlay on the base image (the pool holds no
-            # guest-written header: the consoles are in a pool of their own, console_log.py).
+            # guest-written header: the consoles are in a folder no pool holds, console_log.py).
             _while_pool_busy(pool.refresh, 0)
             vol = pool.storageVolLookupByName(name)
             fmt = ET.fromstring(vol.XMLDesc(0)).find("target/format")
@@ -313,8 +319,10 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             self._remove_domain(dom)
         if instance_id is not None:
             pool = self._pool(conn)
-            console_log.remove([console_log.find_pool(conn, self.storage_pool, lv), pool],
-                               console_log.file_name(self._names.prefix, instance_id), lv)
+            name = console_log.file_name(self._names.prefix, instance_id)
+            if not self._lean_test(conn):
+                console_log.remove(self.host_files, console_log.folder_of(pool), name)
+            console_log.remove_legacy_volumes(pool, name, lv)
         if macs:
             self._update_hosts(conn, remove=macs)
         self._remove_volumes(conn, volumes)
@@ -329,19 +337,19 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         """Lean definitions on the test driver (the sandbox): no console, among others."""
         return self._lean and test_driver.is_test_driver(conn)
 
-    def _console_files(self, conn, pool, instance_id: str):
-        """The console pool, with the instance's console files made in it (console_log.py);
-        None where no console is kept."""
+    def _console_folder(self, conn, pool) -> str | None:
+        """The console folder of the storage pool `pool`, made when missing (console_log.py),
+        with the console pool of an earlier version undefined; None where no console is kept."""
         if self._lean_test(conn):
             return None
-        lv = _libvirt()
-        console_pool = console_log.ensure_pool(conn, pool, lv)
-        if console_pool is not None:
-            console_log.make_files(console_pool, console_log.file_name(self._names.prefix, instance_id), lv)
-        return console_pool
+        console_log.forget_legacy_pool(conn, self.storage_pool, _libvirt())
+        folder = console_log.folder_of(pool)
+        if folder is not None:
+            self.host_files.ensure_folder(folder)
+        return folder
 
     def _definition(self, conn, instance_id, disk_path, seed_path, *, vcpu, memory_mb, guest,
-                    console_pool=None) -> domain_xml.Domain:
+                    console_folder=None) -> domain_xml.Domain:
         name = self._names.domain(instance_id)
         is_test = test_driver.is_test_driver(conn)
         if self._lean and is_test:
@@ -366,7 +374,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             cpu_mode=cpu_mode,
             cpu_model=cpu_model,
             serial_console=True,
-            serial_log=console_log.log_path(console_pool, self._names.prefix, instance_id),
+            serial_log=console_log.log_path(console_folder, self._names.prefix, instance_id),
             bios_serial=True,
         )
 
@@ -551,6 +559,10 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         check_id(instance_id, "instance id")
         check_max_bytes(max_bytes)
         name = console_log.file_name(self._names.prefix, instance_id)
-        return self._call(f"read the console of instance {instance_id}", lambda conn: console_log.read(
-            conn, console_log.find_pool(conn, self.storage_pool, _libvirt()), self._domain(conn, instance_id),
-            name=name, max_bytes=max_bytes, since=since, lv=_libvirt()))
+
+        def op(conn):
+            folder = None if self._lean_test(conn) else console_log.folder_of(self._pool(conn))
+            return console_log.read(self.host_files, folder, self._domain(conn, instance_id), name=name,
+                                    max_bytes=max_bytes, since=since)
+
+        return self._call(f"read the console of instance {instance_id}", op)

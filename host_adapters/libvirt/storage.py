@@ -180,7 +180,7 @@ class StoragePart:
         written to in place while it was uploaded). InvalidInput otherwise (the caller
         removes the volume)."""
         # Upload ends with an asynchronous refresh; ours makes libvirt probe the file now. The
-        # pool holds no guest-written byte (the consoles have a pool of their own, console_log.py),
+        # pool holds no guest-written byte (the consoles are in a folder no pool holds, console_log.py),
         # so the probe reads only images the controller made; a volume being built elsewhere
         # in the pool makes libvirt refuse the refresh for a while.
         _while_pool_busy(pool.refresh, 0)

@@ -867,7 +867,7 @@ def test_public_methods_match_the_interface(impl):
 def test_constructor_signatures():
     assert list(inspect.signature(LibvirtHypervisor).parameters) == [
         "uri", "storage_pool", "domain_prefix", "network", "subnet", "virt_type", "cpu_mode", "volume_io",
-        "stand_in_base_images", "connect_timeout", "status_max_age", "lean_definitions",
+        "stand_in_base_images", "connect_timeout", "status_max_age", "lean_definitions", "host_files",
     ]
     assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-', network: str = 'cc-private')"
 

@@ -5,7 +5,9 @@ being built ("pool ... has asynchronous jobs running"); the adapter waits for it
 and a delete it could not finish keeps its intent for `reconcile --fix`. Nothing on a
 request path refreshes a pool, and no guest-written byte sits in one: a console holding a
 qcow2 header whose backing file is a FIFO (which hangs a refresh that probes it) leaves
-console reads, deletes and volume lists answering.
+console reads, deletes and volume lists answering, also after libvirtd starts again (which
+refreshes every active pool); a console pool an earlier version made is undefined, its
+files kept.
 """
 
 import os
@@ -24,7 +26,7 @@ from host_adapters.guest import GuestSpec
 from host_adapters.libvirt import connection
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from tests.fixtures.api import make_caller, new_context
-from tests.fixtures.libvirtd import cleanup_hypervisor, real_libvirt_values, unique_prefix
+from tests.fixtures.libvirtd import cleanup_hypervisor, real_libvirt_values, remove_console_pool, unique_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -93,9 +95,8 @@ def test_a_pool_refusal_after_the_domain_went_is_waited_for_and_the_destroy_fini
     try:
         with pytest.raises(libvirt.libvirtError):
             conn.lookupByName(hv._names.domain(instance_id))
-        for name in (libvirt_dir_pool.name, libvirt_dir_pool.name + "-console"):
-            assert not [v.name() for v in conn.storagePoolLookupByName(name).listAllVolumes(0)
-                        if instance_id in v.name()]
+        assert not [v.name() for v in conn.storagePoolLookupByName(libvirt_dir_pool.name).listAllVolumes(0)
+                    if instance_id in v.name()]
     finally:
         conn.close()
     assert pool_files(libvirt_dir_pool.path, instance_id) == []
@@ -221,6 +222,46 @@ def console_path(uri: str, domain: str) -> str:
         conn.close()
 
 
+def pool_folders(uri: str) -> list[str]:
+    """The folders of every pool the libvirtd at uri has defined or running."""
+    import xml.etree.ElementTree as ET
+
+    import libvirt
+
+    conn = libvirt.open(uri)
+    try:
+        return [ET.fromstring(p.XMLDesc(0)).findtext("target/path") or "" for p in conn.listAllStoragePools(0)]
+    finally:
+        conn.close()
+
+
+def in_a_pool(uri: str, path: str) -> list[str]:
+    return [f for f in pool_folders(uri) if f and os.path.dirname(path) == f.rstrip("/")]
+
+
+def qcow2_with_fifo_backing(tmp_path) -> tuple[bytes, str]:
+    """What guest root can make virtlogd's rotation start a file with: a qcow2 header naming a
+    backing file of its choice, here a FIFO (opening it for reading blocks until a writer
+    comes). The header's bytes and the FIFO's path."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    header = tmp_path / "header.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(fifo), "-u", str(header), "1M"],
+                   check=True)
+    return header.read_bytes(), str(fifo)
+
+
+def release_fifo(fifo: str) -> None:
+    """Whatever opened the FIFO for reading (a refresh that probed the header) gets its end."""
+    for _ in range(50):
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return  # no reader: nothing waits on it
+        os.close(fd)
+        time.sleep(0.1)
+
+
 def within(seconds: float, call):
     """call()'s result, or AssertionError when it has not answered within `seconds`."""
     out: dict = {}
@@ -247,23 +288,18 @@ def test_a_qcow2_header_with_a_fifo_backing_in_a_console_holds_nothing_up(servic
     assert r.status_code == 201, r.json
     iid = r.json["data"][0]["id"]
     path = console_path(pool.uri, ctx.adapters.hypervisor._names.domain(iid))
-    # What guest root can make virtlogd's rotation start a file with: a qcow2 header naming a
-    # backing file of its choice, here a FIFO (opening it for reading blocks until a writer comes).
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    header = tmp_path / "header.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(fifo), "-u", str(header), "1M"],
-                   check=True)
+    header, fifo = qcow2_with_fifo_backing(tmp_path)
     with open(path, "r+b") as f:
-        f.write(header.read_bytes())
+        f.write(header)
     try:
         r = within(20, lambda: client.simulate_get(f"/v1/server-instance/{iid}/console", headers=alice.headers,
                                                    query_string="bytes=16"))
         assert r.status_code == 200, r.json
-        for name in (pool.name, pool.name + "-console"):
-            listed = within(20, lambda n=name: subprocess.run(["virsh", "-c", pool.uri, "vol-list", n],
-                                                              capture_output=True, text=True, timeout=60))
-            assert listed.returncode == 0, listed.stderr
+        listed = within(20, lambda: subprocess.run(["virsh", "-c", pool.uri, "vol-list", pool.name],
+                                                   capture_output=True, text=True, timeout=60))
+        assert listed.returncode == 0, listed.stderr
+        # The console file is in no folder of any pool libvirt knows (so nothing ever probes it).
+        assert not in_a_pool(pool.uri, path)
         r = within(20, lambda: client.simulate_delete(f"/v1/server-instance/{iid}", headers=alice.headers))
         assert r.status_code == 200, r.json
         assert ctx.store.all_instances() == [] and not os.path.exists(path)
@@ -274,14 +310,74 @@ def test_a_qcow2_header_with_a_fifo_backing_in_a_console_holds_nothing_up(servic
     finally:
         if os.path.exists(path):
             open(path, "wb").close()  # no later probe (a teardown's refresh) meets the header again
-        # Whatever opened the FIFO for reading (a refresh that probed the header) gets its end.
-        def release():
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            os.close(fd)
+        release_fifo(fifo)
 
-        for _ in range(50):
-            try:
-                release()
-            except OSError:
-                break  # no reader: nothing waits on it
-            time.sleep(0.1)
+
+def test_libvirtd_starting_again_probes_no_console_and_answers_at_once(remote_libvirtd, guest_virt, tmp_path):
+    """libvirtd refreshes every active pool when it starts; a console in a pool's folder would
+    be probed then. The second host's libvirtd is started again with a hostile console kept."""
+    hv = LibvirtHypervisor(remote_libvirtd.uri, storage_pool=remote_libvirtd.pool, domain_prefix=unique_prefix(),
+                           network=remote_libvirtd.network, virt_type=guest_virt.virt_type,
+                           cpu_mode=guest_virt.cpu_mode, connect_timeout=10)
+    header, fifo = qcow2_with_fifo_backing(tmp_path)
+    path = None
+    try:
+        base = hv.create_base_image(str(uuid.uuid4()), size_gb=1)
+        instance_id = str(uuid.uuid4())
+        hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=GuestSpec(hostname="vm-fifo"))
+        path = console_path(remote_libvirtd.uri, hv._names.domain(instance_id))
+        assert path.startswith(remote_libvirtd.pool_path + "-console/") and not in_a_pool(remote_libvirtd.uri, path)
+        hv.power_off(instance_id)  # the file stays as the guest left it: the header first
+        with open(path, "r+b") as f:
+            f.write(header)
+        remote_libvirtd.stop()
+        within(40, remote_libvirtd.start)  # its start's refreshes answer (the fixture waits 30 s at most)
+        for argv in (["pool-list", "--all"], ["vol-list", remote_libvirtd.pool]):
+            listed = within(20, lambda a=argv: subprocess.run(["virsh", "-c", remote_libvirtd.uri, *a],
+                                                              capture_output=True, text=True, timeout=60))
+            assert listed.returncode == 0, listed.stderr
+        assert within(20, lambda: hv.console(instance_id, max_bytes=16)).data == header[-16:]
+        within(20, lambda: hv.destroy(instance_id))
+        assert not os.path.exists(path)
+    finally:
+        if path and os.path.exists(path):
+            open(path, "wb").close()
+        release_fifo(fifo)
+        cleanup_hypervisor(hv)
+
+
+def test_a_console_pool_of_an_earlier_version_is_undefined_and_its_files_kept(hv, libvirt_dir_pool):
+    import libvirt
+
+    folder = libvirt_dir_pool.path + "-console"
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    kept = os.path.join(folder, f"{hv._names.prefix}console-{uuid.uuid4()}.log")
+    with open(kept, "wb") as f:
+        f.write(b"a console of an instance made before\n")
+    name = libvirt_dir_pool.name + "-console"
+    conn = libvirt.open(libvirt_dir_pool.uri)
+    try:
+        # What the earlier version made: persistent, autostarted, running on the console folder.
+        old = conn.storagePoolDefineXML(f"<pool type='dir'><name>{name}</name><target><path>{folder}</path>"
+                                        "</target></pool>", 0)
+        old.setAutostart(1)
+        old.create(0)
+        base = hv.create_base_image(str(uuid.uuid4()), size_gb=1)
+        instance_id = str(uuid.uuid4())
+        hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=GuestSpec(hostname="vm-old"))
+        assert name not in [p.name() for p in conn.listAllStoragePools(0)]
+        assert folder not in pool_folders(libvirt_dir_pool.uri)
+        with open(kept, "rb") as f:
+            assert f.read() == b"a console of an instance made before\n"
+        assert console_path(libvirt_dir_pool.uri, hv._names.domain(instance_id)).startswith(folder + "/")
+        # Once more, by a check (as `cloud-agent check` and `host add` run it).
+        conn.storagePoolDefineXML(f"<pool type='dir'><name>{name}</name><target><path>{folder}</path>"
+                                  "</target></pool>", 0)
+        hv.check()
+        assert name not in [p.name() for p in conn.listAllStoragePools(0)] and os.path.exists(kept)
+        hv.destroy(instance_id)
+        assert os.path.exists(kept)  # not the controller's to remove: no instance of its names it
+    finally:
+        os.unlink(kept)
+        remove_console_pool(conn, libvirt_dir_pool.name)  # when the test failed before the adapter did
+        conn.close()

@@ -1,5 +1,5 @@
-"""The libvirt adapter's console: the domain's serial log in a pool of its own beside the
-storage pool (`<pool>-console`), never refreshed, read as volumes the adapter made.
+"""The libvirt adapter's console: the domain's serial log in a folder beside the storage
+pool's (`<pool folder>-console`) that no pool holds, read through the host's files channel.
 
 On the test driver (fast) the definition; on a real libvirtd (integration) what SeaBIOS
 prints on the serial port of an instance with a blank disk: no guest OS is booted. A
@@ -35,25 +35,52 @@ def console_file(hv, instance_id) -> str:
 
 
 # -- the test driver ---------------------------------------------------------------------------
-def test_the_serial_port_logs_to_a_file_of_the_console_pool_started_afresh(libvirt_test_driver):
+def test_the_serial_port_logs_to_a_file_of_the_console_folder_in_no_pool(libvirt_test_driver):
     import libvirt
 
     hv = libvirt_test_driver
+    files = hv.host_files  # the test driver's host is memory: so are its files
     instance_id = spawn(hv)
     conn = libvirt.open(TEST_URI)
     dom = ET.fromstring(conn.lookupByName(hv._names.domain(instance_id)).XMLDesc(0))
     log = dom.find("devices/serial/log")
-    assert log.get("file") == f"/default-pool-console/{console_file(hv, instance_id)}" and log.get("append") == "off"
-    assert dom.find("os/bios").get("useserial") == "yes"
-    # No byte of the guest's in the storage pool; the file and its kept copies are volumes
-    # of the console pool from the start (a read needs no refresh to find them).
     name = console_file(hv, instance_id)
-    assert not [v for v in conn.storagePoolLookupByName(TEST_POOL).listAllVolumes(0) if "console" in v.name()]
-    console_pool = conn.storagePoolLookupByName(f"{TEST_POOL}-console")
-    assert sorted(v.name() for v in console_pool.listAllVolumes(0) if v.name().startswith(name)) == [
-        name, f"{name}.0", f"{name}.1", f"{name}.2"]
+    assert log.get("file") == f"/default-pool-console/{name}" and log.get("append") == "off"
+    assert dom.find("os/bios").get("useserial") == "yes"
+    # The folder was made through the host's files channel; no pool holds it, and no byte of
+    # the guest's is a volume of any pool.
+    assert "/default-pool-console" in files.folders
+    assert "default-pool-console" not in conn.listStoragePools() + conn.listDefinedStoragePools()
+    for pool in conn.listAllStoragePools(0):
+        assert ET.fromstring(pool.XMLDesc(0)).findtext("target/path") != "/default-pool-console"
+        assert not [v for v in pool.listAllVolumes(0) if "console" in v.name()]
+    # What virtlogd would write is read back, newest copy last, and removed with the instance.
+    files.write("/default-pool-console", f"{name}.0", b"older ")
+    files.write("/default-pool-console", name, b"newest")
+    assert hv.console(instance_id, max_bytes=MAX_BYTES).data == b"older newest"
+    assert hv.console(instance_id, max_bytes=8).data == b"r newest"
     hv.destroy(instance_id)
-    assert not [v for v in console_pool.listAllVolumes(0) if v.name().startswith(name)]
+    assert not [p for p in files.files if name in p]
+
+
+def test_a_console_pool_of_an_earlier_version_is_undefined_at_the_next_create(libvirt_test_driver):
+    import libvirt
+
+    hv = libvirt_test_driver
+    conn = libvirt.open(TEST_URI)
+    try:
+        conn.storagePoolDefineXML("<pool type='dir'><name>default-pool-console</name>"
+                                  "<target><path>/default-pool-console</path></target></pool>", 0).create(0)
+        spawn(hv)
+        assert "default-pool-console" not in conn.listStoragePools() + conn.listDefinedStoragePools()
+        hv.check()  # and a check meets none: nothing to do
+    finally:
+        if "default-pool-console" in conn.listStoragePools() + conn.listDefinedStoragePools():
+            pool = conn.storagePoolLookupByName("default-pool-console")
+            if pool.isActive():
+                pool.destroy()
+            pool.undefine()
+        conn.close()
 
 
 def test_the_test_driver_keeps_no_output_and_answers_empty(libvirt_test_driver):
@@ -91,7 +118,7 @@ def real(libvirt_dir_pool, libvirt_private_network, guest_virt):
     hv = LibvirtHypervisor(libvirt_dir_pool.uri, storage_pool=libvirt_dir_pool.name, domain_prefix=unique_prefix(),
                            network=libvirt_private_network.name, subnet=libvirt_private_network.subnet,
                            virt_type=guest_virt.virt_type, cpu_mode=guest_virt.cpu_mode)
-    yield hv, libvirt_dir_pool.path + "-console"  # the console pool's folder
+    yield hv, libvirt_dir_pool.path + "-console"  # the console folder
     cleanup_hypervisor(hv)
 
 
@@ -156,9 +183,10 @@ def test_rotated_copies_are_read_in_order_and_deleted_with_the_instance(real):
     assert not [f for f in os.listdir(console_path) if f.startswith(name)]
     conn = libvirt.open(hv.uri)
     try:
-        for pool_name in (hv.storage_pool, f"{hv.storage_pool}-console"):
-            assert not [v for v in conn.storagePoolLookupByName(pool_name).listAllVolumes(0)
-                        if v.name().startswith(name)]
+        assert not [v for v in conn.storagePoolLookupByName(hv.storage_pool).listAllVolumes(0)
+                    if v.name().startswith(name)]
+        # The console folder is no pool's: libvirt never probes its files.
+        assert f"{hv.storage_pool}-console" not in [p.name() for p in conn.listAllStoragePools(0)]
     finally:
         conn.close()
     assert hv.console(instance_id, max_bytes=MAX_BYTES).data == b""
@@ -174,7 +202,7 @@ def test_a_remote_host_serves_the_console_of_its_instance(remote_libvirtd, guest
         instance_id = spawn(hv)
         out = wait_for(hv, instance_id, BOOT_END)
         assert b"SeaBIOS" in out.data and out.running
-        # The file is on the remote host, in its console pool's folder; read over qemu+tcp:// all the same.
+        # The file is on the remote host, in its console folder (on this machine: read directly).
         path = f"{remote_libvirtd.pool_path}-console/{console_file(hv, instance_id)}"
         with open(path, "rb") as f:
             assert f.read() == out.data
