@@ -230,6 +230,22 @@ def test_each_uri_gets_the_channel_that_reaches_its_host(uri, kind, where):
         assert (files.host, files.user, files.port) == where
 
 
+def test_a_uri_naming_this_machine_by_its_host_name_or_an_interface_s_address_is_read_directly():
+    import socket
+
+    assert type(host_files_for(f"qemu+tcp://{socket.gethostname()}:16509/system")) is LocalHostFiles
+    # An address of this machine's that is not loopback, where it has one (the route out).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route's source address is chosen
+            own = s.getsockname()[0]
+        except OSError:
+            own = None
+    if own and not own.startswith("127."):
+        assert type(host_files_for(f"qemu+tls://{own}/system")) is LocalHostFiles
+    assert type(host_files_for("qemu+tls://192.0.2.7/system")) is SshHostFiles  # TEST-NET-1: no one's
+
+
 def test_the_channels_have_the_interface_s_methods():
     import inspect
 
