@@ -34,9 +34,9 @@ DEFAULT_HOST = "default"
 TOKEN_MEMO_SECONDS = 5.0
 _TOKEN_MEMO_MAX = 10_000
 # Reads remembered until the next committed write (controller/read_memo.py): GETs of one
-# instance (a row each), and lists of one chunk with the hosts holding their rows (up to a
-# chunk of objects each, some 80 KB: at most a few MB in all).
-_INSTANCE_MEMO_MAX = 10_000
+# instance (a row each, under 1 KB: at most about 2 MB), and lists of one chunk with the
+# hosts holding their rows (up to a chunk of objects each, some 80 KB: at most about 5 MB).
+_INSTANCE_MEMO_MAX = 2_000
 _LIST_MEMO_MAX = 64
 
 
