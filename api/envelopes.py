@@ -9,7 +9,8 @@ _USER_PREFIXES = ("/v1/user", "/v1/auth")
 
 
 def is_user_interface(path: str) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in _USER_PREFIXES)
+    # One startswith first: the controller interface's paths (most requests) end here.
+    return path.startswith(_USER_PREFIXES) and any(path == p or path.startswith(p + "/") for p in _USER_PREFIXES)
 
 
 def controller_body(data: list, *, msg: str = "", success: bool = True) -> dict:

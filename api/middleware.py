@@ -49,10 +49,11 @@ class Authenticate:
     def process_resource(self, req, resp, resource, params):
         if resource is None or getattr(resource, "public", False):
             return
+        # The WSGI names directly: get_header() derives them from the header's name on every call.
         req.context.requester = authenticate(
             self.ctx,
-            token=req.get_header("X-Auth-Token"),
-            user_id=req.get_header("X-Auth-Cloudauth-Id"),
+            token=req.env.get("HTTP_X_AUTH_TOKEN"),
+            user_id=req.env.get("HTTP_X_AUTH_CLOUDAUTH_ID"),
         )
 
 
@@ -150,7 +151,7 @@ class RequestId:
     before anything can refuse the request and its process_response after the audit row took the id."""
 
     def process_request(self, req, resp):
-        req.context.request_id = request_ids.accept(req.get_header("X-Request-Id"))
+        req.context.request_id = request_ids.accept(req.env.get("HTTP_X_REQUEST_ID"))
         request_ids.bind(req.context.request_id)
 
     def process_response(self, req, resp, resource, req_succeeded):

@@ -23,6 +23,7 @@ import sqlite_utils
 from controller import migrations
 from controller.errors import Conflict
 from controller.limits import KINDS as LIMIT_KINDS
+from controller.read_memo import ReadMemo
 from controller.write_mark import WriteMark
 
 BUSY_TIMEOUT_MS = 10_000
@@ -32,6 +33,11 @@ DEFAULT_HOST = "default"
 # write mark (the sqlite3 shell); every write of the service or cloud-agent ends it at once.
 TOKEN_MEMO_SECONDS = 5.0
 _TOKEN_MEMO_MAX = 10_000
+# Reads remembered until the next committed write (controller/read_memo.py): GETs of one
+# instance (a row each, under 1 KB: at most about 2 MB), and lists of one chunk with the
+# hosts holding their rows (up to a chunk of objects each, some 80 KB: at most about 5 MB).
+_INSTANCE_MEMO_MAX = 2_000
+_LIST_MEMO_MAX = 64
 
 
 # The INSERT of each table whose rows the service makes one at a time and the sandbox's
@@ -114,6 +120,8 @@ class Store:
         self._mark: WriteMark | None = None
         # token hash -> (write mark, token expiry, memo expiry, user id, roles)
         self._token_memo: dict[str, tuple] = {}
+        self._instance_memo = ReadMemo(max_entries=_INSTANCE_MEMO_MAX, seconds=TOKEN_MEMO_SECONDS)
+        self._list_memo = ReadMemo(max_entries=_LIST_MEMO_MAX, seconds=TOKEN_MEMO_SECONDS)
 
     @property
     def write_mark(self) -> WriteMark:
@@ -741,8 +749,19 @@ class Store:
         as iter_instance_json encodes it, with the stored status or the status given."""
         where, params = self._where(visible_to, id=instance_id)
         obj = _INSTANCE_JSON_STORED if status is None else _INSTANCE_JSON_GIVEN
-        return self._one(f"SELECT id, host, status, {obj} AS json FROM instances WHERE {where} AND intent IS NULL",
-                         params if status is None else [status, *params])
+        sql = f"SELECT id, host, status, {obj} AS json FROM instances WHERE {where} AND intent IS NULL"
+        if status is not None:
+            return self._one(sql, [status, *params])
+        # The stored form is remembered until the next committed write (controller/read_memo.py).
+        mark = self.write_mark.read() if self.write_mark.usable else None
+        key = (instance_id, visible_to)
+        held = self._instance_memo.get(key, mark) if mark is not None else None
+        if held is not None:
+            return dict(held)
+        row = self._one(sql, params)
+        if row is not None and mark is not None:
+            self._instance_memo.put(key, mark, dict(row))
+        return row
 
     def iter_instance_json(self, *, visible_to: str | None, owner_id: str | None = None,
                            error_hosts: Iterable[str] = (), per_chunk: int = 200) -> Iterator[str]:
@@ -767,11 +786,20 @@ class Store:
             after, after_params = "", []
             # The first chunk in one statement: up to per_chunk objects and how many there
             # are. A list shorter than a chunk (most of them) is then done; the two
-            # statements below cost a GET's worth more (docs/performance.md).
-            count, text = self.conn.execute(
-                f"""SELECT count(*), group_concat(obj, ',') FROM (SELECT {obj} AS obj FROM instances
-                    WHERE {where} ORDER BY creation_date, id LIMIT ?)""",
-                [*error_hosts, *params, per_chunk]).fetchone()
+            # statements below cost a GET's worth more (docs/performance.md). Such a list
+            # is remembered until the next committed write (controller/read_memo.py).
+            mark = self.write_mark.read() if self.write_mark.usable else None
+            key = ("list", visible_to, owner_id, tuple(error_hosts), per_chunk)
+            held = self._list_memo.get(key, mark) if mark is not None else None
+            if held is not None:
+                count, text = held
+            else:
+                count, text = self.conn.execute(
+                    f"""SELECT count(*), group_concat(obj, ',') FROM (SELECT {obj} AS obj FROM instances
+                        WHERE {where} ORDER BY creation_date, id LIMIT ?)""",
+                    [*error_hosts, *params, per_chunk]).fetchone()
+                if count < per_chunk and mark is not None:
+                    self._list_memo.put(key, mark, (count, text))
             if count < per_chunk:
                 if text:
                     yield text
@@ -817,9 +845,18 @@ class Store:
 
     def instance_hosts(self, *, visible_to: str | None, owner_id: str | None = None) -> list[str]:
         """The hosts holding live instances that iter_instance_json with the same filters gives."""
+        # Remembered until the next committed write, as the lists (controller/read_memo.py).
+        mark = self.write_mark.read() if self.write_mark.usable else None
+        key = ("hosts", visible_to, owner_id)
+        held = self._list_memo.get(key, mark) if mark is not None else None
+        if held is not None:
+            return list(held)
         where, params = self._where(visible_to, owner_id=owner_id)
-        return [r[0] for r in self.conn.execute(
+        hosts = [r[0] for r in self.conn.execute(
             f"SELECT DISTINCT host FROM instances WHERE {where} AND intent IS NULL ORDER BY host", params)]
+        if mark is not None:
+            self._list_memo.put(key, mark, tuple(hosts))
+        return hosts
 
     def instance_users(self, instance_ids: list[str]) -> dict[str, list[str]]:
         if not instance_ids:
