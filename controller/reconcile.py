@@ -413,7 +413,7 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
     from controller.instances import respawn
     from host_adapters import seed as seeds
     from host_adapters.guest import reservations_for
-    from host_adapters.libvirt.nic_filters import nic_devices_for
+    from host_adapters.libvirt.nic_filters import nic_devices_for, same_nics
 
     ctx = run.ctx
     everything = ctx.store.all_instances()
@@ -475,7 +475,7 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
             run.found("domain-shares", row["id"],
                       f"virtiofs shares {tags(info.shares)}, expected {tags(guest.shares)}", update)
         expected_nics = tuple(sorted(nic_devices_for(guest), key=lambda n: n.mac))
-        if info.nics != expected_nics:
+        if not same_nics(info.nics, expected_nics):
             # A NIC without its filter (an instance made before NICs had one) is drift too.
             nics = lambda found: [(n.mac, n.filter.name if n.filter else None) for n in found]  # noqa: E731
             run.found("domain-nics", row["id"], f"NICs and filters {nics(info.nics)}, expected {nics(expected_nics)}",

@@ -12,8 +12,8 @@ from host_adapters.hypervisor import HostCapacity, HostIdentity
 from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
-from host_adapters.libvirt.connection import _connection_lost, _libvirt, _msg
-from host_adapters.libvirt.nic_filters import CLEAN_TRAFFIC
+from host_adapters.libvirt.connection import _code, _connection_lost, _libvirt, _msg
+from host_adapters.libvirt.nic_filters import CLEAN
 
 
 class ChecksPart:
@@ -123,15 +123,18 @@ class ChecksPart:
                 )
 
     def _check_filters(self, conn) -> None:
-        """libvirt's nwfilter driver answers here and has clean-traffic, which every NIC uses."""
+        """libvirt's nwfilter driver answers here: every NIC uses the project's filter
+        (nic_filters.py), which the adapter defines before a domain refers to it."""
         lv = _libvirt()
         try:
-            conn.nwfilterLookupByName(CLEAN_TRAFFIC)
+            conn.nwfilterLookupByName(CLEAN)
         except lv.libvirtError as e:
             if _connection_lost(e):
                 raise
+            if _code(e) == lv.VIR_ERR_NO_NWFILTER:
+                return  # the driver answered: the filter is defined at the first create
             raise HostUnavailable(
-                f"libvirt network filter {CLEAN_TRAFFIC} is not usable at {self.uri} ({_msg(e)}): guests' NICs "
-                "need libvirt's nwfilter driver, its filters (Debian: libvirt-daemon-config-nwfilter), "
-                "ebtables and iptables"
+                f"libvirt's network filter driver is not usable at {self.uri} ({_msg(e)}): guests' NICs "
+                "need libvirt's nwfilter driver (Debian: libvirt-daemon-driver-nwfilter or "
+                "libvirt-daemon-system) and ebtables"
             ) from e

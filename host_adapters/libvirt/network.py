@@ -180,19 +180,28 @@ class NetworkPart:
                        host.to_xml(), flags)
 
     def _ensure_filters(self, conn, guest: GuestSpec | None = None) -> bool:
-        """Define the project's network filters on this host when missing (True if it did), before a
-        domain refers to them; with `guest`, only when one of its NICs does. Never redefined when
-        present: a definition makes libvirt rebuild the rules of every NIC using the filter."""
-        if test_driver.is_test_driver(conn) or (guest is not None and not any(n.isolated for n in guest.nics)):
+        """Define the project's network filters on this host when missing or not as this version
+        makes them (True if it did), before a domain refers to them (every NIC does:
+        nic_filters.py); with `guest`, only when it has a NIC. A filter as wanted is never
+        redefined: a definition makes libvirt rebuild the rules of every NIC using it. One that
+        differs (an earlier version's, e.g. isolation over libvirt's clean-traffic) is, once:
+        its NICs then get the rules this version's domains get."""
+        if test_driver.is_test_driver(conn) or (guest is not None and not guest.nics):
             return False
         lv = _libvirt()
         made = False
+        # Compared once per process and host (a definition read each create would cost a
+        # libvirt call per filter); a missing filter is still found at every create.
+        compare = not getattr(self, "_filters_current", False)
         for nwfilter in PROJECT_FILTERS:
             try:
-                conn.nwfilterLookupByName(nwfilter.name)
+                found = conn.nwfilterLookupByName(nwfilter.name)
             except lv.libvirtError as e:
                 if _code(e) != lv.VIR_ERR_NO_NWFILTER:
                     raise
+                found = None
+            if found is None or (compare and not domain_xml.same_filter(found.XMLDesc(0), nwfilter)):
                 conn.nwfilterDefineXML(nwfilter.to_xml())
                 made = True
+        self._filters_current = True
         return made

@@ -146,16 +146,19 @@ class Interface:
 
 @dataclass(frozen=True)
 class FilterRule:
-    """One rule of a network filter on IPv4 headers: `<rule action direction priority><ip .../></rule>`."""
+    """One rule of a network filter: `<rule action direction priority><PROTOCOL .../></rule>`,
+    or with no protocol element (protocol None) a rule on every frame."""
 
     action: str  # accept, drop, return...
-    direction: str  # out: sent by the guest
+    direction: str  # out: sent by the guest; in: sent to it; inout: both
     priority: int
-    ip: tuple[tuple[str, str], ...]  # attributes of <ip>, e.g. (("dstipaddr", "$GATEWAY"),)
+    match: tuple[tuple[str, str], ...] = ()  # attributes of the protocol element, e.g. (("dstipaddr", "$GATEWAY"),)
+    protocol: str | None = "ip"  # ip, arp, mac (ebtables' layer 2 and 3 matches)
 
     def to_element(self) -> ET.Element:
         el = ET.Element("rule", action=self.action, direction=self.direction, priority=str(self.priority))
-        _sub(el, "ip", **dict(self.ip))
+        if self.protocol is not None:
+            _sub(el, self.protocol, **dict(self.match))
         return el
 
 
@@ -184,6 +187,18 @@ class NWFilter:
 
     def to_xml(self) -> str:
         return _to_xml(self.to_element())
+
+
+def _shape(el: ET.Element) -> tuple:
+    return (el.tag, sorted(el.attrib.items()), (el.text or "").strip(), [_shape(c) for c in el])
+
+
+def same_filter(defined: str, wanted: NWFilter) -> bool:
+    """Whether a host's filter (`virNWFilterGetXMLDesc`) is `wanted`, whatever libvirt's layout."""
+    try:
+        return _shape(ET.fromstring(defined)) == _shape(wanted.to_element())
+    except ET.ParseError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class PrivateQemuLibvirtd:
         for sub in (*_STATE_DIRS, "sock"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self.sockets, 0o700)
-        # The network filters the package installs (clean-traffic), as on a head node.
+        # The network filters the package installs (clean-traffic, which earlier versions used), as on a head node.
         if Path("/etc/libvirt/nwfilter").is_dir() and not (self.folder / "etc" / "nwfilter").exists():
             shutil.copytree("/etc/libvirt/nwfilter", self.folder / "etc" / "nwfilter")
         (self.folder / "etc" / "qemu.conf").write_text('user = "root"\ngroup = "root"\nstdio_handler = "file"\n')

@@ -353,7 +353,7 @@ def test_each_nic_sends_only_from_its_address_and_isolation_follows_the_config(c
     [inst] = ok(boot(client, people["owner"], catalog), 201)
     hv = adapters.hypervisor
     [nic] = hv.describe(inst["id"]).nics
-    assert nic.filter == FilterRef("clean-traffic", (("IP", inst["private-ip"]),))
+    assert nic.filter == FilterRef("cloud-controller-clean", (("IP", inst["private-ip"]),))
 
     cctx.config = cctx.config.with_values({"network": {"isolate_guests": "true"}})
     [isolated] = ok(boot(client, people["owner"], catalog), 201)

@@ -296,21 +296,40 @@ def test_every_nic_sends_only_from_its_own_mac_and_address():
 
     private = Nic(mac="52:54:00:00:00:02", address="10.213.0.7", prefix=16, gateway="10.213.0.1", network="cc")
     public = Nic(mac="52:54:00:00:00:03", address="198.51.100.10", prefix=24, gateway="198.51.100.1", bridge="br0")
-    assert filter_for(private) == dx.FilterRef("clean-traffic", (("IP", "10.213.0.7"),))
-    assert filter_for(public) == dx.FilterRef("clean-traffic", (("IP", "198.51.100.10"),))
+    assert filter_for(private) == dx.FilterRef("cloud-controller-clean", (("IP", "10.213.0.7"),))
+    assert filter_for(public) == dx.FilterRef("cloud-controller-clean", (("IP", "198.51.100.10"),))
     isolated = Nic(mac="52:54:00:00:00:02", address="10.213.3.7", prefix=16, gateway="10.213.0.1", network="cc",
                    isolated=True)
     assert filter_for(isolated) == dx.FilterRef("cloud-controller-isolated", (
         ("GATEWAY", "10.213.0.1"), ("IP", "10.213.3.7"), ("SUBNET", "10.213.0.0"), ("SUBNET_PREFIX", "16")))
 
 
-def test_the_isolation_filter_keeps_clean_traffic_and_drops_the_subnet_but_the_gateway():
+def test_the_clean_filter_lets_a_nic_send_only_from_its_own_mac_and_address_in_one_chain():
+    """What clean-traffic guarantees, as rules of libvirt's root chain only (no chain of its own:
+    each costs libvirt firewall commands per NIC at every start, docs/performance.md)."""
     from host_adapters.libvirt.nic_filters import PROJECT_FILTERS
 
-    inner, outer = PROJECT_FILTERS
+    clean = PROJECT_FILTERS[0]
+    assert _shape(_tree(clean.to_xml())) == _expected(f"""
+        <filter name='cloud-controller-clean' chain='root'><uuid>{clean.uuid}</uuid>
+          <rule action='accept' direction='out' priority='100'><ip srcmacaddr='$MAC' srcipaddr='$IP'/></rule>
+          <rule action='accept' direction='out' priority='110'>
+            <ip srcmacaddr='$MAC' srcipaddr='0.0.0.0' protocol='udp'/></rule>
+          <rule action='accept' direction='out' priority='120'>
+            <arp srcmacaddr='$MAC' arpsrcmacaddr='$MAC' arpsrcipaddr='$IP'/></rule>
+          <rule action='accept' direction='in' priority='200'><mac protocolid='ipv4'/></rule>
+          <rule action='accept' direction='in' priority='210'><arp arpdstipaddr='$IP'/></rule>
+          <rule action='drop' direction='inout' priority='1000'/>
+        </filter>""")
+
+
+def test_the_isolation_filter_keeps_the_clean_filter_and_drops_the_subnet_but_the_gateway():
+    from host_adapters.libvirt.nic_filters import PROJECT_FILTERS
+
+    _, inner, outer = PROJECT_FILTERS
     assert _shape(_tree(outer.to_xml())) == _expected(f"""
         <filter name='cloud-controller-isolated' chain='root'><uuid>{outer.uuid}</uuid>
-          <filterref filter='clean-traffic'/><filterref filter='cloud-controller-no-guest-to-guest'/></filter>""")
+          <filterref filter='cloud-controller-clean'/><filterref filter='cloud-controller-no-guest-to-guest'/></filter>""")
     assert _shape(_tree(inner.to_xml())) == _expected(f"""
         <filter name='cloud-controller-no-guest-to-guest' chain='ipv4-cciso' priority='-700'><uuid>{inner.uuid}</uuid>
           <rule action='return' direction='out' priority='100'><ip dstipaddr='$GATEWAY'/></rule>
@@ -328,3 +347,24 @@ def test_only_a_private_nic_with_a_gateway_can_be_isolated(bad):
                   isolated=True) | bad
     with pytest.raises(InvalidInput, match="isolated"):
         Nic(**values)
+
+
+def test_a_nic_an_earlier_version_gave_clean_traffic_is_as_wanted_and_no_other_difference_is():
+    """Domains made before the project's filter keep libvirt's clean-traffic (same guarantees):
+    reconcile does not call them drift. A NIC without a filter, with other parameters, or with
+    the isolation filter where none is wanted still is."""
+    from host_adapters.hypervisor import NicDevice
+    from host_adapters.libvirt.nic_filters import same_nics
+
+    wanted = (NicDevice(mac="52:54:00:00:00:02", network="cc",
+                        filter=dx.FilterRef("cloud-controller-clean", (("IP", "10.213.0.7"),))),)
+    earlier = (NicDevice(mac="52:54:00:00:00:02", network="cc",
+                         filter=dx.FilterRef("clean-traffic", (("IP", "10.213.0.7"),))),)
+    assert same_nics(wanted, wanted) and same_nics(earlier, wanted)
+    assert not same_nics((NicDevice(mac="52:54:00:00:00:02", network="cc"),), wanted)
+    assert not same_nics((NicDevice(mac="52:54:00:00:00:02", network="cc",
+                                    filter=dx.FilterRef("clean-traffic", (("IP", "10.213.0.8"),))),), wanted)
+    assert not same_nics((NicDevice(mac="52:54:00:00:00:02", network="cc",
+                                    filter=dx.FilterRef("cloud-controller-isolated", (("IP", "10.213.0.7"),))),),
+                         wanted)
+    assert not same_nics((), wanted)

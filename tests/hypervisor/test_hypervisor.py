@@ -368,7 +368,8 @@ class HypervisorContract:
         assert hv.list_instances() == ids
 
     def test_each_nic_carries_its_network_filter(self, hv, base_image):
-        """Issue 16, finding 8: a NIC sends only from its own MAC and address (clean-traffic),
+        """Issue 16, finding 8: a NIC sends only from its own MAC and address (the project's
+        filter, cloud-controller-clean),
         and with isolation only to its gateway on the private subnet."""
         import dataclasses
 
@@ -377,7 +378,7 @@ class HypervisorContract:
         instance_id = self.spawn(hv, base_image)
         guest = self.guest_of(hv, instance_id, [])
         [nic] = guest.nics
-        assert [n.filter for n in hv.describe(instance_id).nics] == [FilterRef("clean-traffic", (("IP", nic.address),))]
+        assert [n.filter for n in hv.describe(instance_id).nics] == [FilterRef("cloud-controller-clean", (("IP", nic.address),))]
         isolated = dataclasses.replace(guest, nics=(dataclasses.replace(nic, isolated=True),))
         hv.set_guest(instance_id, isolated)
         [found] = hv.describe(instance_id).nics
@@ -872,16 +873,74 @@ def test_constructor_signatures():
     assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-', network: str = 'cc-private')"
 
 
-def test_check_fails_where_the_nwfilter_driver_or_clean_traffic_is_missing():
-    """Issue 16, finding 8: every NIC refers to clean-traffic; a host without it could start no guest."""
+def test_check_fails_where_the_nwfilter_driver_does_not_answer():
+    """Issue 16, finding 8: every NIC refers to the project's filter; a host without libvirt's
+    nwfilter driver could start no guest. A host that only lacks the filter is fine: it is
+    defined at the first create."""
     import libvirt
 
-    class Conn:
+    class NoFilter:
         def nwfilterLookupByName(self, name):
             raise _libvirt_error(libvirt.VIR_ERR_NO_NWFILTER, libvirt.VIR_FROM_NWFILTER,
                                  f"Network filter not found: no nwfilter with matching name '{name}'")
 
+    class NoDriver:
+        def nwfilterLookupByName(self, name):
+            raise _libvirt_error(libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_FROM_NWFILTER,
+                                 "this function is not supported by the connection driver: virNWFilterLookupByName")
+
     hv = LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)
-    with pytest.raises(HostUnavailable, match="clean-traffic is not usable at qemu\\+ssh://node1/system .*"
-                                              "libvirt-daemon-config-nwfilter"):
-        hv._check_filters(Conn())
+    hv._check_filters(NoFilter())
+    with pytest.raises(HostUnavailable, match="network filter driver is not usable at qemu\\+ssh://node1/system .*"
+                                              "libvirt-daemon-driver-nwfilter"):
+        hv._check_filters(NoDriver())
+
+
+def test_project_filters_are_defined_where_missing_or_as_an_earlier_version_made_them_and_then_left_alone():
+    """Every NIC refers to cloud-controller-clean; a host set up by an earlier version has the
+    isolation filter over libvirt's clean-traffic. The create defines what is missing, redefines
+    what differs (once: each definition rebuilds the rules of every NIC using it), and a filter as
+    wanted is never redefined, in this process or the next."""
+    import xml.etree.ElementTree as ET
+
+    import libvirt
+
+    from host_adapters.libvirt.nic_filters import CLEAN, ISOLATED, PROJECT_FILTERS
+
+    defined = {f.name: f.to_xml() for f in PROJECT_FILTERS if f.name != CLEAN}
+    earlier = ET.fromstring(defined[ISOLATED])
+    earlier.find("filterref").set("filter", "clean-traffic")
+    defined[ISOLATED] = ET.tostring(earlier, encoding="unicode")
+    made = []
+
+    class Filter:
+        def __init__(self, xml):
+            self.xml = xml
+
+        def XMLDesc(self, flags):
+            return self.xml
+
+    class Conn:
+        def getType(self):
+            return "QEMU"
+
+        def nwfilterLookupByName(self, name):
+            if name not in defined:
+                raise _libvirt_error(libvirt.VIR_ERR_NO_NWFILTER, libvirt.VIR_FROM_NWFILTER, "no nwfilter")
+            return Filter(defined[name])
+
+        def nwfilterDefineXML(self, xml):
+            name = ET.fromstring(xml).get("name")
+            defined[name] = xml
+            made.append(name)
+
+    hv = LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)
+    assert hv._ensure_filters(Conn()) is True
+    assert made == [CLEAN, ISOLATED]  # the one it refers to first
+    assert "clean-traffic" not in defined[ISOLATED]
+    made.clear()
+    assert hv._ensure_filters(Conn()) is False
+    assert LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)._ensure_filters(Conn()) is False
+    assert made == []
+    del defined[CLEAN]  # undefined by hand: found missing at the next create
+    assert hv._ensure_filters(Conn()) is True and made == [CLEAN]

@@ -312,6 +312,18 @@ def _bindings_of(conn, mac: str) -> list[ET.Element]:
     return found
 
 
+def _chain_of(ebtables_nat: str, chain: str) -> list[str]:
+    """The rules of one of libvirt's chains for a NIC (libvirt-I-DEV: what its guest sends;
+    libvirt-O-DEV: what it receives), in order, but the jumps to the isolation filter's chain."""
+    rules, inside = [], False
+    for line in ebtables_nat.splitlines():
+        if line.startswith("Bridge chain: "):
+            inside = line.startswith(f"Bridge chain: {chain},")
+        elif inside and line.strip() and " -j I-" not in line:
+            rules.append(line.strip())
+    return rules
+
+
 def _filter_of(binding: ET.Element) -> tuple[str, dict[str, str]]:
     ref = binding.find("filterref")
     return ref.get("filter"), {p.get("name"): p.get("value") for p in ref.findall("parameter")}
@@ -344,16 +356,25 @@ def test_a_started_domain_has_a_filter_binding_with_its_address_and_mac(kvm, pre
                 "IP": nic.address, "MAC": nic.mac, "GATEWAY": nic.gateway, "SUBNET": str(subnet.network_address),
                 "SUBNET_PREFIX": str(subnet.prefixlen)})
         else:
-            # libvirt adds the NIC's own MAC: no-mac-spoofing allows only it.
-            assert (name, params) == ("clean-traffic", {"IP": nic.address, "MAC": nic.mac})
-        # The rules are on the host: nothing but the NIC's own address leaves it.
+            # libvirt adds the NIC's own MAC: only it may send.
+            assert (name, params) == ("cloud-controller-clean", {"IP": nic.address, "MAC": nic.mac})
+        # The rules are on the host: nothing but the NIC's own MAC and address leaves it, and
+        # the rest is dropped (clean-traffic's guarantees).
         rules = subp.run(in_netns(SYSTEM_URI, ["ebtables", "-t", "nat", "-L"])).stdout
-        assert f"-p IPv4 --ip-src {nic.address} -j RETURN" in rules and f"-s {nic.mac} -j RETURN" in rules, rules
+        dev = live.find("devices/interface/target").get("dev")
+        assert _chain_of(rules, f"libvirt-I-{dev}") == [
+            f"-p IPv4 -s {nic.mac} --ip-src {nic.address} -j ACCEPT",
+            f"-p IPv4 -s {nic.mac} --ip-src 0.0.0.0 --ip-proto udp -j ACCEPT",
+            f"-p ARP -s {nic.mac} --arp-ip-src {nic.address} --arp-mac-src {nic.mac} -j ACCEPT",
+            "-j DROP"], rules
+        # What it receives: IPv4, and ARP asking for its address.
+        assert _chain_of(rules, f"libvirt-O-{dev}") == [
+            "-p IPv4 -j ACCEPT", f"-p ARP --arp-ip-dst {nic.address} -j ACCEPT", "-j DROP"], rules
         if isolated:
             subnet = kvm.subnet
             assert f"-p IPv4 --ip-dst {nic.gateway} -j RETURN" in rules, rules
             assert f"-p IPv4 --ip-dst {subnet.network_address}/{subnet.prefixlen} -j DROP" in rules, rules
-        kvm.check()  # clean-traffic is there, and check says so
+        kvm.check()  # the nwfilter driver answers, and check says so
         kvm.destroy(instance_id)
         assert _bindings_of(conn, nic.mac) == []
     finally:
