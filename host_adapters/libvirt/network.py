@@ -41,6 +41,9 @@ class NetworkPart:
         # Reservations postponed by batch(), made together when it ends; None outside one.
         self._queued_hosts: dict[str, Reservation] | None = None  # by MAC
         self._batch_lock = threading.Lock()
+        # Whether this process compared the project's filters on this host with its own
+        # (_ensure_filters): a definition read each create would cost a call per filter.
+        self._filters_current = False
 
     def _network(self, conn, name: str | None = None, *, required: bool = True):
         lv = _libvirt()
@@ -190,9 +193,8 @@ class NetworkPart:
             return False
         lv = _libvirt()
         made = False
-        # Compared once per process and host (a definition read each create would cost a
-        # libvirt call per filter); a missing filter is still found at every create.
-        compare = not getattr(self, "_filters_current", False)
+        # A missing filter is still found at every create.
+        compare = not self._filters_current
         for nwfilter in PROJECT_FILTERS:
             try:
                 found = conn.nwfilterLookupByName(nwfilter.name)

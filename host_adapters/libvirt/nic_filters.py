@@ -22,6 +22,7 @@ The objects here are pure; the libvirt adapter defines PROJECT_FILTERS on a host
 before a domain refers to them.
 """
 
+import dataclasses
 import ipaddress
 import uuid
 
@@ -90,8 +91,7 @@ def same_nics(found: tuple[NicDevice, ...], wanted: tuple[NicDevice, ...]) -> bo
     guarantees, and rewriting every domain of a host at an upgrade would buy nothing."""
     def as_now(nic: NicDevice) -> NicDevice:
         if nic.filter is not None and nic.filter.name == _EARLIER_CLEAN:
-            return NicDevice(mac=nic.mac, network=nic.network, bridge=nic.bridge,
-                             filter=FilterRef(CLEAN, nic.filter.parameters))
+            return dataclasses.replace(nic, filter=FilterRef(CLEAN, nic.filter.parameters))
         return nic
 
     return tuple(as_now(n) for n in found) == tuple(wanted)
