@@ -481,9 +481,11 @@ def _instances(run: _Run, hypervisor, host: dict) -> None:
             run.found("domain-nics", row["id"], f"NICs and filters {nics(info.nics)}, expected {nics(expected_nics)}",
                       update)
         if info.reservations != expected_reservations(guest):
+            # A hostname missing: the DHCP host is there, its DNS name is not (network.py).
+            held = lambda rs: [(r.mac, r.address, r.hostname or "no DNS name") for r in rs]  # noqa: E731
             run.found("network-reservation", row["id"],
-                      f"DHCP reservations {[(r.mac, r.address) for r in info.reservations]}, "
-                      f"expected {[(r.mac, r.address) for r in expected_reservations(guest)]}", update)
+                      f"reservations (MAC, address, name) {held(info.reservations)}, "
+                      f"expected {held(expected_reservations(guest))}", update)
         expected_seed = seeds.render(row["id"], guest)
         if info.seed is None:
             run.found("seed-missing", row["id"], "the instance has no seed disk", update)

@@ -53,8 +53,9 @@ def lean_domain(name: str, uuid: str, *, memory_mb: int, vcpu: int, filesystems,
 
 
 def add_hosts_by_redefining(conn, net, network: str, add: list[Reservation]) -> None:
-    """Add many DHCP reservations to the network `net` (named `network`) by one new definition
-    with all of them and a restart of the network: nothing runs on the test driver's network."""
+    """Add many reservations (DHCP hosts and DNS names) to the network `net` (named `network`)
+    by one new definition with all of them and a restart of the network: nothing runs on the
+    test driver's network."""
     root = ET.fromstring(net.XMLDesc(0))
     dhcp = root.find("ip/dhcp")
     if dhcp is None:
@@ -70,6 +71,17 @@ def add_hosts_by_redefining(conn, net, network: str, add: list[Reservation]) -> 
             dhcp.remove(host)
     for r in wanted.values():
         dhcp.append(domain_xml.DhcpHost(mac=r.mac, ip=r.address, name=r.hostname).to_element())
+    # Each named one's DNS name too (NetworkPart._update_hosts), in place of any sharing its address or name.
+    dns = root.find("dns")
+    if dns is None:
+        dns = ET.Element("dns")
+        root.insert(list(root).index(root.find("ip")), dns)
+    for host in dns.findall("host"):
+        if host.get("ip") in ips or {(n.text or "").strip() for n in host.findall("hostname")} & names:
+            dns.remove(host)
+    for r in wanted.values():
+        if r.hostname:
+            dns.append(domain_xml.DnsHost(ip=r.address, names=(r.hostname,)).to_element())
     # Stopped first: the test driver keeps running on the old definition across a restart.
     was_active = net.isActive()
     if was_active:

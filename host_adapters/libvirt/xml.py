@@ -364,12 +364,32 @@ class DhcpHost:
 
 
 @dataclass(frozen=True)
-class Network:
-    """A NAT network on a bridge libvirt names itself; `hosts` are DHCP reservations.
+class DnsHost:
+    """A name of the network's DNS: `<dns><host ip><hostname/></host></dns>` (virNetworkUpdate
+    input). libvirt gives it to dnsmasq as an additional hosts file: answered at once, with no
+    lease (a DHCP host's name is answered only while that host holds a lease)."""
 
-    Guests get their address from the seed's network config; the reservations
-    keep dnsmasq from leasing those addresses to anyone else and name the guests
-    in its DNS.
+    ip: str
+    names: tuple[str, ...] = ()
+
+    def to_element(self) -> ET.Element:
+        el = ET.Element("host", ip=self.ip)
+        for name in self.names:
+            _sub(el, "hostname", name)
+        return el
+
+    def to_xml(self) -> str:
+        return _to_xml(self.to_element())
+
+
+@dataclass(frozen=True)
+class Network:
+    """A NAT network on a bridge libvirt names itself; `hosts` are DHCP reservations and
+    `dns_hosts` the guests' names.
+
+    Guests get their address from the seed's network config; the DHCP hosts record
+    which MAC holds which address and name (dnsmasq serves only them), the DNS names
+    name the guests in dnsmasq's DNS (network.py: NetworkPart._update_hosts).
     """
 
     name: str
@@ -377,11 +397,16 @@ class Network:
     netmask: str
     hosts: tuple[DhcpHost, ...] = ()
     forward: str = "nat"
+    dns_hosts: tuple[DnsHost, ...] = ()
 
     def to_element(self) -> ET.Element:
         net = ET.Element("network")
         _sub(net, "name", self.name)
         _sub(net, "forward", mode=self.forward)
+        if self.dns_hosts:
+            dns = _sub(net, "dns")
+            for host in self.dns_hosts:
+                dns.append(host.to_element())
         ip = _sub(net, "ip", address=self.gateway, netmask=self.netmask)
         dhcp = _sub(ip, "dhcp")
         for host in self.hosts:
@@ -419,6 +444,21 @@ def iter_dhcp_hosts(network_xml: str) -> Iterator[DhcpHost]:
         if event == "end" and element.tag == "host" and [a.tag for a in ancestors[1:]] == ["ip", "dhcp"]:
             yield DhcpHost(mac=element.get("mac", "").lower(), ip=element.get("ip", ""),
                            name=element.get("name", ""))
+
+
+def iter_dns_hosts(network_xml: str) -> Iterator[DnsHost]:
+    """The DNS names of a network document (`dns/host`), one address at a time."""
+    names: list[str] = []
+    for event, element, ancestors in _elements(network_xml):
+        if event != "end":
+            continue
+        where = [a.tag for a in ancestors[1:]]
+        # A host's names are read as each ends: _elements drops an element once it is read.
+        if element.tag == "hostname" and where == ["dns", "host"]:
+            names.append((element.text or "").strip())
+        elif element.tag == "host" and where == ["dns"]:
+            yield DnsHost(ip=element.get("ip", ""), names=tuple(names))
+            names = []
 
 
 def dhcp_hosts_of(network_xml: str) -> list[DhcpHost]:

@@ -3,6 +3,8 @@
 import glob
 import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -91,10 +93,12 @@ def test_instance_lifecycle(kvm, prefix, libvirt_dir_pool, tmp_path):
     [nic] = dom.findall("devices/interface")
     assert nic.find("mac").get("address") == guest.nics[0].mac
     assert nic.find("source").get("network") == kvm.network
-    # The reservation is in the running network, where dnsmasq reads it.
-    net = ET.fromstring(virsh("net-dumpxml", kvm.network).stdout)
-    hosts = {(h.get("mac"), h.get("ip"), h.get("name")) for h in net.findall("ip/dhcp/host")}
-    assert (guest.nics[0].mac, guest.nics[0].address, guest.hostname) in hosts
+    # The reservation: the DHCP host in the network's definition (changed live, libvirt would
+    # rebuild the network's firewall rules), the name in the running network's DNS.
+    reserved = (guest.nics[0].mac, guest.nics[0].address, guest.hostname)
+    assert reserved in dhcp_hosts("--inactive", kvm.network)
+    assert reserved not in dhcp_hosts(kvm.network)
+    assert dns_answer(kvm, guest.hostname) == guest.nics[0].address
     # The seed is a read-only virtio disk holding the guest's documents.
     from host_adapters import seed as seeds
 
@@ -128,6 +132,28 @@ def test_instance_lifecycle(kvm, prefix, libvirt_dir_pool, tmp_path):
     with pytest.raises(CommandError):
         virsh("dominfo", name)
     assert not os.path.exists(disk)
+    assert reserved not in dhcp_hosts("--inactive", kvm.network)
+    assert dns_answer(kvm, guest.hostname) is None
+
+
+def dhcp_hosts(*args: str) -> set[tuple[str, str, str]]:
+    net = ET.fromstring(virsh("net-dumpxml", *args).stdout)
+    return {(h.get("mac"), h.get("ip"), h.get("name")) for h in net.findall("ip/dhcp/host")}
+
+
+def dns_answer(kvm, name: str) -> str | None:
+    """The address the network's dnsmasq (on its gateway address) gives `name`, or None."""
+    from host_adapters.libvirt.network import gateway_of
+
+    argv = in_netns(SYSTEM_URI, [sys.executable, "-m", "tests.fixtures.dns_query", gateway_of(str(kvm.subnet)), name])
+    # dnsmasq reads its hosts again on the signal libvirt sends: bounded, it is at once.
+    deadline = time.monotonic() + 10
+    while True:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))).stdout
+        if out.strip() or time.monotonic() > deadline:
+            return out.strip() or None
+        time.sleep(0.2)
 
 
 def test_set_guest_on_a_running_instance_changes_the_next_boot(kvm, prefix, tmp_path):
