@@ -199,7 +199,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                                           guest=guest, console_folder=console_folder)
             dom = step("define domain", conn.defineXML, definition.to_xml())
             if start:
-                step("start domain", dom.create)
+                step("start domain", self._start_new, conn, dom, guest)
 
         def step(what, call, *args, **kwargs):
             lv = _libvirt()
@@ -222,6 +222,18 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                 self._undo(err, what, lambda conn: self._remove(
                     conn, instance_id=instance_id, volumes=[disk_name, seed_name], macs=macs))
             raise
+
+    def _start_new(self, conn, dom, guest: GuestSpec) -> None:
+        """Start a domain just defined. The project's filters are looked up once per process
+        (network.py: _ensure_filters): when the start fails, they are looked up, and if one had
+        gone (libvirt names a missing filter only in its message) it is defined and the start
+        tried once more."""
+        try:
+            dom.create()
+        except _libvirt().libvirtError:
+            if not self._ensure_filters(conn, guest, look=True):
+                raise
+            dom.create()
 
     def _receive_disk(self, conn, pool, name: str, disk: str, base_path: str, disk_gb: int):
         """The disk volume `name`, holding the copy in the local file `disk` pointed at

@@ -79,7 +79,7 @@ class NetworkPart:
                 net.setAutostart(1)
             # The filters of isolated NICs, so that `check` finds them at once (spawn defines
             # them too, on any host that lacks them).
-            return self._ensure_filters(conn) or changed
+            return self._ensure_filters(conn, look=True) or changed
 
         return self._call(f"create network {self.network}", op)
 
@@ -236,18 +236,24 @@ class NetworkPart:
             net.update(lv.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, lv.VIR_NETWORK_SECTION_DNS_HOST, -1,
                        name.to_xml(), dns_flags)
 
-    def _ensure_filters(self, conn, guest: GuestSpec | None = None) -> bool:
+    def _ensure_filters(self, conn, guest: GuestSpec | None = None, *, look: bool = False) -> bool:
         """Define the project's network filters on this host when missing or not as this version
         makes them (True if it did), before a domain refers to them (every NIC does:
         nic_filters.py); with `guest`, only when it has a NIC. A filter as wanted is never
         redefined: a definition makes libvirt rebuild the rules of every NIC using it. One that
         differs (an earlier version's, e.g. isolation over libvirt's clean-traffic) is, once:
-        its NICs then get the rules this version's domains get."""
+        its NICs then get the rules this version's domains get.
+
+        Looked up once per process and host, and again only with `look` (check(), and a start
+        that failed: driver.py): a look-up waits behind every NIC libvirt's nwfilter driver is
+        filtering, 0.07 s each in a burst of creates, three per create. libvirt refuses to
+        remove a filter a running domain uses, so one removed since is found by the start."""
         if test_driver.is_test_driver(conn) or (guest is not None and not guest.nics):
+            return False
+        if self._filters_current and not look:
             return False
         lv = _libvirt()
         made = False
-        # A missing filter is still found at every create.
         compare = not self._filters_current
         for nwfilter in PROJECT_FILTERS:
             try:

@@ -464,3 +464,25 @@ def test_an_explicit_host_passthrough_with_virt_type_qemu_is_refused_by_check(
     named = _qemu_hypervisor(libvirt_dir_pool, libvirt_private_network, prefix, cpu_mode="qemu64")
     named.check()
     assert named._cpu() == ("custom", "qemu64")
+
+
+def test_a_filter_removed_after_the_first_create_is_defined_again_by_the_next(kvm, prefix):
+    # A create looks the project's filters up once per process (each look-up waits behind
+    # libvirt's filtering of other NICs); a start that then fails looks again.
+    import libvirt
+
+    from host_adapters.libvirt.nic_filters import CLEAN
+
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    first = new_id()
+    kvm.spawn(first, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest_for(kvm))
+    kvm.destroy(first)
+    conn = libvirt.open(SYSTEM_URI)
+    try:
+        conn.nwfilterLookupByName(CLEAN).undefine()  # no domain of this libvirtd uses it now
+        second = new_id()
+        kvm.spawn(second, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest_for(kvm))
+        assert domstate(prefix + second) == "running"
+        assert conn.nwfilterLookupByName(CLEAN).name() == CLEAN
+    finally:
+        conn.close()
