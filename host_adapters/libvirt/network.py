@@ -104,16 +104,18 @@ class NetworkPart:
         self._call("drop reservations", lambda conn: self._update_hosts(conn, remove=set(macs)))
 
     @staticmethod
-    def _host_documents(conn, net) -> tuple[str, str]:
-        """(the network's definition, what its dnsmasq serves): DHCP hosts are kept in the first,
-        DNS names in the second (_update_hosts says why). One document for a network that is
-        only one of the two (transient, or not started), and on libvirt's test driver, which
-        cannot read a definition apart (its reservations are kept in both alike)."""
+    def _host_documents(conn, net) -> tuple[str, str, bool, bool]:
+        """(the network's definition, what its dnsmasq serves, whether it is started, whether it
+        is defined): DHCP hosts are kept in the first, DNS names in the second (_update_hosts
+        says why). One document for a network that is only one of the two (transient, or not
+        started), and on libvirt's test driver, which cannot read a definition apart (its
+        reservations are kept in both alike)."""
         lv = _libvirt()
         served = net.XMLDesc(0)
-        if net.isActive() and net.isPersistent() and not test_driver.is_test_driver(conn):
-            return net.XMLDesc(lv.VIR_NETWORK_XML_INACTIVE), served
-        return served, served
+        active, persistent = bool(net.isActive()), bool(net.isPersistent())
+        if active and persistent and not test_driver.is_test_driver(conn):
+            return net.XMLDesc(lv.VIR_NETWORK_XML_INACTIVE), served, active, persistent
+        return served, served, active, persistent
 
     @staticmethod
     def _as_reservations(hosts: list[domain_xml.DhcpHost], served: str) -> list[Reservation]:
@@ -133,14 +135,14 @@ class NetworkPart:
         net = self._network(conn, required=False)
         if net is None or not macs:
             return []
-        definition, served = self._host_documents(conn, net)
+        definition, served, _, _ = self._host_documents(conn, net)
         return self._as_reservations([h for h in domain_xml.iter_dhcp_hosts(definition) if h.mac in macs], served)
 
     def _reservations_all(self, conn) -> list[Reservation]:
         net = self._network(conn, required=False)
         if net is None:
             return []
-        definition, served = self._host_documents(conn, net)
+        definition, served, _, _ = self._host_documents(conn, net)
         return self._as_reservations(domain_xml.dhcp_hosts_of(definition), served)
 
     @contextlib.contextmanager
@@ -192,10 +194,9 @@ class NetworkPart:
         net = self._network(conn, required=bool(add))
         if net is None:
             return
-        definition, served = self._host_documents(conn, net)
+        definition, served, active, persistent = self._host_documents(conn, net)
         if not domain_xml.serves_addresses(definition):
             return  # a bridged network: libvirt hands out no addresses there, the seed's static config does
-        persistent, active = net.isPersistent(), net.isActive()
         config = lv.VIR_NETWORK_UPDATE_AFFECT_CONFIG if persistent else 0
         live = lv.VIR_NETWORK_UPDATE_AFFECT_LIVE if active else 0
         # A transient network has no definition to keep them in; the test driver, no way to read

@@ -384,8 +384,7 @@ class DnsHost:
 
 @dataclass(frozen=True)
 class Network:
-    """A NAT network on a bridge libvirt names itself; `hosts` are DHCP reservations and
-    `dns_hosts` the guests' names.
+    """A NAT network on a bridge libvirt names itself; `hosts` are DHCP reservations.
 
     Guests get their address from the seed's network config; the DHCP hosts record
     which MAC holds which address and name (dnsmasq serves only them), the DNS names
@@ -397,16 +396,11 @@ class Network:
     netmask: str
     hosts: tuple[DhcpHost, ...] = ()
     forward: str = "nat"
-    dns_hosts: tuple[DnsHost, ...] = ()
 
     def to_element(self) -> ET.Element:
         net = ET.Element("network")
         _sub(net, "name", self.name)
         _sub(net, "forward", mode=self.forward)
-        if self.dns_hosts:
-            dns = _sub(net, "dns")
-            for host in self.dns_hosts:
-                dns.append(host.to_element())
         ip = _sub(net, "ip", address=self.gateway, netmask=self.netmask)
         dhcp = _sub(ip, "dhcp")
         for host in self.hosts:
