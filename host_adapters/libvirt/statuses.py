@@ -219,14 +219,23 @@ class StatusesPart:
         self._snapshot_lock = threading.Lock()
         self._generation = 0
 
+    def _kept_live(self) -> "_LiveStatuses | None":
+        """The event-kept statuses when they can be used without a call to the host, not even
+        isAlive(): each libvirt call hands the GIL over, the dearest part of a GET or a list
+        under load, and a list made it while holding its host's sync lock, so the other
+        lists of that host queued behind a GIL hand-over. A connection that closes says so
+        through its close callback (_on_close); one without that callback is checked."""
+        live = self._live
+        if live is None:
+            return None
+        if live.watched:
+            return live if not live.closed and live.conn is self._conn else None
+        return live if live.conn is self._connection() else None
+
     def status(self, instance_id: str) -> str:
         check_id(instance_id, "instance id")
-        live = self._live
-        # Kept current by events: no call to the host, not even isAlive() (each libvirt
-        # call hands the GIL over, the dearest part of a GET under load). A connection that
-        # closes says so through its close callback (_on_close).
-        if live is not None and (live.watched and not live.closed and live.conn is self._conn
-                                 or not live.watched and live.conn is self._connection()):
+        live = self._kept_live()
+        if live is not None:
             return live.get(instance_id)
         # Not yet kept by events (no list was read on this connection yet, as on a host
         # that only serves GETs and creates): set them up now, one full read, rather than
@@ -255,7 +264,7 @@ class StatusesPart:
         # events (_live_statuses). Without events, a snapshot serves the lists of the next
         # status_max_age seconds; this adapter's own changes drop it (_changed), so only
         # changes made outside the controller show up that much later.
-        live = self._live_statuses()
+        live = self._kept_live() or self._live_statuses()
         if live is not None:
             return live.copy()
         if self._status_max_age <= 0:
@@ -281,7 +290,7 @@ class StatusesPart:
             self._snapshot_lock.release()
 
     def status_changes(self, since: object | None) -> tuple[object, dict[str, str | None], bool]:
-        live = self._live_statuses()
+        live = self._kept_live() or self._live_statuses()
         if live is not None:
             return live.changes(since)
         # Without events: each snapshot is whole; the same one again has no change.

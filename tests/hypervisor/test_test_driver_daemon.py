@@ -113,7 +113,10 @@ def test_statuses_over_the_daemon_are_kept_current_by_its_events(served_hypervis
     other.close()
 
 
-def test_a_get_asks_the_host_nothing_until_the_connection_closes(test_driver_daemon, tmp_path, monkeypatch):
+def test_a_get_and_a_list_ask_the_host_nothing_until_the_connection_closes(test_driver_daemon, tmp_path,
+                                                                           monkeypatch):
+    """Nor isAlive(): a list made it while holding its host's sync lock, and the lists of the
+    host queued behind its GIL hand-over (docs/performance.md, 2026-11-28)."""
     from controller.errors import HostError
 
     values = sandbox_values(str(tmp_path))
@@ -124,10 +127,13 @@ def test_a_get_asks_the_host_nothing_until_the_connection_closes(test_driver_dae
     a = "0f000000-0000-4000-8000-0000000000c1"
     hv.spawn(a, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=_guest(hv, 9))
     assert hv.statuses()[a] == "running"
+    mark, _, _ = hv.status_changes(None)
     checks = []
     real_connection = hv._connection
     monkeypatch.setattr(hv, "_connection", lambda: checks.append(1) or real_connection())
     assert [hv.status(a) for _ in range(5)] == ["running"] * 5
+    assert hv.status_changes(mark) == (mark, {}, False)  # what a list asks
+    assert hv.statuses() == {a: "running"}
     assert checks == []  # not even isAlive(): the connection's close callback watches it
     test_driver_daemon.stop()  # the host goes away: its close callback marks the statuses stale
     deadline = time.monotonic() + 10
@@ -136,6 +142,8 @@ def test_a_get_asks_the_host_nothing_until_the_connection_closes(test_driver_dae
     assert hv._live.closed
     with pytest.raises(HostError):
         hv.status(a)  # asked again, and the host does not answer: never the stale "running"
+    with pytest.raises(HostError):
+        hv.status_changes(mark)  # nor to a list
     assert checks
 
 
