@@ -117,6 +117,9 @@ class Interface:
         else:
             _sub(el, "source", bridge=self.bridge or "")
         _sub(el, "model", type=self.model)
+        # No option ROM (iPXE): guests boot from their disk, never from the network, and
+        # under TCG SeaBIOS running iPXE's start-up took about 0.1 s of CPU per start.
+        _sub(el, "rom", enabled="no")
         if self.filterref is not None:
             el.append(_filterref_element(self.filterref))
         return el
@@ -261,6 +264,11 @@ class Domain:
             if self.serial_log:
                 _sub(serial, "log", file=self.serial_log, append="off")
             _sub(devices, "console", type="pty")
+        # Devices libvirt would add that no guest of ours uses: a USB controller (nothing is
+        # ever plugged in) and a memory balloon (the controller never reclaims guest memory).
+        # Fewer devices for QEMU to make and for the firmware and the guest's kernel to probe.
+        _sub(devices, "controller", type="usb", model="none")
+        _sub(devices, "memballoon", model="none")
         return dom
 
     def to_xml(self) -> str:

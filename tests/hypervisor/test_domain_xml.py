@@ -56,10 +56,10 @@ def test_read_only_raw_disk():
 @pytest.mark.parametrize("nic, expected", [
     (dx.Interface(mac="52:54:00:01:02:03", network="cc-private"),
      """<interface type='network'><mac address='52:54:00:01:02:03'/><source network='cc-private'/>
-        <model type='virtio'/></interface>"""),
+        <model type='virtio'/><rom enabled='no'/></interface>"""),
     (dx.Interface(mac="52:54:00:01:02:04", bridge="br-public"),
      """<interface type='bridge'><mac address='52:54:00:01:02:04'/><source bridge='br-public'/>
-        <model type='virtio'/></interface>"""),
+        <model type='virtio'/><rom enabled='no'/></interface>"""),
 ])
 def test_interface(nic, expected):
     assert _shape(_tree(nic.to_xml())) == _expected(expected)
@@ -137,7 +137,10 @@ def test_minimal_domain():
              <memory unit='MiB'>128</memory>
              <vcpu>2</vcpu>
              <os><type>hvm</type><boot dev='hd'/></os>
-             <devices/>
+             <devices>
+               <controller type='usb' model='none'/>
+               <memballoon model='none'/>
+             </devices>
            </domain>"""
     )
 
@@ -184,9 +187,12 @@ def test_full_domain_has_disks_one_share_per_user_a_nic_and_shared_memory():
                </filesystem>
                <interface type='network'>
                  <mac address='52:54:00:00:00:01'/><source network='cc-private'/><model type='virtio'/>
+                 <rom enabled='no'/>
                </interface>
                <serial type='pty'/>
                <console type='pty'/>
+               <controller type='usb' model='none'/>
+               <memballoon model='none'/>
              </devices>
            </domain>"""
     )
@@ -284,7 +290,7 @@ def test_an_interface_with_a_filter_and_its_parameters_round_trips():
                        filterref=dx.FilterRef("clean-traffic", (("IP", "10.213.0.2"),)))
     assert _shape(_tree(nic.to_xml())) == _expected(
         """<interface type='network'><mac address='52:54:00:01:02:03'/><source network='cc-private'/>
-           <model type='virtio'/>
+           <model type='virtio'/><rom enabled='no'/>
            <filterref filter='clean-traffic'><parameter name='IP' value='10.213.0.2'/></filterref></interface>""")
     assert dx.Interface.from_element(nic.to_element()) == nic
     assert dx.interfaces_of(dx.Domain(name="d", uuid="u", memory_mb=1, vcpu=1, interfaces=(nic,)).to_xml()) == [nic]

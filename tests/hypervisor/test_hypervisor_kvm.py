@@ -93,6 +93,15 @@ def test_instance_lifecycle(kvm, prefix, libvirt_dir_pool, tmp_path):
     [nic] = dom.findall("devices/interface")
     assert nic.find("mac").get("address") == guest.nics[0].mac
     assert nic.find("source").get("network") == kvm.network
+    # QEMU itself has no USB controller, no memory balloon and no option ROM on the NIC.
+    pci = json.loads(virsh("qemu-monitor-command", name, '{"execute": "query-pci"}').stdout)["return"]
+    devices = [d for bus in pci for d in bus["devices"]]
+    assert [d["class_info"]["class"] for d in devices if d["class_info"]["class"] == 0x0C03] == []  # USB
+    assert [d for d in devices if d["id"]["vendor"] == 0x1AF4 and d["id"]["device"] in (0x1002, 0x1045)] == []
+    assert any(d["qdev_id"] == "net0" for d in devices)
+    rom = json.loads(virsh("qemu-monitor-command", name, json.dumps(
+        {"execute": "qom-get", "arguments": {"path": "/machine/peripheral/net0", "property": "romfile"}})).stdout)
+    assert rom["return"] == ""
     # The reservation: the DHCP host in the network's definition (changed live, libvirt would
     # rebuild the network's firewall rules), the name in the running network's DNS.
     reserved = (guest.nics[0].mac, guest.nics[0].address, guest.hostname)
