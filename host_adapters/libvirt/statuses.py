@@ -219,26 +219,10 @@ class StatusesPart:
         self._snapshot_lock = threading.Lock()
         self._generation = 0
 
-    def _kept_live(self) -> "_LiveStatuses | None":
-        """The event-kept statuses when they can be used without a call to the host, not even
-        isAlive(): each libvirt call hands the GIL over, the dearest part of a GET or a list
-        under load, and a list made it while holding its host's sync lock, so the other
-        lists of that host queued behind a GIL hand-over. A connection that closes says so
-        through its close callback (_on_close); one without that callback is checked."""
-        live = self._live
-        if live is None:
-            return None
-        if live.watched:
-            return live if not live.closed and live.conn is self._conn else None
-        return live if live.conn is self._connection() else None
-
     def status(self, instance_id: str) -> str:
         check_id(instance_id, "instance id")
-        live = self._kept_live()
-        if live is not None:
-            return live.get(instance_id)
-        # Not yet kept by events (no list was read on this connection yet, as on a host
-        # that only serves GETs and creates): set them up now, one full read, rather than
+        # Kept by events, or set up now if not yet (no list was read on this connection
+        # yet, as on a host that only serves GETs and creates): one full read, rather than
         # ask for this domain. Asking makes two calls to the host, and during a burst of
         # creates each waited seconds behind them in libvirtd (docs/performance.md).
         if not self._no_events:
@@ -264,7 +248,7 @@ class StatusesPart:
         # events (_live_statuses). Without events, a snapshot serves the lists of the next
         # status_max_age seconds; this adapter's own changes drop it (_changed), so only
         # changes made outside the controller show up that much later.
-        live = self._kept_live() or self._live_statuses()
+        live = self._live_statuses()
         if live is not None:
             return live.copy()
         if self._status_max_age <= 0:
@@ -290,7 +274,7 @@ class StatusesPart:
             self._snapshot_lock.release()
 
     def status_changes(self, since: object | None) -> tuple[object, dict[str, str | None], bool]:
-        live = self._kept_live() or self._live_statuses()
+        live = self._live_statuses()
         if live is not None:
             return live.changes(since)
         # Without events: each snapshot is whole; the same one again has no change.
@@ -321,9 +305,17 @@ class StatusesPart:
     def _live_statuses(self) -> "_LiveStatuses | None":
         """The event-kept statuses of the current connection, set up on first use: the
         callback first, then one full read, then the events that came meanwhile, in order.
-        None on a driver without lifecycle events (statuses() then reads snapshots)."""
-        conn = self._connection()
+        None on a driver without lifecycle events (statuses() then reads snapshots).
+
+        Statuses whose connection's close callback watches it are used without a call to
+        the host, not even isAlive(): each libvirt call hands the GIL over, the dearest part
+        of a GET or a list under load, and a list made it while holding its host's sync
+        lock, so the host's other lists queued behind the hand-over. A connection that
+        closes says so through that callback (_on_close); one without it is checked."""
         live = self._live
+        if live is not None and live.watched and not live.closed and live.conn is self._conn:
+            return live
+        conn = self._connection()
         if live is not None and live.conn is conn:
             return live
         if self._no_events:
