@@ -85,9 +85,13 @@ class Call:
     ended: float
     status: object  # an HTTP status, "down" (no connection: d's down time) or "timeout"
     body: object = None
+    # A delete asked again because the last one got no answer: a 404 says that one was done.
+    repeated_delete: bool = False
 
     @property
     def ok(self) -> bool:
+        if self.repeated_delete and self.status == 404:
+            return True
         return isinstance(self.status, int) and 200 <= self.status < 300
 
 
@@ -123,6 +127,9 @@ class Client:
     instance: str | None = None  # the instance it is cycling, while it exists
     volume: str | None = None  # its volume, made and deleted by clients without instances
     standing: str | None = None  # (c): an instance of its own on the host that dies
+    # Its last delete (of its instance or volume) got no answer: the server may have done it
+    # and died before answering (a SIGKILL), so it asks for that delete again first.
+    delete_unanswered: bool = False
 
 
 class Deployment:
@@ -251,7 +258,8 @@ class Mix(Loops):
         super().__init__([functools.partial(self._client, c) for c in clients] + [self._prober],
                          join_seconds=CLIENT_TIMEOUT + 10)
 
-    def call(self, client: Client, op: str, method: str, path: str, body=None, *, instance=None) -> Call:
+    def call(self, client: Client, op: str, method: str, path: str, body=None, *, instance=None,
+             repeated_delete: bool = False) -> Call:
         began = time.monotonic()
         try:
             status, _, answer = self.d.http.call(method, path, body, headers=client.headers, timeout=CLIENT_TIMEOUT)
@@ -263,7 +271,7 @@ class Mix(Loops):
         except ValueError as e:  # a 2xx whose body is not JSON
             status, answer = "not JSON", str(e)
         call = Call(client=client.index, op=op, needs=self.needs(op, client, instance), started=began,
-                    ended=time.monotonic(), status=status, body=answer)
+                    ended=time.monotonic(), status=status, body=answer, repeated_delete=repeated_delete)
         with self.run.lock:
             self.run.calls.append(call)
         if status == "down":
@@ -298,7 +306,19 @@ class Mix(Loops):
             self.call(c, "list", "GET", "/v1/server-instance")
             self.stopping.wait(0.2)
 
+    def _delete(self, c: Client, op: str, path: str, *, instance=None) -> bool:
+        """Ask for a delete; True when it was done. A client that got no answer asks again, as
+        any client would: the server may have deleted it and died before answering, so a 404
+        to the repeated delete means done, and the resource is used no more meanwhile."""
+        call = self.call(c, op, "DELETE", path, instance=instance, repeated_delete=c.delete_unanswered)
+        c.delete_unanswered = call.status in ("down", "timeout") or (c.delete_unanswered and not call.ok)
+        return call.ok
+
     def _instance_cycle(self, c: Client) -> None:
+        if c.instance is not None and c.delete_unanswered:
+            if self._delete(c, "instance-delete", f"/v1/server-instance/{c.instance}", instance=c.instance):
+                c.instance = None
+            return
         if c.instance is None:
             made = self.call(c, "instance-create", "POST", "/v1/server-instance",
                              {"server-image": self.d.image, "server-flavor": self.d.flavor})
@@ -309,8 +329,7 @@ class Mix(Loops):
             if not self.call(c, "power", "PUT", f"/v1/server-instance/{c.instance}", {"task": {"what": what}},
                               instance=c.instance).ok:
                 return  # tried again next round (its host may be down)
-        if self.call(c, "instance-delete", "DELETE", f"/v1/server-instance/{c.instance}",
-                     instance=c.instance).ok:
+        if self._delete(c, "instance-delete", f"/v1/server-instance/{c.instance}", instance=c.instance):
             c.instance = None
 
     def _volume_cycle(self, c: Client) -> None:
@@ -320,7 +339,7 @@ class Mix(Loops):
             if not made.ok:
                 return
             c.volume = made.body["data"][0]["volume-id"]
-        if self.call(c, "volume-delete", "DELETE", f"/v1/storage-volume/{c.volume}").ok:
+        if self._delete(c, "volume-delete", f"/v1/storage-volume/{c.volume}"):
             c.volume = None
 
     def _prober(self) -> None:
