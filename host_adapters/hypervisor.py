@@ -25,8 +25,8 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class FilterRef:
-    """A NIC's network filter, by name, with its parameters sorted (libvirt's nwfilter; which
-    NIC gets which: host_adapters/libvirt/nic_filters.py)."""
+    """A NIC's rules, by name, with their parameters sorted (which NIC gets which:
+    host_adapters/libvirt/nic_filters.py; what they guarantee: host_adapters/guest_firewall.py)."""
 
     name: str
     parameters: tuple[tuple[str, str], ...] = ()
@@ -39,7 +39,7 @@ class NicDevice:
     mac: str
     network: str | None = None
     bridge: str | None = None
-    filter: FilterRef | None = None  # the nwfilter libvirt applies to what the guest sends
+    filter: FilterRef | None = None  # the rules of what the guest sends and receives
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ PACKAGES=(
   slapd ldap-utils openssl
   btrfs-progs xfsprogs quota passwd util-linux curl
   mmdebstrap fdisk e2fsprogs mount tar extlinux syslinux-common openssh-client dnsmasq-base
-  iptables libvirt-daemon-config-nwfilter kmod iproute2 systemd wrk
+  iptables libvirt-daemon-config-nwfilter nftables kmod iproute2 systemd wrk
   nslcd libnss-ldapd
   chromium chromium-driver
 )

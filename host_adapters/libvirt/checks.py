@@ -13,7 +13,6 @@ from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.connection import _code, _connection_lost, _libvirt, _msg
-from host_adapters.libvirt.nic_filters import CLEAN
 
 
 class ChecksPart:
@@ -31,7 +30,8 @@ class ChecksPart:
             if not test_driver.is_test_driver(conn):
                 self._check_subnet(net)
                 self._check_virt_type(conn)
-                self._check_filters(conn)
+            # The guests' NIC rules, after each new connection and every minute (firewall.py).
+            self._restore_rules(conn)
 
         self._call("check libvirt", op)
 
@@ -121,20 +121,3 @@ class ChecksPart:
                        if self.virt_type == "qemu" else
                        "set [libvirt] cpu_mode to host-model or a named model (e.g. qemu64)")
                 )
-
-    def _check_filters(self, conn) -> None:
-        """libvirt's nwfilter driver answers here: every NIC uses the project's filter
-        (nic_filters.py), which the adapter defines before a domain refers to it."""
-        lv = _libvirt()
-        try:
-            conn.nwfilterLookupByName(CLEAN)
-        except lv.libvirtError as e:
-            if _connection_lost(e):
-                raise
-            if _code(e) == lv.VIR_ERR_NO_NWFILTER:
-                return  # the driver answered: the filter is defined at the first create
-            raise HostUnavailable(
-                f"libvirt's network filter driver is not usable at {self.uri} ({_msg(e)}): guests' NICs "
-                "need libvirt's nwfilter driver (Debian: libvirt-daemon-driver-nwfilter or "
-                "libvirt-daemon-system) and ebtables"
-            ) from e

@@ -9,7 +9,7 @@ LibvirtHypervisor is one object whose methods are kept by job in this
 package (as Incus splits its QEMU driver into files of one receiver): this
 file defines, spawns, powers and removes domains; connection.py holds the
 connection and _call; statuses.py the status cache; network.py the private
-network, DHCP reservations and network filters; storage.py base images and
+network and DHCP reservations; firewall.py the guests' NIC rules; storage.py base images and
 seed volumes; checks.py the host checks; test_driver.py every difference of
 libvirt's test driver; xml.py the XML objects; volume_io.py volume content.
 """
@@ -25,7 +25,7 @@ from host_adapters.disk_copy import open_disk_copy
 from host_adapters.guest import GuestSpec, Share, check_guest, check_positive, reservations_for
 from host_adapters.host_files import HostFiles
 from host_adapters.host_files_choice import host_files_for
-from host_adapters.hypervisor import GiB, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
+from host_adapters.hypervisor import FilterRef, GiB, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
 from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
@@ -37,7 +37,9 @@ from host_adapters.libvirt.statuses import StatusesPart, status_of
 from host_adapters.libvirt.storage import StoragePart
 from host_adapters.libvirt.volume_io import VolumeIO
 from host_adapters.names import Names, check_id, check_volume_name, domain_uuid
+from host_adapters.libvirt.firewall import FirewallPart, domain_rules
 from host_adapters.libvirt.nic_filters import filter_for
+from host_adapters.guest_firewall import GuestFirewall, NicRules, tap_name
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def _shares_of(filesystems: Iterable[domain_xml.Filesystem]) -> tuple[Share, ...
     return tuple(sorted(Share(fs.target_dir, fs.source_dir) for fs in filesystems))
 
 
-class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, ChecksPart, Hypervisor):
+class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, FirewallPart, StatusesPart, ChecksPart, Hypervisor):
     """Instances as libvirt domains, disks and seeds as volumes of one storage pool.
 
     One connection per adapter (libvirt connections are thread-safe), opened
@@ -70,7 +72,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
     `lean_definitions` (test driver only, the sandbox): domains carry only what
     the controller reads back (shares, NICs), not disks, console or CPU.
     `host_files` reaches the host's console files (default: the channel its URI
-    calls for, host_files_choice.py).
+    calls for, host_files_choice.py); `firewall` writes its guests' NIC rules (default: the
+    one its URI calls for, guest_firewall_choice.py).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         status_max_age: float = 0.0,
         lean_definitions: bool = False,
         host_files: HostFiles | None = None,
+        firewall: GuestFirewall | None = None,
     ):
         if virt_type not in VIRT_TYPES:
             raise InvalidInput(f"virt_type must be one of {', '.join(VIRT_TYPES)}, not {virt_type!r}")
@@ -106,6 +110,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         self._stand_in = stand_in_base_images
         self._lean = lean_definitions
         self.host_files = host_files if host_files is not None else host_files_for(uri)
+        self._init_firewall(uri, firewall)
 
     def _domain(self, conn, instance_id: str):
         lv = _libvirt()
@@ -193,13 +198,14 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             step("write seed", self._write_seed, conn, pool, instance_id, guest)
             console_folder = step("make the console folder", self._console_folder, conn, pool)
             step("reserve addresses", self._update_hosts, conn, add=reservations_for(guest))
-            step("define network filters", self._ensure_filters, conn, guest)
+            if start:  # else written by the start that comes later (power_on)
+                step("write the NICs' network rules", self.firewall.allow, self._guest_rules(guest))
             seed_path = self._volume(pool, seed_name).path()
             definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu, memory_mb=memory_mb,
                                           guest=guest, console_folder=console_folder)
             dom = step("define domain", conn.defineXML, definition.to_xml())
             if start:
-                step("start domain", self._start_new, conn, dom, guest)
+                step("start domain", dom.create)
 
         def step(what, call, *args, **kwargs):
             lv = _libvirt()
@@ -220,20 +226,9 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
                 what = f"domain, disk, seed and reservations of instance {instance_id}"
                 macs = [n.mac for n in guest.nics]
                 self._undo(err, what, lambda conn: self._remove(
-                    conn, instance_id=instance_id, volumes=[disk_name, seed_name], macs=macs))
+                    conn, instance_id=instance_id, volumes=[disk_name, seed_name], macs=macs,
+                    rules=self._guest_rules(guest) if start else ()))
             raise
-
-    def _start_new(self, conn, dom, guest: GuestSpec) -> None:
-        """Start a domain just defined. The project's filters are looked up once per process
-        (network.py: _ensure_filters): when the start fails, they are looked up, and if one had
-        gone (libvirt names a missing filter only in its message) it is defined and the start
-        tried once more."""
-        try:
-            dom.create()
-        except _libvirt().libvirtError:
-            if not self._ensure_filters(conn, guest, look=True):
-                raise
-            dom.create()
 
     def _receive_disk(self, conn, pool, name: str, disk: str, base_path: str, disk_gb: int):
         """The disk volume `name`, holding the copy in the local file `disk` pointed at
@@ -320,15 +315,19 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         return self._call(f"read the disk of instance {instance_id}", op, retry=False)
 
     def _remove(self, conn, *, instance_id: str | None = None, volumes: Iterable[str] = (),
-                macs: Iterable[str] = ()) -> None:
-        """Remove the instance's domain, the volumes and the reservations of its MACs, by name
-        (on a possibly new connection)."""
+                macs: Iterable[str] = (), rules: Iterable[NicRules] = ()) -> None:
+        """Remove the instance's domain, the volumes, the reservations of its MACs and the
+        network rules of its NICs, by name (on a possibly new connection)."""
         lv = _libvirt()
-        macs = set(macs)
+        macs, rules = set(macs), set(rules)
         dom = self._domain(conn, instance_id) if instance_id is not None else None
         if dom is not None:
-            macs |= {n.mac for n in domain_xml.interfaces_of(dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))}
+            persistent = dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)
+            macs |= {n.mac for n in domain_xml.interfaces_of(persistent)}
+            rules |= set(domain_rules(persistent))
             self._remove_domain(dom)
+        # After the domain: its guest sends nothing more.
+        self._forget_rules(tuple(sorted(rules, key=lambda r: r.tap)), f"remove instance {instance_id}")
         if instance_id is not None:
             pool = self._pool(conn)
             name = console_log.file_name(self._names.prefix, instance_id)
@@ -366,7 +365,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
         is_test = test_driver.is_test_driver(conn)
         if self._lean and is_test:
             return test_driver.lean_domain(name, domain_uuid(instance_id, name), memory_mb=memory_mb, vcpu=vcpu,
-                                           filesystems=self._filesystems(guest), interfaces=self._interfaces(guest))
+                                           filesystems=self._filesystems(guest), interfaces=self._interfaces(guest),
+                                           nic_rules=self._nic_rules(guest))
         virt_type = test_driver.DOMAIN_TYPE if is_test else self.virt_type
         cpu_mode, cpu_model = self._cpu()
         return domain_xml.Domain(
@@ -381,6 +381,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             ),
             filesystems=self._filesystems(guest),
             interfaces=self._interfaces(guest),
+            nic_rules=self._nic_rules(guest),
             shared_memory=True,
             features=("acpi", "apic"),
             cpu_mode=cpu_mode,
@@ -390,11 +391,16 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             bios_serial=True,
         )
 
-    @staticmethod
-    def _interfaces(guest: GuestSpec) -> tuple[domain_xml.Interface, ...]:
-        """Each NIC with the network filter libvirt applies to what the guest sends (nic_filters.py)."""
-        return tuple(domain_xml.Interface(mac=n.mac, network=n.network, bridge=n.bridge, filterref=filter_for(n))
+    def _interfaces(self, guest: GuestSpec) -> tuple[domain_xml.Interface, ...]:
+        """Each NIC on its tap of this host (guest_firewall.tap_name), which its rules are keyed by."""
+        return tuple(domain_xml.Interface(mac=n.mac, network=n.network, bridge=n.bridge,
+                                          target_dev=tap_name(n.mac, self.tap_tag))
                      for n in guest.nics)
+
+    @staticmethod
+    def _nic_rules(guest: GuestSpec) -> tuple[tuple[str, FilterRef], ...]:
+        """Each NIC's rules by MAC (nic_filters.py), kept in the domain's metadata."""
+        return tuple((n.mac, filter_for(n)) for n in guest.nics)
 
     @staticmethod
     def _filesystems(guest: GuestSpec) -> tuple[domain_xml.Filesystem, ...]:
@@ -408,6 +414,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             dom = self._existing_domain(conn, instance_id)
             state = dom.state()[0]
             if not dom.isActive():
+                self._allow_domain(dom)
                 dom.create()
             elif state == lv.VIR_DOMAIN_PAUSED:
                 dom.resume()
@@ -453,6 +460,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             # Repeated on a new connection when the old one was lost: started once only.
             dom = self._existing_domain(conn, instance_id)
             if not dom.isActive():
+                self._allow_domain(dom)
                 self._start_again(dom, instance_id)
 
         try:
@@ -487,9 +495,14 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             dom = self._existing_domain(conn, instance_id)
             persistent = dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)
             old_macs = {n.mac for n in domain_xml.interfaces_of(persistent)}
-            self._ensure_filters(conn, guest)
+            old_rules, new_rules = domain_rules(persistent), self._guest_rules(guest)
+            if set(old_rules) != set(new_rules):
+                # Before the definition: a running guest keeps its NICs until its next start,
+                # and a NIC whose rules changed has the new ones at once.
+                self.firewall.replace(old_rules, new_rules)
             xml = domain_xml.replace_devices(persistent, "filesystem", list(self._filesystems(guest)))
             xml = domain_xml.replace_devices(xml, "interface", list(self._interfaces(guest)))
+            xml = domain_xml.replace_nic_rules(xml, self._nic_rules(guest))
             if xml != domain_xml.normalized(persistent):
                 conn.defineXML(xml)
             self._write_seed(conn, self._pool(conn), instance_id, guest)
@@ -546,8 +559,10 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, StatusesPart, 
             if dom is not None:
                 persistent = dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE)
                 shares = _shares_of(domain_xml.filesystems_of(persistent))
+                kept = domain_xml.nic_rules_of(persistent)
                 nics = tuple(sorted(
-                    (NicDevice(mac=n.mac, network=n.network, bridge=n.bridge, filter=n.filterref)
+                    # A domain of an earlier version names its nwfilter; ours keep the rules in metadata.
+                    (NicDevice(mac=n.mac, network=n.network, bridge=n.bridge, filter=n.filterref or kept.get(n.mac))
                      for n in domain_xml.interfaces_of(persistent)),
                     key=lambda n: n.mac,
                 ))

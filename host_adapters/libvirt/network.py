@@ -1,6 +1,5 @@
-"""A host's private network, its reservations (one per instance NIC: a DHCP host and a DNS
-name, _update_hosts), and the project's network filters that guests' NICs refer to
-(nic_filters.py).
+"""A host's private network and its reservations (one per instance NIC: a DHCP host and a
+DNS name, _update_hosts).
 """
 
 import contextlib
@@ -13,7 +12,6 @@ from host_adapters.guest import GuestSpec, Reservation
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.connection import _code, _libvirt
-from host_adapters.libvirt.nic_filters import PROJECT_FILTERS
 
 
 def _netmask(subnet: str) -> tuple[ipaddress.IPv4Network, str]:
@@ -42,9 +40,6 @@ class NetworkPart:
         # Reservations postponed by batch(), made together when it ends; None outside one.
         self._queued_hosts: dict[str, Reservation] | None = None  # by MAC
         self._batch_lock = threading.Lock()
-        # Whether this process compared the project's filters on this host with its own
-        # (_ensure_filters): a definition read each create would cost a call per filter.
-        self._filters_current = False
 
     def _network(self, conn, name: str | None = None, *, required: bool = True):
         lv = _libvirt()
@@ -77,9 +72,7 @@ class NetworkPart:
                 changed = True
             if not net.autostart():
                 net.setAutostart(1)
-            # The filters of isolated NICs, so that `check` finds them at once (spawn defines
-            # them too, on any host that lacks them).
-            return self._ensure_filters(conn, look=True) or changed
+            return changed
 
         return self._call(f"create network {self.network}", op)
 
@@ -236,35 +229,3 @@ class NetworkPart:
         for name in named - set(names):
             net.update(lv.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST, lv.VIR_NETWORK_SECTION_DNS_HOST, -1,
                        name.to_xml(), dns_flags)
-
-    def _ensure_filters(self, conn, guest: GuestSpec | None = None, *, look: bool = False) -> bool:
-        """Define the project's network filters on this host when missing or not as this version
-        makes them (True if it did), before a domain refers to them (every NIC does:
-        nic_filters.py); with `guest`, only when it has a NIC. A filter as wanted is never
-        redefined: a definition makes libvirt rebuild the rules of every NIC using it. One that
-        differs (an earlier version's, e.g. isolation over libvirt's clean-traffic) is, once:
-        its NICs then get the rules this version's domains get.
-
-        Looked up once per process and host, and again only with `look` (check(), and a start
-        that failed: driver.py): a look-up waits behind every NIC libvirt's nwfilter driver is
-        filtering, 0.07 s each in a burst of creates, three per create. libvirt refuses to
-        remove a filter a running domain uses, so one removed since is found by the start."""
-        if test_driver.is_test_driver(conn) or (guest is not None and not guest.nics):
-            return False
-        if self._filters_current and not look:
-            return False
-        lv = _libvirt()
-        made = False
-        compare = not self._filters_current
-        for nwfilter in PROJECT_FILTERS:
-            try:
-                found = conn.nwfilterLookupByName(nwfilter.name)
-            except lv.libvirtError as e:
-                if _code(e) != lv.VIR_ERR_NO_NWFILTER:
-                    raise
-                found = None
-            if found is None or (compare and not domain_xml.same_filter(found.XMLDesc(0), nwfilter)):
-                conn.nwfilterDefineXML(nwfilter.to_xml())
-                made = True
-        self._filters_current = True
-        return made

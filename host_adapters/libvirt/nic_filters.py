@@ -1,40 +1,26 @@
-"""Which network filter libvirt applies to each guest NIC (issue 16, finding 8).
+"""Which rules each guest NIC gets (guest_firewall.py says what they guarantee), by name
+with their parameters: a FilterRef, as reconcile compares them (same_nics).
 
-Guest root controls what its NICs send. Every NIC gets the project's
-`cloud-controller-clean` filter with the NIC's address as `IP` (libvirt adds its
-`MAC`): what libvirt's `clean-traffic` guarantees, in fewer rules. From the guest:
-IPv4 only from its own MAC and address (or a DHCP request from 0.0.0.0), ARP only
-naming its own MAC and address, nothing else. To the guest: IPv4, and ARP asking
-for its address; nothing else. With `[network] isolate_guests` the private NIC
-gets `cloud-controller-isolated` instead: that, and nothing sent to another
-address of the private subnet but the gateway's (nor to broadcast or multicast
-addresses). These filters are libvirt's nwfilter driver: ebtables rules on the
-host, which the guest cannot touch.
+Every NIC gets CLEAN with its address as `IP`; with `[network] isolate_guests` the private
+NIC gets ISOLATED instead, which also names its gateway and subnet. The domain keeps each
+NIC's FilterRef in its metadata (xml.py: nic_rules_of); rules_of turns one into the NicRules
+the host's table holds, keyed by the NIC's tap.
 
-Why not clean-traffic itself (PERF: docs/performance.md): libvirt applies a
-filter one firewall command at a time, one NIC at a time (the serial step of a
-burst of creates), and clean-traffic's seven filters make eight chains per NIC:
-about 120 commands and 1.4 s of each domain start on a 2-core host. This filter
-is one chain each way, all of its rules in libvirt's root chain: about 60
-commands (half of them libvirt's own iptables clean-up) and 0.5 s.
-
-The objects here are pure; the libvirt adapter defines PROJECT_FILTERS on a host
-before a domain refers to them.
+The names are those of the nwfilters earlier versions defined (the same guarantees), so a
+domain of an earlier version (its <filterref>, which libvirt still applies) is as wanted.
 """
 
 import dataclasses
 import ipaddress
-import uuid
 
 from host_adapters.guest import GuestSpec, Nic
 from host_adapters.hypervisor import FilterRef, NicDevice
-from host_adapters.libvirt.xml import FilterRule, NWFilter
+from host_adapters.guest_firewall import NicRules, tap_name
 
 CLEAN = "cloud-controller-clean"
 # What earlier versions gave a NIC instead of CLEAN, with the same parameter: the same guarantees.
 _EARLIER_CLEAN = "clean-traffic"
 ISOLATED = "cloud-controller-isolated"
-_NO_GUEST_TO_GUEST = "cloud-controller-no-guest-to-guest"
 
 
 def filter_for(nic: Nic) -> FilterRef:
@@ -48,36 +34,22 @@ def filter_for(nic: Nic) -> FilterRef:
     ))))
 
 
-def _uuid(name: str) -> str:
-    # Fixed per name: every host, and every `init`, defines the same filter.
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloud-controller:nwfilter:{name}"))
+def rules_of(tap: str, mac: str, ref: FilterRef) -> NicRules | None:
+    """The NicRules of the NIC `mac` on the tap `tap` with rules `ref`; None for rules of
+    another name (nothing this version writes)."""
+    params = dict(ref.parameters)
+    if ref.name == CLEAN and "IP" in params:
+        return NicRules(tap=tap, mac=mac, address=params["IP"])
+    if ref.name == ISOLATED and {"IP", "GATEWAY", "SUBNET", "SUBNET_PREFIX"} <= params.keys():
+        return NicRules(tap=tap, mac=mac, address=params["IP"], gateway=params["GATEWAY"],
+                        subnet=f"{params['SUBNET']}/{params['SUBNET_PREFIX']}")
+    return None
 
 
-# Ordered: a filter after those it refers to. libvirt keeps the root chain's rules in priority
-# order, and a frame's first accept or drop ends it. "out" is sent by the guest, "in" sent to
-# it; $MAC is the NIC's, set by libvirt.
-PROJECT_FILTERS = (
-    NWFilter(CLEAN, _uuid(CLEAN), rules=(
-        FilterRule("accept", "out", 100, (("srcmacaddr", "$MAC"), ("srcipaddr", "$IP"))),
-        # DHCP before the guest has its address (clean-traffic's no-ip-spoofing allows the same).
-        FilterRule("accept", "out", 110, (("srcmacaddr", "$MAC"), ("srcipaddr", "0.0.0.0"), ("protocol", "udp"))),
-        FilterRule("accept", "out", 120, (("srcmacaddr", "$MAC"), ("arpsrcmacaddr", "$MAC"),
-                                          ("arpsrcipaddr", "$IP")), protocol="arp"),
-        FilterRule("accept", "in", 200, (("protocolid", "ipv4"),), protocol="mac"),
-        FilterRule("accept", "in", 210, (("arpdstipaddr", "$IP"),), protocol="arp"),
-        # Everything else, both ways: IPv6, other addresses, other MACs, other protocols.
-        FilterRule("drop", "inout", 1000, protocol=None),
-    )),
-    # Sent by the guest, in an IPv4 chain of its own that runs before the root chain's rules
-    # (priority -700): "return" lets a packet on to them, where its source is checked.
-    NWFilter(_NO_GUEST_TO_GUEST, _uuid(_NO_GUEST_TO_GUEST), chain="ipv4-cciso", priority=-700, rules=(
-        FilterRule("return", "out", 100, (("dstipaddr", "$GATEWAY"),)),
-        FilterRule("drop", "out", 200, (("dstipaddr", "$SUBNET"), ("dstipmask", "$SUBNET_PREFIX"))),
-        FilterRule("drop", "out", 300, (("dstipaddr", "224.0.0.0"), ("dstipmask", "4"))),
-        FilterRule("drop", "out", 400, (("dstipaddr", "255.255.255.255"),)),
-    )),
-    NWFilter(ISOLATED, _uuid(ISOLATED), filterrefs=(CLEAN, _NO_GUEST_TO_GUEST)),
-)
+def guest_rules(guest: GuestSpec, tag: str | None) -> tuple[NicRules, ...]:
+    """The NicRules of every NIC of `guest` on the host tagged `tag` (guest_firewall.host_tag)."""
+    return tuple(r for r in (rules_of(tap_name(n.mac, tag), n.mac, filter_for(n)) for n in guest.nics)
+                 if r is not None)
 
 
 def nic_devices_for(guest: GuestSpec) -> tuple[NicDevice, ...]:

@@ -44,12 +44,13 @@ def stand_in_base(pool, names: Names, base_image: str):
     return pool.createXML(domain_xml.Volume(name=base_image, capacity_bytes=GiB).to_xml(), 0)
 
 
-def lean_domain(name: str, uuid: str, *, memory_mb: int, vcpu: int, filesystems, interfaces) -> domain_xml.Domain:
-    """A domain holding only what the controller reads back (shares and NICs). The test driver
+def lean_domain(name: str, uuid: str, *, memory_mb: int, vcpu: int, filesystems, interfaces,
+                nic_rules=()) -> domain_xml.Domain:
+    """A domain holding only what the controller reads back (shares, NICs and their rules). The test driver
     runs no guest and keeps every definition in its process (twice while running): 10,000 full
     ones cost 150 MB. Disks and seed stay pool volumes, which is where describe() looks for them."""
     return domain_xml.Domain(name=name, uuid=uuid, memory_mb=memory_mb, vcpu=vcpu, virt_type=DOMAIN_TYPE,
-                             filesystems=filesystems, interfaces=interfaces)
+                             filesystems=filesystems, interfaces=interfaces, nic_rules=nic_rules)
 
 
 def add_hosts_by_redefining(conn, net, network: str, add: list[Reservation]) -> None:

@@ -5,7 +5,7 @@ CPU mode a domain gets is decided one level up, in host_adapters/libvirt/driver.
 """
 
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from host_adapters.hypervisor import FilterRef
@@ -93,6 +93,47 @@ def _filterref_element(ref: FilterRef) -> ET.Element:
     return el
 
 
+NIC_RULES_NS = "urn:cloud-controller:nic-rules:1"
+ET.register_namespace("cc", NIC_RULES_NS)
+
+
+def nic_rules_element(rules: Iterable[tuple[str, FilterRef]]) -> ET.Element:
+    """`<cc:nic-rules>`: per NIC (by MAC) the name of its rules and their parameters."""
+    el = ET.Element(f"{{{NIC_RULES_NS}}}nic-rules")
+    for mac, ref in rules:
+        nic = ET.SubElement(el, f"{{{NIC_RULES_NS}}}nic", mac=mac, rules=ref.name)
+        for key, value in ref.parameters:
+            ET.SubElement(nic, f"{{{NIC_RULES_NS}}}parameter", name=key, value=value)
+    return el
+
+
+def nic_rules_of(domain_xml: str) -> dict[str, FilterRef]:
+    """A domain's NIC rules by MAC, from its <metadata> (empty for a domain of an earlier version)."""
+    found: dict[str, FilterRef] = {}
+    for nic in ET.fromstring(domain_xml).iterfind(f"metadata/{{{NIC_RULES_NS}}}nic-rules/{{{NIC_RULES_NS}}}nic"):
+        params = tuple(sorted((p.get("name", ""), p.get("value", ""))
+                              for p in nic.iterfind(f"{{{NIC_RULES_NS}}}parameter")))
+        found[nic.get("mac", "").lower()] = FilterRef(name=nic.get("rules", ""), parameters=params)
+    return found
+
+
+def replace_nic_rules(domain_xml: str, rules: Iterable[tuple[str, FilterRef]]) -> str:
+    """The domain with its NIC rules (metadata) replaced by `rules`; other metadata kept."""
+    root = ET.fromstring(domain_xml)
+    metadata = root.find("metadata")
+    if metadata is None:
+        metadata = ET.Element("metadata")
+        root.insert(2, metadata)
+    for old in metadata.findall(f"{{{NIC_RULES_NS}}}nic-rules"):
+        metadata.remove(old)
+    rules = tuple(rules)
+    if rules:
+        metadata.append(nic_rules_element(rules))
+    elif not len(metadata):
+        root.remove(metadata)
+    return _to_xml(root)
+
+
 def _filterref_of(el: ET.Element) -> FilterRef:
     params = tuple(sorted((p.get("name", ""), p.get("value", "")) for p in el.findall("parameter")))
     return FilterRef(name=el.get("filter", ""), parameters=params)
@@ -100,14 +141,17 @@ def _filterref_of(el: ET.Element) -> FilterRef:
 
 @dataclass(frozen=True)
 class Interface:
-    """A virtio NIC with a fixed MAC on a libvirt network or, with `bridge`, on a host bridge;
-    `filterref` names the network filter libvirt applies to what the guest sends."""
+    """A virtio NIC with a fixed MAC on a libvirt network or, with `bridge`, on a host bridge.
+    `target_dev` names its tap on the host (guest_firewall.tap_name), which the guests' network
+    rules are keyed by. `filterref` is read only: the nwfilter a domain of an earlier version
+    has libvirt apply (this version writes its own rules instead, guest_firewall.py)."""
 
     mac: str
     network: str | None = None
     bridge: str | None = None
     model: str = "virtio"
     filterref: FilterRef | None = None
+    target_dev: str | None = None
 
     def to_element(self) -> ET.Element:
         el = ET.Element("interface", type="network" if self.network is not None else "bridge")
@@ -116,6 +160,8 @@ class Interface:
             _sub(el, "source", network=self.network)
         else:
             _sub(el, "source", bridge=self.bridge or "")
+        if self.target_dev is not None:
+            _sub(el, "target", dev=self.target_dev)
         _sub(el, "model", type=self.model)
         # No option ROM (iPXE): guests boot from their disk, never from the network, and
         # under TCG SeaBIOS running iPXE's start-up took about 0.1 s of CPU per start.
@@ -133,6 +179,7 @@ class Interface:
         source = el.find("source")
         model = el.find("model")
         filterref = el.find("filterref")
+        target = el.find("target")
         network = bridge = None
         if source is not None:
             network = source.get("network")
@@ -144,64 +191,8 @@ class Interface:
             bridge=bridge,
             model=model.get("type", "") if model is not None else "",
             filterref=_filterref_of(filterref) if filterref is not None else None,
+            target_dev=target.get("dev") if target is not None else None,
         )
-
-
-@dataclass(frozen=True)
-class FilterRule:
-    """One rule of a network filter: `<rule action direction priority><PROTOCOL .../></rule>`,
-    or with no protocol element (protocol None) a rule on every frame."""
-
-    action: str  # accept, drop, return...
-    direction: str  # out: sent by the guest; in: sent to it; inout: both
-    priority: int
-    match: tuple[tuple[str, str], ...] = ()  # attributes of the protocol element, e.g. (("dstipaddr", "$GATEWAY"),)
-    protocol: str | None = "ip"  # ip, arp, mac (ebtables' layer 2 and 3 matches)
-
-    def to_element(self) -> ET.Element:
-        el = ET.Element("rule", action=self.action, direction=self.direction, priority=str(self.priority))
-        if self.protocol is not None:
-            _sub(el, self.protocol, **dict(self.match))
-        return el
-
-
-@dataclass(frozen=True)
-class NWFilter:
-    """A libvirt network filter (`virNWFilterDefineXML` input): other filters it includes, then rules."""
-
-    name: str
-    uuid: str
-    chain: str = "root"
-    priority: int | None = None
-    filterrefs: tuple[str, ...] = ()
-    rules: tuple[FilterRule, ...] = ()
-
-    def to_element(self) -> ET.Element:
-        attrs = {"name": self.name, "chain": self.chain}
-        if self.priority is not None:
-            attrs["priority"] = str(self.priority)
-        el = ET.Element("filter", attrs)
-        _sub(el, "uuid", self.uuid)
-        for name in self.filterrefs:
-            _sub(el, "filterref", filter=name)
-        for rule in self.rules:
-            el.append(rule.to_element())
-        return el
-
-    def to_xml(self) -> str:
-        return _to_xml(self.to_element())
-
-
-def _shape(el: ET.Element) -> tuple:
-    return (el.tag, sorted(el.attrib.items()), (el.text or "").strip(), [_shape(c) for c in el])
-
-
-def same_filter(defined: str, wanted: NWFilter) -> bool:
-    """Whether a host's filter (`virNWFilterGetXMLDesc`) is `wanted`, whatever libvirt's layout."""
-    try:
-        return _shape(ET.fromstring(defined)) == _shape(wanted.to_element())
-    except ET.ParseError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -227,11 +218,16 @@ class Domain:
     # every start of QEMU (append='off'); and SeaBIOS writing to the serial port too.
     serial_log: str | None = None
     bios_serial: bool = False
+    # Each NIC's rules by MAC (guest_firewall.py): kept in the domain's <metadata>, where starts
+    # and restores read them from the host itself.
+    nic_rules: tuple[tuple[str, FilterRef], ...] = ()
 
     def to_element(self) -> ET.Element:
         dom = ET.Element("domain", type=self.virt_type)
         _sub(dom, "name", self.name)
         _sub(dom, "uuid", self.uuid)
+        if self.nic_rules:
+            _sub(dom, "metadata").append(nic_rules_element(self.nic_rules))
         _sub(dom, "memory", str(self.memory_mb), unit="MiB")
         _sub(dom, "vcpu", str(self.vcpu))
         if self.shared_memory:

@@ -310,39 +310,26 @@ def test_every_nic_sends_only_from_its_own_mac_and_address():
         ("GATEWAY", "10.213.0.1"), ("IP", "10.213.3.7"), ("SUBNET", "10.213.0.0"), ("SUBNET_PREFIX", "16")))
 
 
-def test_the_clean_filter_lets_a_nic_send_only_from_its_own_mac_and_address_in_one_chain():
-    """What clean-traffic guarantees, as rules of libvirt's root chain only (no chain of its own:
-    each costs libvirt firewall commands per NIC at every start, docs/performance.md)."""
-    from host_adapters.libvirt.nic_filters import PROJECT_FILTERS
-
-    clean = PROJECT_FILTERS[0]
-    assert _shape(_tree(clean.to_xml())) == _expected(f"""
-        <filter name='cloud-controller-clean' chain='root'><uuid>{clean.uuid}</uuid>
-          <rule action='accept' direction='out' priority='100'><ip srcmacaddr='$MAC' srcipaddr='$IP'/></rule>
-          <rule action='accept' direction='out' priority='110'>
-            <ip srcmacaddr='$MAC' srcipaddr='0.0.0.0' protocol='udp'/></rule>
-          <rule action='accept' direction='out' priority='120'>
-            <arp srcmacaddr='$MAC' arpsrcmacaddr='$MAC' arpsrcipaddr='$IP'/></rule>
-          <rule action='accept' direction='in' priority='200'><mac protocolid='ipv4'/></rule>
-          <rule action='accept' direction='in' priority='210'><arp arpdstipaddr='$IP'/></rule>
-          <rule action='drop' direction='inout' priority='1000'/>
-        </filter>""")
-
-
-def test_the_isolation_filter_keeps_the_clean_filter_and_drops_the_subnet_but_the_gateway():
-    from host_adapters.libvirt.nic_filters import PROJECT_FILTERS
-
-    _, inner, outer = PROJECT_FILTERS
-    assert _shape(_tree(outer.to_xml())) == _expected(f"""
-        <filter name='cloud-controller-isolated' chain='root'><uuid>{outer.uuid}</uuid>
-          <filterref filter='cloud-controller-clean'/><filterref filter='cloud-controller-no-guest-to-guest'/></filter>""")
-    assert _shape(_tree(inner.to_xml())) == _expected(f"""
-        <filter name='cloud-controller-no-guest-to-guest' chain='ipv4-cciso' priority='-700'><uuid>{inner.uuid}</uuid>
-          <rule action='return' direction='out' priority='100'><ip dstipaddr='$GATEWAY'/></rule>
-          <rule action='drop' direction='out' priority='200'><ip dstipaddr='$SUBNET' dstipmask='$SUBNET_PREFIX'/></rule>
-          <rule action='drop' direction='out' priority='300'><ip dstipaddr='224.0.0.0' dstipmask='4'/></rule>
-          <rule action='drop' direction='out' priority='400'><ip dstipaddr='255.255.255.255'/></rule>
-        </filter>""")
+def test_a_nic_names_its_tap_and_the_domain_keeps_each_nics_rules_in_its_metadata():
+    """Issue 28: starts and restores read a NIC's tap and rules from the domain itself."""
+    clean = dx.FilterRef("cloud-controller-clean", (("IP", "10.213.0.2"),))
+    nic = dx.Interface(mac="52:54:00:01:02:03", network="cc-private", target_dev="cc-0a1b2-010203")
+    assert _shape(_tree(nic.to_xml())) == _expected(
+        """<interface type='network'><mac address='52:54:00:01:02:03'/><source network='cc-private'/>
+           <target dev='cc-0a1b2-010203'/><model type='virtio'/><rom enabled='no'/></interface>""")
+    assert dx.Interface.from_element(nic.to_element()) == nic
+    domain = dx.Domain(name="d", uuid="u", memory_mb=1, vcpu=1, interfaces=(nic,),
+                       nic_rules=(("52:54:00:01:02:03", clean),)).to_xml()
+    assert dx.nic_rules_of(domain) == {"52:54:00:01:02:03": clean}
+    assert "urn:cloud-controller:nic-rules:1" in domain
+    isolated = dx.FilterRef("cloud-controller-isolated", (("GATEWAY", "10.213.0.1"), ("IP", "10.213.0.2"),
+                                                          ("SUBNET", "10.213.0.0"), ("SUBNET_PREFIX", "16")))
+    replaced = dx.replace_nic_rules(domain, (("52:54:00:01:02:03", isolated),))
+    assert dx.nic_rules_of(replaced) == {"52:54:00:01:02:03": isolated}
+    assert dx.normalized(replaced) == replaced  # as set_guest compares them
+    assert dx.nic_rules_of(dx.replace_nic_rules(replaced, ())) == {}
+    # A domain of an earlier version: no metadata.
+    assert dx.nic_rules_of(dx.Domain(name="d", uuid="u", memory_mb=1, vcpu=1).to_xml()) == {}
 
 
 @pytest.mark.parametrize("bad", [{"bridge": "br0", "network": None}, {"gateway": None}])

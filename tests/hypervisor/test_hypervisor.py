@@ -368,9 +368,8 @@ class HypervisorContract:
         assert hv.list_instances() == ids
 
     def test_each_nic_carries_its_network_filter(self, hv, base_image):
-        """Issue 16, finding 8: a NIC sends only from its own MAC and address (the project's
-        filter, cloud-controller-clean),
-        and with isolation only to its gateway on the private subnet."""
+        """Issue 16, finding 8: a NIC sends only from its own MAC and address (its rules,
+        cloud-controller-clean), and with isolation only to its gateway on the private subnet."""
         import dataclasses
 
         from host_adapters.libvirt.xml import FilterRef
@@ -939,53 +938,169 @@ def test_constructor_signatures():
     assert list(inspect.signature(LibvirtHypervisor).parameters) == [
         "uri", "storage_pool", "domain_prefix", "network", "subnet", "virt_type", "cpu_mode", "volume_io",
         "stand_in_base_images", "connect_timeout", "status_max_age", "lean_definitions", "host_files",
+        "firewall",
     ]
     assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-', network: str = 'cc-private')"
 
 
-def test_check_fails_where_the_nwfilter_driver_does_not_answer():
-    """Issue 16, finding 8: every NIC refers to the project's filter; a host without libvirt's
-    nwfilter driver could start no guest. A host that only lacks the filter is fine: it is
-    defined at the first create."""
+# -- issue 28: the guests' NIC rules (host_adapters/guest_firewall.py), on the test driver ----------
+def _rules_for(hv, guest) -> set:
+    from host_adapters.guest_firewall import NicRules, tap_name
+
+    return {NicRules(tap=tap_name(n.mac, hv.tap_tag), mac=n.mac, address=n.address,
+                     gateway=n.gateway if n.isolated else None,
+                     subnet=str(ipaddress.IPv4Interface(f"{n.address}/{n.prefix}").network) if n.isolated else None)
+            for n in guest.nics}
+
+
+def test_a_spawn_writes_its_nics_rules_before_the_start_and_a_destroy_removes_them(libvirt_test_driver):
     import libvirt
 
-    class NoFilter:
-        def nwfilterLookupByName(self, name):
-            raise _libvirt_error(libvirt.VIR_ERR_NO_NWFILTER, libvirt.VIR_FROM_NWFILTER,
-                                 f"Network filter not found: no nwfilter with matching name '{name}'")
+    from host_adapters.fake_guest_firewall import FakeGuestFirewall
 
-    class NoDriver:
-        def nwfilterLookupByName(self, name):
-            raise _libvirt_error(libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_FROM_NWFILTER,
-                                 "this function is not supported by the connection driver: virNWFilterLookupByName")
+    hv = libvirt_test_driver
+    fw = hv.firewall
+    assert isinstance(fw, FakeGuestFirewall)
+    base = hv.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    guest = guest_for(hv)
+    seen = []
+    real_allow = fw.allow
 
-    hv = LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)
-    hv._check_filters(NoFilter())
-    with pytest.raises(HostUnavailable, match="network filter driver is not usable at qemu\\+ssh://node1/system .*"
-                                              "libvirt-daemon-driver-nwfilter"):
-        hv._check_filters(NoDriver())
+    def allow(nics):
+        try:
+            seen.append(libvirt.open(TEST_URI).lookupByName(hv._names.domain(instance_id)).isActive())
+        except libvirt.libvirtError:
+            seen.append("no domain")
+        real_allow(nics)
+
+    fw.allow = allow
+    hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    assert seen == ["no domain"]  # before the domain is defined, so before it starts
+    assert fw.rules == _rules_for(hv, guest)
+    dom = ET.fromstring(libvirt.open(TEST_URI).lookupByName(hv._names.domain(instance_id)).XMLDesc(0))
+    [nic] = guest.nics
+    assert dom.find("devices/interface/target").get("dev") == f"cc-{hv.tap_tag}-{nic.mac.replace(':', '')[6:]}"
+    assert dom.find("devices/interface/filterref") is None
+    hv.destroy(instance_id)
+    assert fw.rules == set() and fw.calls[-1][0] == "forget"
 
 
-def test_project_filters_are_defined_where_missing_or_as_an_earlier_version_made_them_and_then_left_alone():
-    """Every NIC refers to cloud-controller-clean; a host set up by an earlier version has the
-    isolation filter over libvirt's clean-traffic. The create defines what is missing, redefines
-    what differs (once: each definition rebuilds the rules of every NIC using it), and a filter as
-    wanted is never redefined, in this process or the next."""
-    import xml.etree.ElementTree as ET
+def test_a_spawn_whose_rules_cannot_be_written_leaves_nothing(libvirt_test_driver):
+    hv = libvirt_test_driver
+    base = hv.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    guest = guest_for(hv)
+    hv.firewall.fail = HostUnavailable("cannot write the guests' network rules on this machine: nft is not installed")
+    with pytest.raises(HostUnavailable, match="nft is not installed"):
+        hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    hv.firewall.fail = None
+    assert instance_id not in hv.list_instances()
+    assert hv._reservations(libvirt_conn(), {guest.nics[0].mac}) == []
+    assert hv.firewall.rules == set()
 
+
+def libvirt_conn():
     import libvirt
 
-    from host_adapters.libvirt.nic_filters import CLEAN, ISOLATED, PROJECT_FILTERS
+    return libvirt.open(TEST_URI)
 
-    defined = {f.name: f.to_xml() for f in PROJECT_FILTERS if f.name != CLEAN}
-    earlier = ET.fromstring(defined[ISOLATED])
-    earlier.find("filterref").set("filter", "clean-traffic")
-    defined[ISOLATED] = ET.tostring(earlier, encoding="unicode")
-    made = []
 
-    class Filter:
-        def __init__(self, xml):
-            self.xml = xml
+def test_power_on_and_reboot_write_the_rules_the_domain_keeps_before_they_start(libvirt_test_driver):
+    hv = libvirt_test_driver
+    base = hv.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    guest = guest_for(hv)
+    hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    hv.firewall.rules.clear()  # as a host that lost its table
+    hv.power_off(instance_id)
+    hv.power_on(instance_id)
+    assert hv.firewall.rules == _rules_for(hv, guest)
+    hv.firewall.rules.clear()
+    hv.reboot(instance_id, wait_seconds=0)
+    assert hv.firewall.rules == _rules_for(hv, guest)
+    # A start that cannot write them does not start the guest.
+    hv.power_off(instance_id)
+    hv.firewall.fail = HostError("nft failed")
+    with pytest.raises(HostError, match="nft failed"):
+        hv.power_on(instance_id)
+    hv.firewall.fail = None
+    assert hv.status(instance_id) == "shutoff"
+
+
+def test_set_guest_replaces_the_rules_and_describe_reads_them_from_the_domain(libvirt_test_driver):
+    import dataclasses
+
+    from host_adapters.libvirt.nic_filters import filter_for
+
+    hv = libvirt_test_driver
+    base = hv.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    guest = guest_for(hv)
+    hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    isolated = dataclasses.replace(guest, nics=tuple(dataclasses.replace(n, isolated=True) for n in guest.nics))
+    hv.set_guest(instance_id, isolated)
+    assert hv.firewall.rules == _rules_for(hv, isolated)
+    [nic] = hv.describe(instance_id).nics
+    assert nic.filter == filter_for(isolated.nics[0])
+    hv.set_guest(instance_id, guest)
+    assert hv.firewall.rules == _rules_for(hv, guest)
+
+
+def test_a_removal_whose_rules_cannot_be_removed_is_logged_not_raised(libvirt_test_driver, caplog):
+    hv = libvirt_test_driver
+    base = hv.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest_for(hv))
+    hv.firewall.fail = HostError("nft failed")
+    hv.destroy(instance_id)
+    hv.firewall.fail = None
+    assert instance_id not in hv.list_instances()
+    assert "were not removed" in caplog.text and "nft failed" in caplog.text
+
+
+def test_lean_definitions_keep_their_nics_rules(libvirt_test_driver):
+    """The sandbox's lean domains (test_driver.lean_domain) too: describe() and starts read them."""
+    from host_adapters.libvirt.nic_filters import filter_for
+
+    hv = LibvirtHypervisor(TEST_URI, storage_pool=TEST_POOL, domain_prefix=libvirt_test_driver._names.prefix,
+                           network=libvirt_test_driver.network, lean_definitions=True,
+                           stand_in_base_images=True, volume_io=InProcessVolumeIO())
+    base = hv.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    guest = guest_for(hv)
+    hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    [nic] = hv.describe(instance_id).nics
+    assert nic.filter == filter_for(guest.nics[0])
+    hv.firewall.rules.clear()
+    hv.power_off(instance_id)
+    hv.power_on(instance_id)
+    assert hv.firewall.rules == _rules_for(hv, guest)
+    hv.destroy(instance_id)
+
+
+def test_the_check_restores_every_running_domains_rules_once_per_connection_and_then_every_minute(monkeypatch):
+    """After a new connection (libvirtd or the host restarted: the table may be gone) and every
+    RESTORE_SECONDS; only our domains (the prefix), only running ones (listed so)."""
+    from host_adapters.fake_guest_firewall import FakeGuestFirewall
+    from host_adapters.libvirt import firewall as firewall_part
+    from host_adapters.libvirt import xml as dx
+
+    hv = LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL, domain_prefix="cc-",
+                           firewall=FakeGuestFirewall())
+    guest = guest_for(hv)
+    ours = dx.Domain(name="cc-1", uuid="u", memory_mb=64, vcpu=1, interfaces=hv._interfaces(guest),
+                     nic_rules=hv._nic_rules(guest)).to_xml()
+    other = dx.Domain(name="other", uuid="v", memory_mb=64, vcpu=1, interfaces=hv._interfaces(guest_for(hv)),
+                      nic_rules=hv._nic_rules(guest_for(hv))).to_xml()
+    listed = []
+
+    class Dom:
+        def __init__(self, name, xml):
+            self._name, self.xml = name, xml
+
+        def name(self):
+            return self._name
 
         def XMLDesc(self, flags):
             return self.xml
@@ -994,25 +1109,24 @@ def test_project_filters_are_defined_where_missing_or_as_an_earlier_version_made
         def getType(self):
             return "QEMU"
 
-        def nwfilterLookupByName(self, name):
-            if name not in defined:
-                raise _libvirt_error(libvirt.VIR_ERR_NO_NWFILTER, libvirt.VIR_FROM_NWFILTER, "no nwfilter")
-            return Filter(defined[name])
+        def listAllDomains(self, flags):
+            listed.append(flags)
+            return [Dom("cc-1", ours), Dom("other", other)]
 
-        def nwfilterDefineXML(self, xml):
-            name = ET.fromstring(xml).get("name")
-            defined[name] = xml
-            made.append(name)
+    import libvirt
 
-    hv = LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)
-    assert hv._ensure_filters(Conn()) is True
-    assert made == [CLEAN, ISOLATED]  # the one it refers to first
-    assert "clean-traffic" not in defined[ISOLATED]
-    made.clear()
-    assert hv._ensure_filters(Conn()) is False
-    assert LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL)._ensure_filters(Conn()) is False
-    assert made == []
-    del defined[CLEAN]  # undefined by hand: not looked up again by a create (driver.py: _start_new)...
-    assert hv._ensure_filters(Conn()) is False and made == []
-    # ...but by a look: check(), or a create whose start failed.
-    assert hv._ensure_filters(Conn(), look=True) is True and made == [CLEAN]
+    now = [1000.0]
+    monkeypatch.setattr(firewall_part.time, "monotonic", lambda: now[0])
+    conn = Conn()
+    hv._restore_rules(conn)
+    assert hv.firewall.rules == _rules_for(hv, guest)
+    assert listed == [libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE]
+    hv.firewall.rules.clear()
+    hv._restore_rules(conn)
+    assert hv.firewall.rules == set()  # the same connection, within the minute
+    now[0] += firewall_part.RESTORE_SECONDS
+    hv._restore_rules(conn)
+    assert hv.firewall.rules == _rules_for(hv, guest)
+    hv.firewall.rules.clear()
+    hv._restore_rules(Conn())  # a new connection
+    assert hv.firewall.rules == _rules_for(hv, guest)

@@ -337,40 +337,24 @@ def test_agent_init_creates_starts_and_autostarts_the_network_and_check_reports_
         conn.close()
 
 
-def _bindings_of(conn, mac: str) -> list[ET.Element]:
-    """The nwfilter bindings libvirt made for the NIC with this MAC (one per started NIC)."""
-    found = []
-    for binding in conn.listAllNWFilterBindings(0):
-        doc = ET.fromstring(binding.XMLDesc(0))
-        if doc.find("mac").get("address") == mac:
-            found.append(doc)
-    return found
+def _table() -> set:
+    """The NIC rules the test libvirtd's network namespace holds (nft_ruleset.parse)."""
+    from host_adapters import nft_ruleset
 
-
-def _chain_of(ebtables_nat: str, chain: str) -> list[str]:
-    """The rules of one of libvirt's chains for a NIC (libvirt-I-DEV: what its guest sends;
-    libvirt-O-DEV: what it receives), in order, but the jumps to the isolation filter's chain."""
-    rules, inside = [], False
-    for line in ebtables_nat.splitlines():
-        if line.startswith("Bridge chain: "):
-            inside = line.startswith(f"Bridge chain: {chain},")
-        elif inside and line.strip() and " -j I-" not in line:
-            rules.append(line.strip())
-    return rules
-
-
-def _filter_of(binding: ET.Element) -> tuple[str, dict[str, str]]:
-    ref = binding.find("filterref")
-    return ref.get("filter"), {p.get("name"): p.get("value") for p in ref.findall("parameter")}
+    done = subp.run(in_netns(SYSTEM_URI, nft_ruleset.list_argv()), ok_codes=(0, 1))
+    return nft_ruleset.parse(done.stdout) if done.returncode == 0 else set()
 
 
 @pytest.mark.parametrize("isolated", [False, True])
-def test_a_started_domain_has_a_filter_binding_with_its_address_and_mac(kvm, prefix, isolated):
-    """Issue 16, finding 8: libvirt's nwfilter driver filters what each NIC sends (no guest boots:
-    the base disk is blank)."""
+def test_a_started_domain_has_its_nics_rules_in_the_hosts_table_and_no_nwfilter(kvm, prefix, isolated):
+    """Issue 16, finding 8, and issue 28: the controller's nftables table filters what each NIC
+    sends, keyed by the tap the domain names (no guest boots: the base disk is blank; what the
+    rules let through is tests/hypervisor/test_nft_guest_firewall.py's)."""
     import dataclasses
 
     import libvirt
+
+    from host_adapters.guest_firewall import NicRules, tap_name
 
     base = kvm.create_base_image(new_id(), size_gb=1)
     instance_id = new_id()
@@ -380,40 +364,47 @@ def test_a_started_domain_has_a_filter_binding_with_its_address_and_mac(kvm, pre
     kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
     conn = libvirt.open(SYSTEM_URI)
     try:
-        [binding] = _bindings_of(conn, nic.mac)
-        assert binding.find("owner/name").text == prefix + instance_id
         live = ET.fromstring(conn.lookupByName(prefix + instance_id).XMLDesc(0))
-        assert binding.find("portdev").get("name") == live.find("devices/interface/target").get("dev")
-        name, params = _filter_of(binding)
-        if isolated:
-            subnet = kvm.subnet
-            assert (name, params) == ("cloud-controller-isolated", {
-                "IP": nic.address, "MAC": nic.mac, "GATEWAY": nic.gateway, "SUBNET": str(subnet.network_address),
-                "SUBNET_PREFIX": str(subnet.prefixlen)})
-        else:
-            # libvirt adds the NIC's own MAC: only it may send.
-            assert (name, params) == ("cloud-controller-clean", {"IP": nic.address, "MAC": nic.mac})
-        # The rules are on the host: nothing but the NIC's own MAC and address leaves it, and
-        # the rest is dropped (clean-traffic's guarantees).
-        rules = subp.run(in_netns(SYSTEM_URI, ["ebtables", "-t", "nat", "-L"])).stdout
-        dev = live.find("devices/interface/target").get("dev")
-        assert _chain_of(rules, f"libvirt-I-{dev}") == [
-            f"-p IPv4 -s {nic.mac} --ip-src {nic.address} -j ACCEPT",
-            f"-p IPv4 -s {nic.mac} --ip-src 0.0.0.0 --ip-proto udp -j ACCEPT",
-            f"-p ARP -s {nic.mac} --arp-ip-src {nic.address} --arp-mac-src {nic.mac} -j ACCEPT",
-            "-j DROP"], rules
-        # What it receives: IPv4, and ARP asking for its address.
-        assert _chain_of(rules, f"libvirt-O-{dev}") == [
-            "-p IPv4 -j ACCEPT", f"-p ARP --arp-ip-dst {nic.address} -j ACCEPT", "-j DROP"], rules
-        if isolated:
-            subnet = kvm.subnet
-            assert f"-p IPv4 --ip-dst {nic.gateway} -j RETURN" in rules, rules
-            assert f"-p IPv4 --ip-dst {subnet.network_address}/{subnet.prefixlen} -j DROP" in rules, rules
-        kvm.check()  # the nwfilter driver answers, and check says so
+        tap = live.find("devices/interface/target").get("dev")
+        assert tap == tap_name(nic.mac, kvm.tap_tag) and len(tap) <= 15
+        assert live.find("devices/interface/filterref") is None
+        assert not [b for b in conn.listAllNWFilterBindings(0)
+                    if ET.fromstring(b.XMLDesc(0)).find("mac").get("address") == nic.mac]
+        subnet = kvm.subnet
+        wanted = (NicRules(tap=tap, mac=nic.mac, address=nic.address, gateway=nic.gateway, subnet=str(subnet))
+                  if isolated else NicRules(tap=tap, mac=nic.mac, address=nic.address))
+        assert wanted in _table()
+        # The tap is in the namespace whose table holds its rules.
+        subp.run(in_netns(SYSTEM_URI, ["ip", "link", "show", tap]))
+        kvm.check()
         kvm.destroy(instance_id)
-        assert _bindings_of(conn, nic.mac) == []
+        assert not [r for r in _table() if r.tap == tap]
     finally:
         conn.close()
+
+
+def test_a_table_deleted_by_hand_is_back_before_the_next_start_and_after_a_reconnection(kvm, prefix):
+    """The rules of a domain started again (power-on) are written before its start, the table
+    with them; the host check restores those of running domains after a new connection."""
+    base = kvm.create_base_image(new_id(), size_gb=1)
+    instance_id = new_id()
+    guest = guest_for(kvm)
+    [nic] = guest.nics
+    kvm.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    subp.run(in_netns(SYSTEM_URI, ["nft", "delete", "table", "bridge", "cloud_controller"]))
+    assert _table() == set()
+    kvm.power_off(instance_id)
+    kvm.power_on(instance_id)
+    assert [r.mac for r in _table() if r.mac == nic.mac] == [nic.mac]
+    assert domstate(prefix + instance_id) == "running"
+    kvm.check()  # the first on this connection: restores
+    subp.run(in_netns(SYSTEM_URI, ["nft", "delete", "table", "bridge", "cloud_controller"]))
+    kvm.check()  # the same connection, within a minute: nothing written
+    assert _table() == set()
+    kvm._restored_on = None  # as after a reconnection
+    kvm.check()
+    assert [r.mac for r in _table() if r.mac == nic.mac] == [nic.mac]
+    kvm.destroy(instance_id)
 
 
 # -- issue 16, finding 6: the default cpu_mode follows virt_type -------------------------------
@@ -473,25 +464,3 @@ def test_an_explicit_host_passthrough_with_virt_type_qemu_is_refused_by_check(
     named = _qemu_hypervisor(libvirt_dir_pool, libvirt_private_network, prefix, cpu_mode="qemu64")
     named.check()
     assert named._cpu() == ("custom", "qemu64")
-
-
-def test_a_filter_removed_after_the_first_create_is_defined_again_by_the_next(kvm, prefix):
-    # A create looks the project's filters up once per process (each look-up waits behind
-    # libvirt's filtering of other NICs); a start that then fails looks again.
-    import libvirt
-
-    from host_adapters.libvirt.nic_filters import CLEAN
-
-    base = kvm.create_base_image(new_id(), size_gb=1)
-    first = new_id()
-    kvm.spawn(first, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest_for(kvm))
-    kvm.destroy(first)
-    conn = libvirt.open(SYSTEM_URI)
-    try:
-        conn.nwfilterLookupByName(CLEAN).undefine()  # no domain of this libvirtd uses it now
-        second = new_id()
-        kvm.spawn(second, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest_for(kvm))
-        assert domstate(prefix + second) == "running"
-        assert conn.nwfilterLookupByName(CLEAN).name() == CLEAN
-    finally:
-        conn.close()
