@@ -21,16 +21,20 @@
    `[server] host_work_per_user`, 16: the burst measures the host, not that bound),
    while a client reads the side's instance in a loop: when the last create answered,
    how many were 201, the slowest read. Every domain of a side is destroyed before the
-   other side's burst (TCG guests take CPU).
+   other side's burst (TCG guests take CPU), the other side's server is paused (SIGSTOP)
+   during a side's burst, and a burst begins once the machine is quiet again (the CPUs
+   less than 15 % busy over a second, waited for at most a minute).
 
 Prints the table of docs/performance.md and writes the whole as JSON.
 """
 
 import argparse
+import contextlib
 import configparser
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -98,8 +102,24 @@ class Side:
 
     def stop(self) -> None:
         for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # paused() may have stopped it
             stop_process(proc, timeout=20)
         self.procs.clear()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Its running servers stopped (SIGSTOP) for the block, so that they take no CPU from
+        the other side's burst (an idle server still checks its host and reads its statuses)."""
+        running = [p for p in self.procs if p.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for proc in running:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
 
 
 def http(port: int, method: str, path: str, *, body=None, headers=None, timeout: float = 600):
@@ -281,6 +301,32 @@ def burst(s: dict, n: int) -> dict:
             "reads_not_200": sum(1 for r in during if r[2] != 200)}
 
 
+def steal_seconds() -> float:
+    """CPU time the hypervisor under this machine gave to others (all CPUs, /proc/stat's
+    steal): on a shared virtual machine, what makes two runs of the same code differ."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def _busy_jiffies() -> tuple[int, int]:
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def settle(busy_below: float = 0.15, at_most: float = 60.0) -> float:
+    """Wait until the machine's CPUs were less than `busy_below` busy over a second (at most
+    `at_most` seconds); how long it took."""
+    began = time.monotonic()
+    while time.monotonic() - began < at_most:
+        busy0, total0 = _busy_jiffies()
+        time.sleep(1.0)
+        busy1, total1 = _busy_jiffies()
+        if total1 > total0 and (busy1 - busy0) / (total1 - total0) < busy_below:
+            break
+    return round(time.monotonic() - began, 1)
+
+
 def creates(sides: list[Side], states: dict[str, Path], args) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="cc-bq-"))
     daemon = PrivateQemuLibvirtd(folder / "d").start()
@@ -297,10 +343,20 @@ def creates(sides: list[Side], states: dict[str, Path], args) -> dict:
             for instance_id in s["made"][:-1]:  # the last one stays: the burst's reads read it
                 http(s["port"], "DELETE", f"/v1/server-instance/{instance_id}", headers=s["headers"])
         for side in sides:
-            # Only this side's guests run during its burst.
+            # Only this side's guests run during its burst, and it begins on a quiet machine:
+            # the kernel goes on tearing the last guests down (QEMU's io_uring, freed memory)
+            # for seconds after they are destroyed, which would count against the next side.
             daemon.destroy_domains()
-            out[side.name] = {"one_create_s": alone[side.name], "one_create_median_s":
-                              statistics.median(alone[side.name]), "burst": burst(setups[side.name], args.burst)}
+            others = [o for o in sides if o is not side]
+            with contextlib.ExitStack() as stack:
+                for other in others:
+                    stack.enter_context(other.paused())
+                settled = settle()
+                stolen = steal_seconds()
+                made = burst(setups[side.name], args.burst)
+                made["cpu_stolen_s"] = round(steal_seconds() - stolen, 1)
+            out[side.name] = {"settle_s": settled, "one_create_s": alone[side.name], "one_create_median_s":
+                              statistics.median(alone[side.name]), "burst": made}
             print(f"bench: {side.name}: burst {out[side.name]['burst']}", file=sys.stderr)
     finally:
         for side in sides:
@@ -346,6 +402,8 @@ def table(sides: list[Side], result: dict) -> str:
         rows.append("| a GET of one instance during those creates, worst | " + " | ".join(
             f"{cr[s.name]['burst']['read_worst_s']:.2f} s ({cr[s.name]['burst']['reads_during']} reads)"
             for s in sides) + " |")
+        rows.append("| CPU time the VM's hypervisor took (steal) during the burst | " + " | ".join(
+            f"{cr[s.name]['burst'].get('cpu_stolen_s', 0):.1f} s" for s in sides) + " |")
     return "\n".join(rows)
 
 
