@@ -93,7 +93,8 @@ class NftGuestFirewall(GuestFirewall):
             self._run("remove guests' network rules", ["nft", "-f", "-"], nft_ruleset.batch(remove=tuple(nics)))
 
     def replace(self, old: tuple[NicRules, ...], new: tuple[NicRules, ...]) -> None:
-        gone = tuple(n for n in old if n not in set(new))
+        kept = set(new)
+        gone = tuple(n for n in old if n not in kept)
         self._run("replace guests' network rules", ["nft", "-f", "-"], nft_ruleset.batch(add=tuple(new), remove=gone))
 
     def allowed(self) -> set[NicRules]:

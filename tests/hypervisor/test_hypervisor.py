@@ -1006,12 +1006,18 @@ def libvirt_conn():
     return libvirt.open(TEST_URI)
 
 
-def test_power_on_and_reboot_write_the_rules_the_domain_keeps_before_they_start(libvirt_test_driver):
-    hv = libvirt_test_driver
+def _spawned(hv) -> tuple[str, GuestSpec]:
+    """A new instance of a blank base image on `hv`, started; its id and guest."""
     base = hv.create_base_image(new_id(), size_gb=1)
     instance_id = new_id()
     guest = guest_for(hv)
     hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    return instance_id, guest
+
+
+def test_power_on_and_reboot_write_the_rules_the_domain_keeps_before_they_start(libvirt_test_driver):
+    hv = libvirt_test_driver
+    instance_id, guest = _spawned(hv)
     hv.firewall.rules.clear()  # as a host that lost its table
     hv.power_off(instance_id)
     hv.power_on(instance_id)
@@ -1034,10 +1040,7 @@ def test_set_guest_replaces_the_rules_and_describe_reads_them_from_the_domain(li
     from host_adapters.libvirt.nic_filters import filter_for
 
     hv = libvirt_test_driver
-    base = hv.create_base_image(new_id(), size_gb=1)
-    instance_id = new_id()
-    guest = guest_for(hv)
-    hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    instance_id, guest = _spawned(hv)
     isolated = dataclasses.replace(guest, nics=tuple(dataclasses.replace(n, isolated=True) for n in guest.nics))
     hv.set_guest(instance_id, isolated)
     assert hv.firewall.rules == _rules_for(hv, isolated)
@@ -1066,10 +1069,7 @@ def test_lean_definitions_keep_their_nics_rules(libvirt_test_driver):
     hv = LibvirtHypervisor(TEST_URI, storage_pool=TEST_POOL, domain_prefix=libvirt_test_driver._names.prefix,
                            network=libvirt_test_driver.network, lean_definitions=True,
                            stand_in_base_images=True, volume_io=InProcessVolumeIO())
-    base = hv.create_base_image(new_id(), size_gb=1)
-    instance_id = new_id()
-    guest = guest_for(hv)
-    hv.spawn(instance_id, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=guest)
+    instance_id, guest = _spawned(hv)
     [nic] = hv.describe(instance_id).nics
     assert nic.filter == filter_for(guest.nics[0])
     hv.firewall.rules.clear()
