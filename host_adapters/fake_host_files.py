@@ -4,20 +4,25 @@ sandbox), whose host is this process's memory too."""
 import threading
 from collections.abc import Sequence
 
-from common.errors import HostError
-from host_adapters.host_files import HostFiles, check_file_name, check_folder, check_read, not_regular
+from host_adapters.host_files import (HostFiles, check_file_name, check_folder, check_read, folder_refused, hard_linked,
+                                      not_regular)
 
 
 class FakeHostFiles(HostFiles):
     """Folders and files in a dict. `special` marks a path as a non-regular file (a FIFO,
-    say) that every call refuses as the real ones do; `fail` makes every call raise it."""
+    say; at a folder's path, a symbolic link) that every call refuses as the real ones do;
+    `linked` marks a file's path as having more than one name (a hard link), refused too;
+    `loose` holds the folders that are there but not root's with mode 0700, which
+    ensure_folder makes safe; `fail` makes every call raise it."""
 
     where = "the test host"
 
     def __init__(self):
         self.folders: set[str] = set()
+        self.loose: set[str] = set()
         self.files: dict[str, bytes] = {}
         self.special: dict[str, str] = {}
+        self.linked: set[str] = set()
         self.fail: Exception | None = None
         self._lock = threading.Lock()
 
@@ -30,8 +35,9 @@ class FakeHostFiles(HostFiles):
         self._check(folder)
         with self._lock:
             if folder in self.files or folder in self.special:
-                raise HostError(f"{folder} on {self.where} is not a folder: refused")
+                raise folder_refused(self.where, folder)
             self.folders.add(folder)
+            self.loose.discard(folder)  # made root's, mode 0700, as the real channels do
 
     def write(self, folder: str, name: str, data: bytes) -> None:
         """What the hypervisor would write (tests)."""
@@ -43,6 +49,8 @@ class FakeHostFiles(HostFiles):
         path = f"{folder}/{check_file_name(name)}"
         if path in self.special:
             raise not_regular(self.where, folder, name, self.special[path])
+        if path in self.linked and path in self.files:
+            raise hard_linked(self.where, folder, name)
         return self.files.get(path)
 
     def sizes(self, folder: str, names: Sequence[str]) -> list[int | None]:
@@ -64,3 +72,4 @@ class FakeHostFiles(HostFiles):
                 path = f"{folder}/{check_file_name(name)}"
                 self.files.pop(path, None)
                 self.special.pop(path, None)
+                self.linked.discard(path)

@@ -7,11 +7,20 @@ and for an isolated NIC its gateway and subnet). The guarantees (docs/decisions.
 network rules"):
 
 - from the guest: IPv4 only from its own MAC and address (or a DHCP request from 0.0.0.0),
-  ARP (Ethernet/IPv4 only) only naming its own MAC and address; nothing else (no IPv6, no
-  VLAN tags, no other protocol);
-- to the guest: IPv4, and ARP asking for its address; nothing else;
+  ARP (Ethernet/IPv4 only) only naming its own MAC and address; nothing else (no IPv6,
+  hence no DHCPv6 nor router advertisement, no VLAN tags, no other protocol). No DHCP
+  server reply (UDP 67 to 68), even from its own address. These checks also meet the
+  frames a port hands to the host itself, link-local group frames (01:80:c2:00:00:02 to
+  0d) among them, before the bridge learns their source MAC;
+- to the guest: unicast IPv4 to its own MAC only (not what the bridge floods, nor what
+  reaches its port for a MAC it took), IPv4 to group addresses, and ARP asking for its
+  address; nothing else;
 - an isolated NIC also sends nothing to the rest of its subnet but its gateway, and nothing
-  to broadcast or multicast addresses.
+  to broadcast or multicast addresses; and no frame passes between its tap and another
+  guest's tap on the bridge, either way, whatever address is inside (the gateway, the
+  bridge itself or a port not a guest's, is still reached);
+- the bridges with guest taps learn no MAC from link-local frames (bridge_ports.py): STP
+  frames (with STP on) and LLDP frames reach no hook of the table.
 
 A NIC with no rules written sends nothing (fail closed). The implementations: an nftables
 table on the host (nft_guest_firewall.py, whose text is nft_ruleset.py) and a fake in memory
@@ -27,9 +36,14 @@ import abc
 import hashlib
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.errors import InvalidInput
+
+# The libvirt qemu hook that writes a guest's rules inside each start of its domain
+# (guest_rules_hook.py); libvirt runs every executable of this folder, in name order.
+HOOK_PATH = "/etc/libvirt/hooks/qemu.d/cloud-controller"
 
 # The tap of a guest NIC: "cc-", then the host's tag and the MAC's last 6 hex digits (tap_name).
 # Linux allows 15 characters for an interface's name.
@@ -125,3 +139,22 @@ class GuestFirewall(abc.ABC):
     @abc.abstractmethod
     def allowed(self) -> set[NicRules]:
         """The NIC rules the host holds now (for checks and tests)."""
+
+    @abc.abstractmethod
+    def present(self, taps: Sequence[str]) -> set[str]:
+        """Which of `taps` exist where the rules are written: a running guest's tap missing
+        there means its rules went somewhere its frames never pass."""
+
+    @abc.abstractmethod
+    def seal(self, bridges: Sequence[str]) -> None:
+        """Make `bridges` learn no MAC address from link-local frames (bridge_ports.py);
+        HostUnavailable where that cannot be done."""
+
+    @abc.abstractmethod
+    def hooked(self) -> bool:
+        """Whether the host runs the libvirt hook that writes a guest's rules inside every
+        start of its domain (guest_rules_hook.py), whoever starts it."""
+
+    def locate(self, bridges: Sequence[str]) -> None:
+        """The guests' bridges on the host, where an implementation needs them to find where
+        the rules go (nft_guest_firewall.py)."""

@@ -42,19 +42,41 @@ def not_regular(where: str, folder: str, name: str, what: str) -> HostError:
                      "only the files the hypervisor writes)")
 
 
+# What the controller's mkdir makes, and so what an existing folder is made into: root's, no
+# one else may list, enter or write it.
+FOLDER_OWNER = (0, 0)
+FOLDER_MODE = 0o700
+
+
+def folder_refused(where: str, folder: str) -> HostError:
+    return HostError(f"{folder} on {where} is not a folder (a symbolic link or a file): refused; move it away "
+                     f"and retry (the controller makes the console folder itself, owned by root, mode "
+                     f"{FOLDER_MODE:04o})")
+
+
+def hard_linked(where: str, folder: str, name: str) -> HostError:
+    """A file with more than one name: the hypervisor writes each console file under one name
+    only, so another name is a hard link someone made, maybe to a file root can read and the
+    guest's owner must not."""
+    return HostError(f"{folder}/{name} on {where} is a hard link (it has more than one name): refused (the "
+                     "hypervisor writes each console file under one name only; remove it)")
+
+
 class HostFiles:
     """One host's files, read and removed without parsing. `where` names the host in messages.
 
     A file that is not there counts as absent (None, b"", removed); a file that is there but
     is not a regular file (a FIFO, a device, a symbolic link) is refused with HostError, before
-    anything is opened that could block. Every call is bounded in time and in the bytes it
+    anything is opened that could block; a file with more than one name (a hard link) too. Every call is bounded in time and in the bytes it
     takes from the host."""
 
     where: str = "the host"
 
     def ensure_folder(self, folder: str) -> None:
-        """The folder exists afterwards, a real folder (no symbolic link); made with mode 0700
-        when missing (its parent must exist). HostError when something else is there."""
+        """The folder exists afterwards, a real folder (no symbolic link), owned by root with
+        mode 0700: made so when missing (its parent must exist) or found with another owner or
+        looser modes. HostError for a symbolic link or a file there, or when it cannot be made
+        root's."""
         raise NotImplementedError
 
     def sizes(self, folder: str, names: Sequence[str]) -> list[int | None]:

@@ -2,12 +2,22 @@
 the table's elements read back from `nft -j list table`.
 
 One table on each host, `bridge cloud_controller`: the bridge family sees every frame a
-bridge port receives or sends, and a guest's tap is a port of its network's bridge. Two
+bridge port receives or sends, and a guest's tap is a port of its network's bridge. Four
 base chains catch the ports named `cc-*` (our taps; nothing else on a host is named so):
-`sent` on prerouting (frames a port receives, that is what the guest sends) and `received`
-on postrouting (frames leaving by a port, to the guest). The rules are the same for every
-NIC; each NIC's MAC and address are elements of the sets, keyed by its tap, so a NIC's part
-is written and removed without touching any other's. What no element allows is dropped.
+
+- `sent` on prerouting: frames a port receives, that is what the guest sends;
+- `sent_to_host` on input: frames a port hands to the host. Everything there already went
+  through prerouting, except the frames to the reserved group addresses 01:80:c2:00:00:02
+  to 0d, which the bridge hands up without prerouting and learns the source MAC of after
+  this hook: the same checks (`from_guest`) drop them before the bridge learns a MAC the
+  guest does not own. Frames to ...:00 (with STP on) and ...:0e meet no hook at all: the
+  bridge must not learn from them (bridge_ports.py);
+- `between_ports` on forward: frames the bridge passes from one port to another (isolation);
+- `received` on postrouting: frames leaving by a port, to the guest.
+
+The rules are the same for every NIC; each NIC's MAC and address are elements of the sets,
+keyed by its tap, so a NIC's part is written and removed without touching any other's. What
+no element allows is dropped.
 
 A transaction (batch) first makes the table, its sets and chains (`add` of what exists is no
 error), flushes the chains and writes their rules again, so a table an admin emptied, or one
@@ -44,11 +54,26 @@ CHAINS = {
     "sent": ("type filter hook prerouting priority -300; policy accept;", [
         'iifname "cc-*" jump from_guest',
     ]),
+    # What a guest sends to the host itself (DHCP to the network's dnsmasq, DNS, ARP, IPv4 to
+    # the gateway) passes from_guest here a second time, as it did in prerouting.
+    "sent_to_host": ("type filter hook input priority -300; policy accept;", [
+        'iifname "cc-*" jump from_guest',
+    ]),
+    # Layer 2 isolation: whatever the IPv4 destination (another address of a guest, routed
+    # through that guest's MAC), no frame between an isolated tap and another tap of ours.
+    # The gateway is the bridge itself (input) or a port not ours: still reached.
+    "between_ports": ("type filter hook forward priority -300; policy accept;", [
+        'iifname @isolated oifname "cc-*" drop',
+        'iifname "cc-*" oifname @isolated drop',
+    ]),
     "received": ("type filter hook postrouting priority -300; policy accept;", [
         'oifname "cc-*" jump to_guest',
     ]),
     "from_guest": (None, [
         "iifname @isolated jump isolation",
+        # A guest is never a DHCP server (a rogue offer on a provisioning network boots the
+        # nodes from it); DHCPv6 replies are IPv6, dropped below with all of IPv6.
+        "ether type ip udp sport 67 udp dport 68 drop",
         "ether type ip iifname . ether saddr . ip saddr @nic_source accept",
         # DHCP before the guest has its address.
         "ether type ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 "
@@ -66,8 +91,11 @@ CHAINS = {
         "ether type ip ip daddr 224.0.0.0/4 drop",
         "ether type ip ip daddr 255.255.255.255 drop",
     ]),
+    # Unicast only to the NIC's own MAC: frames the bridge floods (an unknown or aged-out
+    # destination) or sends to a port that took another's MAC are not the guest's to read.
     "to_guest": (None, [
-        "ether type ip accept",
+        "ether type ip oifname . ether daddr @nic_mac accept",
+        "ether type ip ether daddr & 01:00:00:00:00:00 == 01:00:00:00:00:00 accept",  # group addresses
         f"ether type arp {_ARP_IPV4} oifname . arp daddr ip @nic_address accept",
         "drop",
     ]),

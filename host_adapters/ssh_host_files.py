@@ -6,8 +6,12 @@ probes its files as disk images; so the controller reaches a remote host's conso
 the way an admin would. Each command is one of four fixed shell texts; the folder (from the
 host's pool definition) and the file names (the controller's own) are checked
 (host_files.py) and quoted with shlex.quote. A file that is not a regular one is refused
-before it is opened (`stat`, `test -f` and `! test -L`); what the host sends is taken up to
-the bytes asked for plus one (more is refused), and every command is bounded in time.
+before it is opened (`stat`, `test -f` and `! test -L`), and what was opened is checked
+again (a regular file with one name: a hard link is refused) before a byte is read; what
+the host sends is taken up to the bytes asked for plus one (more is refused), and every
+command is bounded in time. The folder is made root's with mode 0700 from inside it, once
+it is known to be the folder at the path and not one a symbolic link leads to; the same
+checks as on this machine (local_host_files.py), so the two channels agree.
 """
 
 import re
@@ -17,7 +21,8 @@ from collections.abc import Sequence
 
 from common.errors import CommandError, HostError, HostUnavailable, InvalidInput
 from host_adapters import subp
-from host_adapters.host_files import HostFiles, check_file_name, check_folder, check_read, not_regular
+from host_adapters.host_files import (FOLDER_MODE, FOLDER_OWNER, HostFiles, check_file_name, check_folder, check_read,
+                                      folder_refused, hard_linked, not_regular)
 
 _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
@@ -26,6 +31,9 @@ COMMAND_TIMEOUT = 60.0  # seconds for a whole command: a read of 1 MiB included
 _SSH_FAILED = 255  # ssh's exit code when it could not run the command (connection, key, host key)
 _NOT_REGULAR = 4  # the read command's exit code for a file that is not a regular one
 _NOT_FOLDER = 3
+_LINKED = 5  # the read command's exit code for a file with more than one name
+_NOT_SAFE = 6  # ensure_folder's exit code for a folder it could not make root's with mode 0700
+_SAFE = "{}:{}:{:o}".format(*FOLDER_OWNER, FOLDER_MODE)  # `stat -c %u:%g:%a` of a safe folder
 
 
 class SshHostFiles(HostFiles):
@@ -73,18 +81,37 @@ class SshHostFiles(HostFiles):
 
     def ensure_folder(self, folder: str) -> None:
         f = shlex.quote(check_folder(folder))
-        command = (f"if ! test -e {f} && ! test -L {f}; then mkdir -m 0700 -- {f} || exit 1; fi; "
-                   f"test -d {f} && ! test -L {f} || exit {_NOT_FOLDER}")
-        refused = HostError(f"{folder} on {self.where} is not a folder (a symbolic link or a file): refused")
-        self._run(f"make the folder {folder}", command, max_bytes=4096, refusals={_NOT_FOLDER: refused})
+        # Fix or refuse, as on this machine (LocalHostFiles.ensure_folder says why): a real
+        # folder with another owner or looser modes is made root's with mode 0700; a symbolic
+        # link or a file there is refused. The change is made from inside the folder (`.`),
+        # after checking that `.` is the very folder at the path (same device and inode as the
+        # path's own `stat`, which follows no link): a link swapped in between the test and
+        # the `cd` is refused, never changed. Owner first, so a former owner cannot change
+        # the modes back; five digits to chmod, so GNU chmod clears a set-group-ID bit (a
+        # folder made in a set-group-ID parent inherits it) instead of keeping it.
+        command = (f"if ! test -e {f} && ! test -L {f}; then mkdir -m {FOLDER_MODE:04o} -- {f} || exit 1; fi; "
+                   f"test -d {f} && ! test -L {f} || exit {_NOT_FOLDER}; "
+                   f"cd -- {f} || exit 1; "
+                   f"test \"$(stat -c %d:%i .)\" = \"$(stat -c %d:%i -- {f})\" || exit {_NOT_FOLDER}; "
+                   f"test \"$(stat -c %u:%g:%a .)\" = {_SAFE} && exit 0; "
+                   f"chown {FOLDER_OWNER[0]}:{FOLDER_OWNER[1]} . && chmod {FOLDER_MODE:05o} . || exit {_NOT_SAFE}")
+        refusals = {
+            _NOT_FOLDER: folder_refused(self.where, folder),
+            _NOT_SAFE: HostError(
+                f"{folder} on {self.where} is not root's with mode {FOLDER_MODE:04o} and could not be made so over "
+                f"ssh as {self.user or 'root'}: connect as root, or run `chown root:root {shlex.quote(folder)} && "
+                f"chmod {FOLDER_MODE:04o} {shlex.quote(folder)}` there"),
+        }
+        self._run(f"make the folder {folder}", command, max_bytes=4096, refusals=refusals)
 
     def sizes(self, folder: str, names: Sequence[str]) -> list[int | None]:
         names = [check_file_name(n) for n in names]
         f = shlex.quote(check_folder(folder))
-        # %f: the raw mode in hex (no locale); nothing is opened. A missing folder lists nothing.
+        # %f: the raw mode in hex (no locale), %h: the number of names; nothing is opened. A
+        # missing folder lists nothing.
         command = (f"test -L {f} && exit 0; cd -- {f} 2>/dev/null || exit 0; for n in "
                    + " ".join(shlex.quote(n) for n in names)
-                   + "; do stat -c '%f %s' -- \"$n\" 2>/dev/null || echo -; done")
+                   + "; do stat -c '%f %h %s' -- \"$n\" 2>/dev/null || echo -; done")
         out = self._run(f"list the files of {folder}", command, max_bytes=64 * (len(names) + 1)).stdout
         lines = out.decode("ascii", errors="replace").splitlines()
         if not lines:
@@ -97,13 +124,15 @@ class SshHostFiles(HostFiles):
                 sizes.append(None)
                 continue
             try:
-                mode_hex, size = line.split(" ")
-                mode, length = int(mode_hex, 16), int(size)
+                mode_hex, links, size = line.split(" ")
+                mode, nlink, length = int(mode_hex, 16), int(links), int(size)
             except ValueError:
                 raise HostError(f"{self.where} answered {line!r} for the size of {folder}/{name}") from None
             if not stat.S_ISREG(mode) or length < 0:
                 raise not_regular(self.where, folder, name, "a FIFO" if stat.S_ISFIFO(mode)
                                   else "a symbolic link" if stat.S_ISLNK(mode) else "another kind of file")
+            if nlink != 1:  # the owner is not checked: local_host_files.check_file says why
+                raise hard_linked(self.where, folder, name)
             sizes.append(length)
         return sizes
 
@@ -112,13 +141,22 @@ class SshHostFiles(HostFiles):
         check_read(offset, length)
         if length == 0:
             return b""
+        # The file is opened once, as the group's standard input, after the tests that keep a
+        # FIFO from being opened. What was opened (`stat -L /dev/stdin`: the open file, not
+        # the path) must be the file at the path itself (device and inode of the path's own
+        # `stat`, which follows no link: a link swapped in after the test is refused) and a
+        # regular file (8???: S_IFREG in hex) with one name; `tail` reads that same open
+        # file. The owner is not checked: local_host_files.check_file says why.
         command = (f"test -L {f} && exit {_NOT_REGULAR}; cd -- {f} 2>/dev/null || exit 0; "
                    f"test -e {n} || test -L {n} || exit 0; "
                    f"test -f {n} && ! test -L {n} || exit {_NOT_REGULAR}; "
-                   f"tail -c +{offset + 1} -- {n} | head -c {length}")
-        refused = not_regular(self.where, folder, name, "a FIFO, a device or a symbolic link")
-        return self._run(f"read {folder}/{name}", command, max_bytes=length,
-                         refusals={_NOT_REGULAR: refused}).stdout
+                   "{ s=$(stat -L -c %f:%h:%d:%i /dev/stdin) && p=$(stat -c %d:%i -- " + n + ") "
+                   f"&& test \"${{s#*:*:}}\" = \"$p\" || exit {_NOT_REGULAR}; "
+                   f"case $s in 8???:1:*) ;; 8???:*) exit {_LINKED};; *) exit {_NOT_REGULAR};; esac; "
+                   f"tail -c +{offset + 1} | head -c {length}; }} < {n}")
+        refusals = {_NOT_REGULAR: not_regular(self.where, folder, name, "a FIFO, a device or a symbolic link"),
+                    _LINKED: hard_linked(self.where, folder, name)}
+        return self._run(f"read {folder}/{name}", command, max_bytes=length, refusals=refusals).stdout
 
     def remove(self, folder: str, names: Sequence[str]) -> None:
         names = [check_file_name(n) for n in names]

@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.slapd",
     "tests.fixtures.guest_image",
     "tests.fixtures.commands",
+    "tests.fixtures.nspawn",
 ]
 
 

@@ -198,14 +198,17 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, FirewallPart, 
             step("write seed", self._write_seed, conn, pool, instance_id, guest)
             console_folder = step("make the console folder", self._console_folder, conn, pool)
             step("reserve addresses", self._update_hosts, conn, add=reservations_for(guest))
-            if start:  # else written by the start that comes later (power_on)
-                step("write the NICs' network rules", self.firewall.allow, self._guest_rules(guest))
-            seed_path = self._volume(pool, seed_name).path()
-            definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu, memory_mb=memory_mb,
-                                          guest=guest, console_folder=console_folder)
-            dom = step("define domain", conn.defineXML, definition.to_xml())
-            if start:
-                step("start domain", dom.create)
+            rules = self._guest_rules(guest) if start else ()  # else written by the start that comes later
+            with self._writing(rules):
+                if rules:
+                    step("write the NICs' network rules", self.firewall.allow, rules)
+                seed_path = self._volume(pool, seed_name).path()
+                definition = self._definition(conn, instance_id, vol.path(), seed_path, vcpu=vcpu,
+                                              memory_mb=memory_mb, guest=guest, console_folder=console_folder)
+                dom = step("define domain", conn.defineXML, definition.to_xml())
+                if start:
+                    step("start domain", dom.create)
+                    self._stop_unless_taps(dom, rules, f"{verb} instance {instance_id}")
 
         def step(what, call, *args, **kwargs):
             lv = _libvirt()
@@ -414,8 +417,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, FirewallPart, 
             dom = self._existing_domain(conn, instance_id)
             state = dom.state()[0]
             if not dom.isActive():
-                self._allow_domain(dom)
-                dom.create()
+                self._start_filtered(dom, f"power on instance {instance_id}", lambda d: d.create())
             elif state == lv.VIR_DOMAIN_PAUSED:
                 dom.resume()
             elif state == lv.VIR_DOMAIN_PMSUSPENDED:
@@ -460,8 +462,7 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, FirewallPart, 
             # Repeated on a new connection when the old one was lost: started once only.
             dom = self._existing_domain(conn, instance_id)
             if not dom.isActive():
-                self._allow_domain(dom)
-                self._start_again(dom, instance_id)
+                self._start_filtered(dom, what, lambda d: self._start_again(d, instance_id))
 
         try:
             self._call(what, running)

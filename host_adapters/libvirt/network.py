@@ -45,7 +45,10 @@ class NetworkPart:
         lv = _libvirt()
         name = name or self.network
         try:
-            return conn.networkLookupByName(name)
+            net = conn.networkLookupByName(name)
+            if name == self.network:
+                self._locate(conn, net)
+            return net
         except lv.libvirtError as e:
             if _code(e) != lv.VIR_ERR_NO_NETWORK:
                 raise
@@ -70,6 +73,9 @@ class NetworkPart:
             if not net.isActive():
                 net.create()
                 changed = True
+            self._locate(conn, net)
+            if self._located:  # a new bridge learns from link-local frames (bridge_ports.py)
+                self.firewall.seal((self._located,))
             if not net.autostart():
                 net.setAutostart(1)
             return changed

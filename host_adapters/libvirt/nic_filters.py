@@ -15,7 +15,8 @@ import ipaddress
 
 from host_adapters.guest import GuestSpec, Nic
 from host_adapters.hypervisor import FilterRef, NicDevice
-from host_adapters.guest_firewall import NicRules, tap_name
+from host_adapters.guest_firewall import NicRules, is_tap, tap_name
+from host_adapters.libvirt import xml as domain_xml
 
 CLEAN = "cloud-controller-clean"
 # What earlier versions gave a NIC instead of CLEAN, with the same parameter: the same guarantees.
@@ -67,3 +68,19 @@ def same_nics(found: tuple[NicDevice, ...], wanted: tuple[NicDevice, ...]) -> bo
         return nic
 
     return tuple(as_now(n) for n in found) == tuple(wanted)
+
+
+def domain_rules(xml: str) -> tuple[NicRules, ...]:
+    """The NicRules of a domain's NICs that have a tap of ours and rules in its metadata (a
+    domain of an earlier version has neither: libvirt's nwfilter filters it). The one reading
+    of a domain's rules: the controller's (libvirt/firewall.py) and the hook's
+    (guest_rules_hook.py)."""
+    kept = domain_xml.nic_rules_of(xml)
+    found = []
+    for nic in domain_xml.interfaces_of(xml):
+        ref = kept.get(nic.mac)
+        if ref is not None and nic.target_dev and is_tap(nic.target_dev):
+            rules = rules_of(nic.target_dev, nic.mac, ref)
+            if rules is not None:
+                found.append(rules)
+    return tuple(found)

@@ -340,6 +340,13 @@ def interfaces_of(domain_xml: str) -> list[Interface]:
     return [Interface.from_element(el) for el in devices.findall("interface")]
 
 
+def bridges_of(domain_xml: str) -> set[str]:
+    """The host bridges a running domain's NICs are ports of (a NIC on a libvirt network names
+    its network's bridge too, in the live definition)."""
+    return {source.get("bridge") for source in ET.fromstring(domain_xml).iterfind("devices/interface/source")
+            if source.get("bridge")}
+
+
 def disk_sources_of(domain_xml: str) -> list[str]:
     """The source files of a domain's file-backed disks, in document order."""
     devices = ET.fromstring(domain_xml).find("devices")

@@ -12,9 +12,11 @@
    by round (--rounds, the order of the two sides alternating), so both meet the same
    machine; a side's ratio is its requests/s over the bare app's of the same round,
    and the median round is printed.
-3. Creates: one private real libvirtd with the QEMU driver for both sides
+3. Creates: a private real libvirtd with the QEMU driver per side
    (private_qemu_libvirtd.py: its own mount and network namespaces, a unix socket
-   only), a storage pool and a NAT network per side, TCG (`virt_type = qemu`), a
+   only), running the libvirt hook of that side's release where it has one (the guests'
+   network rules written inside every start, as on a host set up by
+   scripts/setup-host.sh), a storage pool and a NAT network per side, TCG (`virt_type = qemu`), a
    blank base image. One create alone, --create-rounds times per side alternating
    (each deleted again through the API); then --burst creates at once per side, spread
    over --burst-users users (one user's host work in flight is bounded by
@@ -327,12 +329,30 @@ def settle(busy_below: float = 0.15, at_most: float = 60.0) -> float:
     return round(time.monotonic() - began, 1)
 
 
+def hook_of(side: Side) -> str | None:
+    """The libvirt hook a host set up with this side's checkout runs (the guests' network
+    rules written inside every start), or None for a release that had none."""
+    program = Path(side.python).parent / "cloud-guest-rules"
+    if not program.exists():
+        return None
+    out = subprocess.run([side.python, "-c", "import sys; from host_adapters.guest_rules_hook import hook_script; "
+                          "sys.stdout.write(hook_script(sys.argv[1]))", str(program)],
+                         capture_output=True, text=True, cwd=side.repo, timeout=60)
+    if out.returncode != 0:
+        sys.exit(f"bench: {side.name}: cannot render its libvirt hook:\n{out.stderr}")
+    return out.stdout
+
+
 def creates(sides: list[Side], states: dict[str, Path], args) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="cc-bq-"))
-    daemon = PrivateQemuLibvirtd(folder / "d").start()
+    # A daemon per side: each runs what a host of that release runs (its libvirt hook, if any).
+    daemons: dict[str, PrivateQemuLibvirtd] = {}
     out: dict = {}
     try:
-        setups = {side.name: create_setup(side, states[side.name], daemon, i, args) for i, side in enumerate(sides)}
+        for i, side in enumerate(sides):
+            daemons[side.name] = PrivateQemuLibvirtd(folder / f"d{i}", hook=hook_of(side)).start()
+        setups = {side.name: create_setup(side, states[side.name], daemons[side.name], i, args)
+                  for i, side in enumerate(sides)}
         alone = {side.name: [] for side in sides}
         for r in range(args.create_rounds):
             for side in (sides if r % 2 == 0 else sides[::-1]):
@@ -346,7 +366,8 @@ def creates(sides: list[Side], states: dict[str, Path], args) -> dict:
             # Only this side's guests run during its burst, and it begins on a quiet machine:
             # the kernel goes on tearing the last guests down (QEMU's io_uring, freed memory)
             # for seconds after they are destroyed, which would count against the next side.
-            daemon.destroy_domains()
+            for daemon in daemons.values():
+                daemon.destroy_domains()
             others = [o for o in sides if o is not side]
             with contextlib.ExitStack() as stack:
                 for other in others:
@@ -361,7 +382,8 @@ def creates(sides: list[Side], states: dict[str, Path], args) -> dict:
     finally:
         for side in sides:
             side.stop()
-        daemon.stop()
+        for daemon in daemons.values():
+            daemon.stop()
         shutil.rmtree(folder, ignore_errors=True)
     return out
 

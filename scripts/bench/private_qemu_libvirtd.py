@@ -29,8 +29,11 @@ _MAX_SOCKET_PATH = 107
 
 
 class PrivateQemuLibvirtd:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, hook: str | None = None):
+        """`hook`: the text of a libvirt qemu hook this daemon runs (its own /etc/libvirt's
+        hooks/qemu.d/cloud-controller), as a host set up by scripts/setup-host.sh does."""
         self.folder = Path(folder).resolve()
+        self.hook = hook
         self.sockets = self.folder / "sock"
         self.socket = self.sockets / "libvirt-sock"
         self.proc: subprocess.Popen | None = None
@@ -50,6 +53,11 @@ class PrivateQemuLibvirtd:
         # The network filters the package installs (clean-traffic, which earlier versions used), as on a head node.
         if Path("/etc/libvirt/nwfilter").is_dir() and not (self.folder / "etc" / "nwfilter").exists():
             shutil.copytree("/etc/libvirt/nwfilter", self.folder / "etc" / "nwfilter")
+        if self.hook is not None:
+            hooks = self.folder / "etc" / "hooks" / "qemu.d"
+            hooks.mkdir(parents=True, exist_ok=True)
+            (hooks / "cloud-controller").write_text(self.hook)
+            os.chmod(hooks / "cloud-controller", 0o755)
         (self.folder / "etc" / "qemu.conf").write_text('user = "root"\ngroup = "root"\nstdio_handler = "file"\n')
         conf = self.folder / "libvirtd.conf"
         conf.write_text(

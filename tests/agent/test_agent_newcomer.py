@@ -276,6 +276,19 @@ def test_setup_host_for_the_sandbox_installs_only_what_it_uses_and_waits_for_apt
     assert not (full_run / "policy-rc.d").exists()
 
 
+def test_setup_host_for_a_hypervisor_installs_libvirt_and_the_guests_rules_not_the_apis_backends(tmp_path):
+    from host_adapters.guest_firewall import HOOK_PATH
+
+    proc, calls = _setup_host(tmp_path, "--hypervisor")
+    assert proc.returncode == 0, proc.stderr
+    wanted = set(calls[1].split()[calls[1].split().index("--no-install-recommends") + 1:])
+    assert {"libvirt-daemon-system", "qemu-system-x86", "nftables", "iproute2", "python3-venv"} <= wanted
+    assert not wanted & {"slapd", "nslcd", "chromium", "mmdebstrap", "wrk", "btrfs-progs"}
+    # The hook that keeps guests filtered on every start path is there, runnable.
+    assert os.access(HOOK_PATH, os.X_OK)
+    assert "cloud-guest-rules" in open(HOOK_PATH).read()
+
+
 # -- names, not ids, in the admin command's lines ----------------------------------------------------
 def test_lines_name_images_flavors_owners_and_actors_where_they_are_known(sandbox, api):
     private = add_image(sandbox, "Secret OS", "1", "--private")

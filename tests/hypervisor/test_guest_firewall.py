@@ -2,6 +2,9 @@
 commands run (tests/hypervisor/test_nft_guest_firewall.py runs them)."""
 
 import json
+import os
+import socket
+import sys
 import subprocess
 
 import pytest
@@ -64,6 +67,21 @@ def test_a_batch_writes_the_table_whole_then_removes_by_adding_first_then_adds()
     assert 'add rule bridge cloud_controller sent iifname "cc-*" jump from_guest' in lines
     assert 'add rule bridge cloud_controller received oifname "cc-*" jump to_guest' in lines
     assert "add rule bridge cloud_controller to_guest drop" in lines
+    # What a port hands the host passes the same checks (link-local frames meet only this hook).
+    assert ("add chain bridge cloud_controller sent_to_host { type filter hook input priority -300; "
+            "policy accept; }") in lines
+    assert 'add rule bridge cloud_controller sent_to_host iifname "cc-*" jump from_guest' in lines
+    # Isolation between ports, both ways, whatever the IPv4 inside.
+    assert ("add chain bridge cloud_controller between_ports { type filter hook forward priority -300; "
+            "policy accept; }") in lines
+    assert 'add rule bridge cloud_controller between_ports iifname @isolated oifname "cc-*" drop' in lines
+    assert 'add rule bridge cloud_controller between_ports iifname "cc-*" oifname @isolated drop' in lines
+    # No DHCP reply from a guest, even from its own address; unicast to a guest for its MAC only.
+    rules = [line.removeprefix("add rule bridge cloud_controller ") for line in lines]
+    dhcp_reply = rules.index("from_guest ether type ip udp sport 67 udp dport 68 drop")
+    assert dhcp_reply < rules.index("from_guest ether type ip iifname . ether saddr . ip saddr @nic_source accept")
+    assert "to_guest ether type ip oifname . ether daddr @nic_mac accept" in rules
+    assert not any(rule.startswith("to_guest") and rule.endswith("ether type ip accept") for rule in rules)
 
 
 def test_the_listing_is_read_back_as_whole_nics():
@@ -102,6 +120,37 @@ def test_which_firewall_a_uri_gets():
     remote = guest_firewall_for("qemu+ssh://admin@node1:2222/system")
     assert remote.ssh is not None and remote.ssh.where == "admin@node1" and remote.ssh.port == 2222
     assert guest_firewall_for("qemu+tls://node2/system").ssh.user == "root"
+    assert guest_firewall_for("qemu+tls://localhost/system").ssh is None
+    assert guest_firewall_for("qemu+tcp://[::1]:16509/system").ssh is None
+
+
+def test_a_name_or_an_address_of_this_machine_is_reached_over_ssh_not_taken_for_it():
+    """Only a unix socket or loopback is this kernel's libvirt: the machine's own host name
+    could be another machine's short name, and an address binds here when it is not ours
+    (net.ipv4.ip_nonlocal_bind)."""
+    own = socket.gethostname()
+    assert guest_firewall_for(f"qemu+tls://{own}/system").ssh.where == f"root@{own}"
+    assert guest_firewall_for("qemu+tls://10.20.30.40/system").ssh.where == "root@10.20.30.40"
+
+
+@pytest.mark.real_commands
+@pytest.mark.integration
+def test_with_nonlocal_bind_a_remote_address_still_gets_its_rules_over_ssh():
+    """In a network namespace of the test's where any IPv4 address binds."""
+    ns = f"cc-nlb-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=20)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_nonlocal_bind=1"],
+                       check=True, timeout=20)
+        code = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.20.30.40', 0)); "
+                "from host_adapters.guest_firewall_choice import guest_firewall_for as f; "
+                "print(f('qemu+tls://10.20.30.40/system').where)")
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True,
+                             text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "root@10.20.30.40"  # the address bound, and still not "this machine"
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], timeout=20)
 
 
 def test_over_ssh_nft_reads_the_transaction_from_stdin_as_one_quoted_command(monkeypatch):
@@ -121,13 +170,20 @@ def test_over_ssh_nft_reads_the_transaction_from_stdin_as_one_quoted_command(mon
     assert len(ran) == 1
 
 
+def _here() -> NftGuestFirewall:
+    """A local firewall whose guests' bridge is in this namespace (lo stands in for it)."""
+    fw = NftGuestFirewall(sockets=())
+    fw.locate(("lo",))
+    return fw
+
+
 def test_a_host_without_nft_is_unavailable_with_the_package_named(monkeypatch):
     def missing(argv, **kwargs):
         raise FileNotFoundError(argv[0])
 
     monkeypatch.setattr(subp, "_run", missing)
     with pytest.raises(HostUnavailable, match="nftables"):
-        NftGuestFirewall(sockets=()).allow((CLEAN,))
+        _here().allow((CLEAN,))
 
     def refused(argv, **kwargs):
         return subprocess.CompletedProcess(argv, 255, "", "Permission denied (publickey).")
@@ -140,9 +196,9 @@ def test_a_host_without_nft_is_unavailable_with_the_package_named(monkeypatch):
         return subprocess.CompletedProcess(argv, 1, "", "Error: Could not process rule: No such file or directory")
 
     monkeypatch.setattr(subp, "_run", failed)
-    assert NftGuestFirewall(sockets=()).allowed() == set()  # no table yet
+    assert _here().allowed() == set()  # no table yet
     with pytest.raises(HostError, match="cannot write the guests' network rules on this machine"):
-        NftGuestFirewall(sockets=()).allow((CLEAN,))
+        _here().allow((CLEAN,))
 
 
 def test_the_fake_keeps_the_rules_and_fails_when_told():

@@ -25,6 +25,7 @@ while [ "$#" -gt 0 ] && [ "$1" != -- ]; do shift; done
 [ "$#" -eq 3 ] || { echo "want: -- HOST COMMAND, got $#" >&2; exit 255; }
 [ -n "$SSH_FAIL" ] && { echo "ssh: connect to host $2 port 22: Connection refused" >&2; exit 255; }
 [ -n "$SSH_EXTRA" ] && { sh -c "$3"; printf 'more than asked'; exit 0; }
+[ -n "$SSH_AS_NOBODY" ] && exec setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "$3"
 exec sh -c "$3"
 """
 
@@ -85,6 +86,8 @@ def channel(request, tmp_path):
     # A folder whose path needs quoting in a shell: a space, a quote, a `$`.
     root = tmp_path / "pool 'x' $HOME"
     root.mkdir()
+    if request.param != "fake" and os.geteuid() != 0:
+        pytest.fail("a console folder is made root's: the real channels need root (run the tests as root)")
     if request.param == "local":
         return Real(LocalHostFiles(), str(root))
     if request.param == "ssh":
@@ -107,6 +110,84 @@ def test_a_folder_is_made_0700_once_and_a_symbolic_link_in_its_place_is_refused(
     os.symlink(tmp_path, f"{channel.root}-link")
     with pytest.raises(HostError, match="not a folder"):
         channel.files.ensure_folder(f"{channel.root}-link")
+
+
+NOBODY = 65534  # an owner that is not root's, as a folder made by hand or another tool may have
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o2775, 0o755])
+def test_an_existing_folder_others_could_write_or_own_is_made_root_s_with_mode_0700(channel, mode):
+    """A console folder made before the controller (by hand, by a tool, with the pool folder's
+    loose modes) let any local user plant a file in it: it is taken over, its files kept."""
+    folder = f"{channel.root}-console"
+    if isinstance(channel, Memory):
+        channel.files.folders.add(folder)
+        channel.files.loose.add(folder)
+        channel.files.write(folder, "c.log", b"kept")
+        channel.files.ensure_folder(folder)
+        assert folder in channel.files.folders and folder not in channel.files.loose
+        assert channel.files.read(folder, "c.log", 0, 10) == b"kept"
+        return
+    os.mkdir(folder)
+    channel.put(folder, "c.log", b"kept")
+    os.chown(folder, NOBODY, NOBODY)
+    os.chmod(folder, mode)
+    channel.files.ensure_folder(folder)
+    st = os.lstat(folder)
+    assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (0, 0)
+    assert stat.S_IMODE(st.st_mode) == 0o700  # no set-group-ID bit kept either
+    assert channel.files.read(folder, "c.log", 0, 10) == b"kept"
+
+
+def test_a_symbolic_link_or_a_file_in_the_folder_s_place_is_refused_and_what_it_names_left_alone(channel, tmp_path):
+    folder = f"{channel.root}-console"
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    os.chown(target, NOBODY, NOBODY)
+    target.chmod(0o777)
+    if isinstance(channel, Memory):
+        channel.files.special[folder] = "a symbolic link"
+    else:
+        os.symlink(target, folder)
+    with pytest.raises(HostError, match="is not a folder .*refused; move it away"):
+        channel.files.ensure_folder(folder)
+    st = os.stat(target)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, NOBODY, 0o777)
+    if isinstance(channel, Memory):
+        assert folder not in channel.files.folders
+        return
+    assert os.path.islink(folder)
+    os.unlink(folder)
+    with open(folder, "wb") as f:
+        f.write(b"a file")
+    with pytest.raises(HostError, match="is not a folder"):
+        channel.files.ensure_folder(folder)
+    with open(folder, "rb") as f:
+        assert f.read() == b"a file"
+
+
+def test_a_hard_linked_log_is_refused_and_the_file_it_names_is_never_read(channel, tmp_path):
+    """A local user who could write in the folder planted `<prefix>console-<id>.log` as a hard
+    link to a file root can read: the instance's owner would have read it as the console."""
+    folder = f"{channel.root}-console"
+    channel.files.ensure_folder(folder)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root's secret")
+    secret.chmod(0o600)
+    if isinstance(channel, Memory):
+        channel.put(folder, "c.log", secret.read_bytes())
+        channel.files.linked.add(f"{folder}/c.log")
+    else:
+        os.link(secret, os.path.join(folder, "c.log"))
+    with pytest.raises(HostError, match="is a hard link"):
+        channel.files.sizes(folder, ["c.log"])
+    with pytest.raises(HostError, match="is a hard link"):
+        channel.files.read(folder, "c.log", 0, 100)
+    channel.files.remove(folder, ["c.log"])  # only the name goes
+    assert not channel.exists(folder, "c.log") and secret.read_bytes() == b"root's secret"
+    # A file with one name again (the hypervisor's own) is read as before.
+    channel.put(folder, "c.log", b"guest output")
+    assert channel.files.read(folder, "c.log", 0, 100) == b"guest output"
 
 
 def test_sizes_reads_and_removes_of_regular_files(channel):
@@ -170,6 +251,29 @@ def test_ssh_runs_one_fixed_command_in_batch_mode_with_the_folder_quoted(fake_ss
     assert not (tmp_path / "PWNED").exists() and not os.path.exists("PWNED")
     root = SshHostFiles("node02")
     assert root.argv("true") == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", "node02", "true"]
+
+
+def test_a_folder_the_ssh_user_cannot_make_root_s_is_refused_saying_what_to_do(fake_ssh, monkeypatch):
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.fail("needs root and setpriv (the stand-in ssh runs the command as nobody): run the tests as "
+                    "root; scripts/setup-host.sh installs util-linux")
+    top = tempfile.mkdtemp()  # tmp_path's parents are root's 0700: the ssh user here is nobody
+    try:
+        os.chmod(top, 0o755)
+        folder = os.path.join(top, "pool-console")
+        os.mkdir(folder)
+        os.chown(folder, NOBODY, NOBODY)
+        os.chmod(folder, 0o777)
+        monkeypatch.setenv("SSH_AS_NOBODY", "1")
+        with pytest.raises(HostError, match=r"not root's with mode 0700 .* over ssh as admin: connect as root, "
+                                            r"or run `chown root:root .*pool-console && chmod 0700"):
+            SshHostFiles("node01", user="admin", timeout=10).ensure_folder(folder)
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o777  # left as found: nothing half done
+    finally:
+        shutil.rmtree(top)
 
 
 def test_a_host_that_sends_more_than_asked_is_refused(fake_ssh, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
 from host_adapters.guest import GuestSpec, GuestUser, Nic, Reservation, Share
+from host_adapters.guest_firewall import NicRules, tap_name
 from host_adapters.fake_hypervisor import FakeHypervisor
 from host_adapters.hypervisor import (
     STATUSES,
@@ -828,6 +829,9 @@ class _RecordedNetwork:
     def isPersistent(self):
         return True
 
+    def bridgeName(self):
+        return "virbr9"
+
     def update(self, command, section, index, xml, flags):
         self.updates.append((command, section, ET.fromstring(xml).attrib, flags))
 
@@ -1130,3 +1134,115 @@ def test_the_check_restores_every_running_domains_rules_once_per_connection_and_
     hv.firewall.rules.clear()
     hv._restore_rules(Conn())  # a new connection
     assert hv.firewall.rules == _rules_for(hv, guest)
+
+
+class _RestoreDom:
+    """A running domain as the restore reads it: its persistent definition (flag
+    VIR_DOMAIN_XML_INACTIVE) and its live one, which set_guest does not change."""
+
+    def __init__(self, name, persistent, live=None):
+        self._name, self.persistent, self.live = name, persistent, live or persistent
+
+    def name(self):
+        return self._name
+
+    def XMLDesc(self, flags):
+        import libvirt
+
+        return self.persistent if flags & libvirt.VIR_DOMAIN_XML_INACTIVE else self.live
+
+
+class _RestoreConn:
+    def __init__(self, *doms):
+        self.doms = list(doms)
+
+    def getType(self):
+        return "QEMU"
+
+    def listAllDomains(self, flags):
+        return list(self.doms)
+
+
+def _restore_host():
+    from host_adapters.fake_guest_firewall import FakeGuestFirewall
+
+    return LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL, domain_prefix="cc-",
+                             firewall=FakeGuestFirewall())
+
+
+def _domain_xml(hv, name, guest, *, bridge=None):
+    from host_adapters.libvirt import xml as dx
+
+    xml = dx.Domain(name=name, uuid=name, memory_mb=64, vcpu=1, interfaces=hv._interfaces(guest),
+                    nic_rules=hv._nic_rules(guest)).to_xml()
+    if bridge:  # as a running domain's NIC names its network's bridge
+        xml = xml.replace("<source network=", f"<source bridge='{bridge}' network=")
+    return xml
+
+
+def test_the_restore_removes_the_elements_no_running_domain_of_this_host_claims():
+    """A removal that failed, or a guest stopped outside the controller, left elements: the
+    restore removes those of this host's taps, but not a start's in flight nor another host's."""
+    hv = _restore_host()
+    running, stopped, starting = guest_for(hv), guest_for(hv), guest_for(hv)
+    other_host = NicRules(tap=tap_name("52:54:00:aa:bb:cc", "fffff"), mac="52:54:00:aa:bb:cc", address="10.9.9.9")
+    hv.firewall.rules |= _rules_for(hv, stopped) | _rules_for(hv, starting) | {other_host}
+    with hv._writing(tuple(_rules_for(hv, starting))):
+        hv._restore_rules(_RestoreConn(_RestoreDom("cc-1", _domain_xml(hv, "cc-1", running))))
+    assert hv.firewall.rules == _rules_for(hv, running) | _rules_for(hv, starting) | {other_host}
+
+
+def test_the_restore_writes_the_rules_of_the_persistent_definition_that_set_guest_changed():
+    """set_guest replaced a running guest's rules (an address changed): the live definition
+    still holds the old ones, which the restore must not write back."""
+    import dataclasses
+
+    hv = _restore_host()
+    old = guest_for(hv)
+    new = dataclasses.replace(old, nics=(dataclasses.replace(old.nics[0], address="10.213.77.7"),))
+    dom = _RestoreDom("cc-1", _domain_xml(hv, "cc-1", new), live=_domain_xml(hv, "cc-1", old))
+    hv.firewall.rules |= _rules_for(hv, new)
+    hv._restore_rules(_RestoreConn(dom))
+    assert hv.firewall.rules == _rules_for(hv, new)
+
+
+def test_the_check_fails_while_a_running_guests_tap_is_not_where_its_rules_are():
+    hv = _restore_host()
+    guest = guest_for(hv)
+    conn = _RestoreConn(_RestoreDom("cc-1", _domain_xml(hv, "cc-1", guest)))
+    hv.firewall.missing_taps = {r.tap for r in _rules_for(hv, guest)}
+    with pytest.raises(HostUnavailable, match="pass unfiltered"):
+        hv._restore_rules(conn)
+    hv.firewall.missing_taps = set()
+    hv._restore_rules(conn)  # not remembered as restored: tried again at once
+
+
+def test_the_check_fails_on_a_host_without_the_libvirt_hook_and_seals_the_guests_bridges():
+    hv = _restore_host()
+    guest = guest_for(hv)
+    conn = _RestoreConn(_RestoreDom("cc-1", _domain_xml(hv, "cc-1", guest), live=_domain_xml(hv, "cc-1", guest,
+                                                                                             bridge="virbr7")))
+    hv.firewall.hook = False
+    with pytest.raises(HostUnavailable, match="libvirt hook"):
+        hv._restore_rules(conn)
+    assert hv.firewall.sealed == {"virbr7"}
+    hv.firewall.hook = True
+    hv._restore_rules(conn)
+
+
+def test_a_start_whose_taps_are_not_where_the_rules_went_is_stopped(libvirt_test_driver):
+    hv = libvirt_test_driver
+    instance_id, guest = _spawned(hv)
+    hv.power_off(instance_id)
+    hv.firewall.missing_taps = {r.tap for r in _rules_for(hv, guest)}
+    with pytest.raises(HostError, match="where its network rules were written"):
+        hv.power_on(instance_id)
+    assert hv.status(instance_id) == "shutoff"
+    # A create likewise leaves nothing behind.
+    base = hv.create_base_image(new_id(), size_gb=1)
+    other, other_guest = new_id(), guest_for(hv)
+    hv.firewall.missing_taps |= {r.tap for r in _rules_for(hv, other_guest)}
+    with pytest.raises(HostError, match="where its network rules were written"):
+        hv.spawn(other, base_image=base, vcpu=1, memory_mb=64, disk_gb=1, guest=other_guest)
+    assert other not in hv.list_instances()
+    assert not _rules_for(hv, other_guest) & hv.firewall.rules
