@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from agent.cloud.tables import printable, table, yes_no  # noqa: F401 - one table style for both commands
-from controller import request_ids
+from controller.audit import request_ids
 from controller.config import default_config_path, load_config
 from controller.context import Context, build_context
 from controller.errors import ControllerError, InvalidInput
@@ -104,7 +104,7 @@ def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
     ctx = opts._ctx
     if ctx is None:
         return
-    from controller import audit
+    from controller.audit import trail as audit
 
     # Arguments are kept for the record, but never a password or secret.
     given = kwargs if opts.audit_args is None else opts.audit_args
@@ -214,7 +214,7 @@ def target_user(opts: Options, email: str | None, userid, *, adapters: bool = Fa
     """The user named by exactly one of EMAIL and --userid, looked up once; while the command
     runs, no other user can take that user's email (users.admin_target)."""
     require_one_user(email, userid)
-    from controller import users
+    from controller.users import users
 
     ctx = opts.context(adapters=adapters)
     command = click.get_current_context().command_path.split(" ", 1)[-1]

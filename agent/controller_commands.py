@@ -6,8 +6,10 @@ import click
 
 from agent.common import (Options, command_options, confirm, email_of, emit, require_one_user, table,
                           target_user, user_argument, yes_no)
-from controller import accounts, images, instance_table, volumes
-from controller.users import account_object
+from controller.users import accounts
+from controller.storage import images, volumes
+from controller.instances import instance_table
+from controller.users.users import account_object
 
 
 # -- account ---------------------------------------------------------------------

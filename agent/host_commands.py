@@ -5,8 +5,9 @@ import sys
 import click
 
 from agent.common import Options, command_options, emit, end_status_line, status_line, table
-from controller import drain, evacuate, host_records
-from controller.libvirt_uri import transport_risks
+from controller.maintenance import drain, evacuate
+from controller.hosts import host_records
+from controller.hosts.libvirt_uri import transport_risks
 
 
 def _line(h: dict) -> str:

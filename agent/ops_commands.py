@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from agent.common import Options, command_options, email_of, emit, fail, status_line
-from controller import audit as audit_trail
+from controller.audit import trail as audit_trail
 from controller.errors import InvalidInput
 from controller.rules import as_decimal
-from controller.health import run_checks
-from controller.libvirt_uri import host_warnings
-from controller.reconcile import reconcile as run_reconcile
+from controller.monitoring.health import run_checks
+from controller.hosts.libvirt_uri import host_warnings
+from controller.maintenance.reconcile import reconcile as run_reconcile
 from controller.store import Store
 
 

@@ -26,20 +26,21 @@ is a bulk path that keeps the invariants the service layer keeps:
 Loaded users share one password (hashed once; shown in the result) and each
 has its own API key and secret. Domains are not made here: in the sandbox the
 libvirt test driver lives in the serving process, and `cloud-agent serve`
-rebuilds every domain from the database at start (controller/reconcile.py).
+rebuilds every domain from the database at start (controller/maintenance/reconcile.py).
 Only for the sandbox profile: a production database is loaded through the API.
 """
 
 import secrets
 from dataclasses import dataclass
 
-from controller import images, limits
+from controller.storage import images
+from controller import limits
 from controller.addresses import hostname_for, mac_for, network_plan
 from controller.context import Context
 from controller.errors import InvalidInput
-from controller.groups import check_new_group_name
+from controller.users.groups import check_new_group_name
 from controller.rules import new_id
-from controller.security import new_api_key, new_api_secret
+from controller.security.crypto import new_api_key, new_api_secret
 from controller.store import utc_now
 from host_adapters import local_directory, local_groups
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 
 from agent.common import Options, command_options, emit
-from controller import request_ids
+from controller.audit import request_ids
 from controller.config import load_config, sandbox_values, write_config
 from controller.errors import ControllerError, InvalidInput
-from controller.security import generate_key_file
+from controller.security.crypto import generate_key_file
 from controller.store import Store
 
 
@@ -135,19 +135,19 @@ def serve(opts: Options, host, port, metrics_port):
         raise InvalidInput(str(e)) from None
     ctx = build_context_for(config, interfaces)
     if ctx.adapters is not None:
-        from controller.host_routing import record_config_host
+        from controller.hosts.host_routing import record_config_host
 
         record_config_host(ctx)
     if ctx.adapters is not None and ctx.adapters.hypervisor_in_process:
         # The libvirt test driver keeps nothing between processes: rebuild its
         # base disks and domains from the database before serving.
-        from controller.reconcile import reconcile
+        from controller.maintenance.reconcile import reconcile
 
         for item in reconcile(ctx, fix=True):
             log.info("sandbox reconcile: %s %s %s", "fixed" if item["fixed"] else "left", item["kind"], item["target"])
     if ctx.adapters is not None:
         from controller.background import Background, run_later
-        from controller.volumes import purge_retired
+        from controller.storage.volumes import purge_retired
 
         ctx.background = Background()
         # Homes deleted before a crash or a restart, whose removal did not finish.
@@ -171,7 +171,7 @@ def serve(opts: Options, host, port, metrics_port):
     except InvalidInput:
         server.close()
         raise
-    from controller.audit import Housekeeper
+    from controller.audit.trail import Housekeeper
 
     # Anonymous-failure counts on time, and [audit] retention_days applied hourly.
     housekeeper = Housekeeper(store=ctx.store, anonymous=ctx.anonymous_failures,
@@ -179,7 +179,7 @@ def serve(opts: Options, host, port, metrics_port):
     housekeeper.start()
     # The first round of health checks is in before the first probe can arrive; later
     # rounds run on the monitor's own thread, never on a request thread.
-    from controller.health import monitor_of
+    from controller.monitoring.health import monitor_of
 
     monitor_of(ctx).start(wait=True)
     def stop(signum, frame):

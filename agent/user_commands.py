@@ -6,7 +6,9 @@ import click
 
 from agent.common import (Options, command_options, confirm, email_of, emit, fail, require_one_user, table,
                           target_user, user_argument, userid_option, yes_no)
-from controller import guests, limits, lookups, users
+from controller.instances import guests
+from controller import limits, lookups
+from controller.users import users
 from controller.permissions import ROLES, SUPERUSER
 from controller.rules import PASSWORD_RULE
 from host_adapters import factory

@@ -17,7 +17,7 @@ middleware shares them out:
   theirs is answered 429 with `Retry-After` at once, so a single client's
   loop of tasks cannot fill the queue everyone else waits in.
 - **Password logins** are bounded by the hash slots already
-  (controller/hash_slots.py: at most `max_password_checks` hash and as many
+  (controller/security/hash_slots.py: at most `max_password_checks` hash and as many
   more wait on a timer); they wait on argon2 or the clock, not on Python's
   GIL, so they take no turn here and `serve` gives them threads of their
   own (two per slot): a flood of logins holds none of the threads reads use.

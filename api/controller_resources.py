@@ -4,7 +4,11 @@ from api import schemas
 from api.envelopes import controller_body, ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
-from controller import console, groups, history, images, instance_table, instances, limits, volumes
+from controller.instances import console, instance_table, instances
+from controller.users import groups
+from controller.audit import history
+from controller.storage import images, volumes
+from controller import limits
 from controller.context import Context
 from controller.errors import InvalidInput
 

@@ -3,12 +3,12 @@
 import falcon
 
 from api.openapi import openapi_document
-from controller.health import monitor_of
+from controller.monitoring.health import monitor_of
 from controller.context import Context
 
 
 class Health:
-    """Answers from the last result of the checks (controller.health.HealthMonitor): the
+    """Answers from the last result of the checks (controller.monitoring.health.HealthMonitor): the
     endpoint needs no login and the checks do real host work (libvirt, LDAP, quota
     commands), so a probe neither runs a check nor waits on one in progress."""
 

@@ -1,7 +1,7 @@
 """The Prometheus endpoint `cloud-agent serve` runs on the `[metrics]` address, never the API's.
 
 The exposition is prometheus_client's own (`make_wsgi_app` over the service's registry,
-controller/metrics.py), served at `/metrics` by a small waitress server of its own: one
+controller/monitoring/metrics.py), served at `/metrics` by a small waitress server of its own: one
 request thread (a scrape reads the database once; scrapes wait their turn rather than add
 threads), idle and slow connections closed soon (api/server.py's deadline). Any local user
 can connect to the address, so held connections must never keep a scrape out: when all
@@ -20,7 +20,7 @@ from waitress import wasyncore
 from api.server import RequestDeadline, _listeners
 from controller.context import Context
 from controller.errors import InvalidInput
-from controller.metrics import HostRefresher, metrics_of
+from controller.monitoring.metrics import HostRefresher, metrics_of
 
 log = logging.getLogger(__name__)
 

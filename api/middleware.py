@@ -7,10 +7,10 @@ import falcon
 
 from api.error_responses import PayloadTooLarge
 from api.envelopes import is_user_interface
-from controller import audit, request_ids
-from controller.auth import authenticate
+from controller.audit import trail as audit, request_ids
+from controller.auth.tokens import authenticate
 from controller.context import Context
-from controller.metrics import metrics_of
+from controller.monitoring.metrics import metrics_of
 
 
 _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
@@ -128,7 +128,7 @@ class NoStore:
 
 class RequestMetrics:
     """Counts and times every request by its route template (`/v1/server-instance/{instance_id}`,
-    never the path a client chose) for the metrics endpoint (controller/metrics.py). First in
+    never the path a client chose) for the metrics endpoint (controller/monitoring/metrics.py). First in
     the middleware, so the time includes admission and authentication; Falcon runs its
     process_response even when a later middleware refused the request."""
 
@@ -146,7 +146,7 @@ class RequestMetrics:
                              status=resp.status_code, seconds=time.perf_counter() - started)
 class RequestId:
     """Every answer of either interface carries `X-Request-Id`: the client's own when it is a
-    safe token, else a fresh one (controller/request_ids.py). Second in the middleware list,
+    safe token, else a fresh one (controller/audit/request_ids.py). Second in the middleware list,
     right after RequestMetrics (which neither refuses nor logs), so its process_request runs
     before anything can refuse the request and its process_response after the audit row took the id."""
 

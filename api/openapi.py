@@ -1,7 +1,7 @@
 """The OpenAPI 3 document served at /v1/openapi.json, built from the same schemas the code validates with."""
 
 from api import schemas
-from controller import request_ids
+from controller.audit import request_ids
 
 # Both headers go on every authenticated request; they are security schemes so that
 # clients and tools treat them as credentials, not as ordinary parameters.

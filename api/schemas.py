@@ -4,8 +4,8 @@ The same dictionaries feed jsonschema validation and /v1/openapi.json, so the
 document cannot drift from what the code accepts.
 """
 
-from controller import request_ids
-from controller.history import ACTIONS, MAX_LIMIT, RESULTS
+from controller.audit import request_ids
+from controller.audit.history import ACTIONS, MAX_LIMIT, RESULTS
 from controller.rules import EMAIL_MAX, NAME_MAX, SHORT_TEXT_MAX, USERNAME_MAX
 
 UUID = {"type": "string", "format": "uuid"}
@@ -284,13 +284,13 @@ CONSOLE_OBJECT = {
 # The console endpoint's `bytes`: how much of the end of the output to answer.
 CONSOLE_BYTES = {"type": "integer", "minimum": 1, "maximum": 1024 * 1024, "default": 64 * 1024}
 
-# The history's `limit`: the most recent entries answered (controller/history.py).
+# The history's `limit`: the most recent entries answered (controller/audit/history.py).
 ACTIONS_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": MAX_LIMIT}
 
-# The history's `before`: a cursor an earlier answer gave, opaque (controller/history.py).
+# The history's `before`: a cursor an earlier answer gave, opaque (controller/audit/history.py).
 ACTIONS_CURSOR = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,40}$"}
 
-# One entry of an instance's history (controller/history.py).
+# One entry of an instance's history (controller/audit/history.py).
 ACTION_OBJECT = {
     "type": "object",
     "additionalProperties": False,

@@ -7,7 +7,8 @@ user-interface envelope.
 from api.client_address import client_address
 from api.envelopes import ok_user
 from api.params import flag, opt_int, opt_str, req_str, user_params
-from controller import auth, credentials, users
+from controller.auth import tokens as auth, credentials
+from controller.users import users
 from controller.context import Context
 
 

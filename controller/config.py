@@ -191,7 +191,7 @@ DEFAULTS["hosts"] = {
 }
 
 # GET /healthz answers from the last result of the checks, refreshed by one thread
-# (issue 16, finding 2); see controller/health.py.
+# (issue 16, finding 2); see controller/monitoring/health.py.
 DEFAULTS["health"] = {
     # Seconds between two rounds of checks.
     "refresh_seconds": "2",
@@ -209,7 +209,7 @@ DEFAULTS["audit"] = {
 }
 
 # The Prometheus endpoint `cloud-agent serve` runs beside the API (issue 19); see
-# controller/metrics.py and docs/scaling.md, "Metrics".
+# controller/monitoring/metrics.py and docs/scaling.md, "Metrics".
 DEFAULTS["metrics"] = {
     # false: no endpoint (the sandbox profile writes false: its servers would share the port).
     "enabled": "true",

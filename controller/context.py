@@ -2,12 +2,12 @@
 
 from dataclasses import dataclass, field
 
-from controller.audit import AnonymousFailures
+from controller.audit.trail import AnonymousFailures
 from controller.config import Config
-from controller.security import Passwords, SecretBox
+from controller.security.crypto import Passwords, SecretBox
 from controller.status_cursors import StatusCursors
 from controller.store import Store
-from controller.throttle import FailureThrottle
+from controller.security.throttle import FailureThrottle
 
 
 @dataclass
@@ -21,9 +21,9 @@ class Context:
     anonymous_failures: AnonymousFailures | None = None  # counted instead of one audit row each
     status_cursors: StatusCursors = field(default_factory=StatusCursors, repr=False)
     _secret_box: SecretBox | None = field(default=None, repr=False)
-    # controller.health.HealthMonitor, made by controller.health.monitor_of on first use.
+    # controller.monitoring.health.HealthMonitor, made by controller.monitoring.health.monitor_of on first use.
     health_monitor: object = field(default=None, repr=False)
-    # controller.metrics.ServiceMetrics (its own Prometheus registry), made by metrics_of on first use.
+    # controller.monitoring.metrics.ServiceMetrics (its own Prometheus registry), made by metrics_of on first use.
     metrics: object = field(default=None, repr=False)
 
     @property

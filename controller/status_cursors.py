@@ -1,8 +1,8 @@
-"""Where each host's status sync left off, in this process (controller/status_sync.py).
+"""Where each host's status sync left off, in this process (controller/hosts/status_sync.py).
 
 A cursor is what a Hypervisor's `status_changes` answered last (its "mark"): given
 back, the host tells only what changed since. Not to be confused with the database's
-write mark (controller/write_mark.py), which every committed write changes.
+write mark (controller/store/write_mark.py), which every committed write changes.
 """
 
 import threading

@@ -118,7 +118,7 @@ class HostPool:
         self._health = _Health(retry_seconds, clock)
         self._built: dict[str, tuple[HostSpec, GuardedHypervisor]] = {}
         self._lock = threading.Lock()
-        # Set once the config's own host is recorded in this process (controller/host_routing.py).
+        # Set once the config's own host is recorded in this process (controller/hosts/host_routing.py).
         self.config_host_recorded = False
 
     def hypervisor(self, spec: HostSpec) -> Hypervisor:
@@ -160,7 +160,7 @@ class HostPool:
         takes new work within seconds rather than after the rest of `retry_seconds`."""
         built = self._built.get(name)
         if built is None:
-            return False  # never built here: nothing to ask (controller.host_routing.hypervisor_of_host builds it)
+            return False  # never built here: nothing to ask (controller.hosts.host_routing.hypervisor_of_host builds it)
         try:
             built[1].inner.host_capacity()
         except HostUnreachable:

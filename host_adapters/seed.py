@@ -248,7 +248,7 @@ def _user_data(instance_id: str, spec: GuestSpec) -> dict:
         "updates": {"network": {"when": ["boot"]}},
         # A string entry: cloud-init writes it after `#!/bin/sh` and runs it.
         "bootcmd": [bootcmd_script(spec)],
-        # Printed by the final stage at every boot, on the console too (controller/console.py
+        # Printed by the final stage at every boot, on the console too (controller/instances/console.py
         # reads it as `ready`). No `$`: cloud-init would take it for a variable.
         "final_message": ready_marker(instance_id),
     }

@@ -51,9 +51,9 @@ def node_file(folder: Path, name: str, cpus: int, memory_mb: int) -> str:
 def superuser(ctx, client, email: str, username: str) -> dict:
     """A superuser with a system account and a home volume, as an admin and the API make
     them; the auth headers of its requests."""
-    from controller.accounts import enable_account
-    from controller.auth import issue_token
-    from controller.users import insert_user
+    from controller.users.accounts import enable_account
+    from controller.auth.tokens import issue_token
+    from controller.users.users import insert_user
 
     row, secret = insert_user(ctx, email=email, password="scale-hosts-pass-1", roles=("superuser",))
     token = issue_token(ctx, api_key=row["api_key"], api_secret=secret)["token"]
@@ -74,11 +74,12 @@ def main() -> None:
     from falcon import testing
 
     from api.app import create_app
-    from controller import host_records, images
+    from controller.hosts import host_records
+    from controller.storage import images
     from controller.config import config_from_dict, sandbox_values
     from controller.context import build_context
-    from controller.reconcile import reconcile
-    from controller.security import generate_key_file
+    from controller.maintenance.reconcile import reconcile
+    from controller.security.crypto import generate_key_file
     from controller.store import Store
     from host_adapters.factory import Adapters, build_hypervisor, config_host, fake_adapters
     from host_adapters.host_pool import HostPool

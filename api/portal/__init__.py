@@ -4,7 +4,7 @@ Its own room of the API floor: `guard.py` (the security headers, the session and
 CSRF checks of every /portal/ request, in one middleware), `render.py` (Jinja2 with
 autoescaping, the error page), `forms.py` (form bodies), `text.py` (what may be
 shown of guest console text), and the pages, each resource as thin as a JSON one:
-read the session's requester, call one service function (controller/portal_views.py
+read the session's requester, call one service function (controller/portal/views.py
 to read, the JSON resources' own service functions to act), render or 303 to a GET
 page. The portal decides no access itself: the service functions do, as for the API.
 """

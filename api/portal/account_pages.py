@@ -7,7 +7,8 @@ from urllib.parse import urlsplit
 from api.client_address import client_address
 from api.portal.guard import PREFIX, clear_session_cookie, set_session_cookie
 from api.portal.render import form_error, page, see_other
-from controller import auth, credentials, portal_sessions, portal_views
+from controller.auth import tokens as auth, credentials
+from controller.portal import sessions as portal_sessions, views as portal_views
 from controller.context import Context
 from controller.errors import ControllerError, InvalidInput, Unauthenticated
 from controller.permissions import Requester

@@ -3,7 +3,7 @@ the CSRF checks, before any page resource runs.
 
 - Headers on every answer under /portal/ (pages, redirects, errors, the style sheet).
 - The session: the `__Host-cc_portal` cookie's id, looked up by its hash
-  (controller/portal_sessions.py). A page without a live session: a GET is sent to the
+  (controller/portal/sessions.py). A page without a live session: a GET is sent to the
   login page (303, `next` naming where it was going), a POST refused (403).
 - A POST is refused (403) and nothing runs when `Sec-Fetch-Site` is present and not
   `same-origin` or `none`, when `Origin` is present, not `null`, and not the portal's
@@ -17,7 +17,7 @@ from urllib.parse import quote
 import falcon
 
 from api.portal.forms import read_form
-from controller import portal_sessions
+from controller.portal import sessions as portal_sessions
 from controller.context import Context
 from controller.errors import Forbidden
 

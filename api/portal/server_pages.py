@@ -4,7 +4,8 @@ from api import schemas
 from api.portal.render import form_error, page, see_other
 from api.portal.text import console_text
 from api.validation import validate
-from controller import instances, portal_views
+from controller.instances import instances
+from controller.portal import views as portal_views
 from controller.context import Context
 from controller.errors import ControllerError, InvalidInput
 

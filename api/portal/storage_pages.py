@@ -5,7 +5,9 @@ import re
 from api import schemas
 from api.portal.render import form_error, page, see_other
 from api.validation import validate
-from controller import groups, portal_views, volumes
+from controller.users import groups
+from controller.portal import views as portal_views
+from controller.storage import volumes
 from controller.context import Context
 from controller.errors import ControllerError, InvalidInput
 

@@ -1,7 +1,8 @@
 """Managed users, for owners: the list, a new user, and one user's name and email."""
 
 from api.portal.render import form_error, page, see_other
-from controller import portal_views, users
+from controller.portal import views as portal_views
+from controller.users import users
 from controller.context import Context
 from controller.errors import ControllerError, InvalidInput
 

@@ -135,7 +135,7 @@ class StoragePart:
             # Published by a copy within the pool, made by the host (libvirt has no volume
             # rename, and the pool may be on another machine): the name appears when the copy
             # begins, but every create of this deployment looks for it only under the
-            # image's copy lock (controller/image_copy.py), held until this returns.
+            # image's copy lock (controller/hosts/image_copy.py), held until this returns.
             made.append(name)
             try:
                 _while_pool_busy(pool.createXMLFrom, domain_xml.Volume(name=name, capacity_bytes=image.size).to_xml(),

@@ -214,7 +214,7 @@ def argon2_alone(config: str | None, count: int) -> dict:
     how fast this machine hashes at the moment (it moves with the machine's load)."""
     sys.path.insert(0, str(REPO))
     from controller.config import load_config
-    from controller.security import Passwords
+    from controller.security.crypto import Passwords
 
     auth = load_config(config).auth if config else None
     cost = {"time_cost": auth.argon2_time_cost if auth else 3, "memory_kib": auth.argon2_memory_kib if auth else 65536,

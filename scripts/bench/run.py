@@ -93,7 +93,7 @@ def rss_mb(pid: int, field: str = "VmHWM") -> float:
 
 
 def token_validation_us(config: str, token: str, userid: str, rounds: int) -> dict:
-    """Mean time of controller.auth.authenticate (the check every request makes) in-process,
+    """Mean time of controller.auth.tokens.authenticate (the check every request makes) in-process,
     against the loaded database, in microseconds: with the owner remembered (nothing written
     since the last check: Store.token_owner) and read from the database (forgotten each time,
     as after any write)."""
@@ -101,7 +101,7 @@ def token_validation_us(config: str, token: str, userid: str, rounds: int) -> di
         "import json, sys, time\n"
         "from controller.config import load_config\n"
         "from controller.context import build_context\n"
-        "from controller.auth import authenticate\n"
+        "from controller.auth.tokens import authenticate\n"
         "ctx = build_context(load_config(sys.argv[1]))\n"
         "token, userid, n = sys.argv[2], sys.argv[3], int(sys.argv[4])\n"
         "authenticate(ctx, token=token, user_id=userid)\n"

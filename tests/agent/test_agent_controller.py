@@ -141,7 +141,7 @@ def make_sandbox(tmp_path: Path) -> Sandbox:
     proc = run_agent("--config", config, "--json", "user", "create-superuser", "--email", ADMIN_EMAIL,
                      "--password", ADMIN_PASSWORD)
     assert proc.returncode == 0, proc.stderr
-    from controller.users import insert_user
+    from controller.users.users import insert_user
 
     ctx = build_context(load_config(config))
     insert_user(ctx, email=BOB_EMAIL, password=USER_PASSWORD)

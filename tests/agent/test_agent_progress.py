@@ -23,9 +23,9 @@ def sandbox_with_accounts(tmp_path):
     config = str(tmp_path / "controller.ini")
     subprocess.run([AGENT, "--config", config, "init", "--sandbox", str(tmp_path / "state")], check=True,
                    capture_output=True)
-    from controller.accounts import enable_account
+    from controller.users.accounts import enable_account
     from controller.context import build_context
-    from controller.users import insert_user
+    from controller.users.users import insert_user
     from host_adapters.factory import build_adapters
 
     cfg = load_config(config)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import users
+from controller.users import users
 from controller.config import load_config
 from controller.context import build_context
 from controller.errors import Conflict, NotFound

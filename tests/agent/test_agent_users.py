@@ -15,7 +15,7 @@ from cryptography.fernet import Fernet
 from falcon import testing
 
 from agent.cli import cli
-from controller import migrations
+from controller.store import migrations
 from controller.config import load_config, write_config
 from controller.context import build_context
 from tests.fixtures.agent import AGENT

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 from falcon import testing
 
-from controller import images
-from controller.accounts import enable_account
-from controller.reconcile import reconcile
+from controller.storage import images
+from controller.users.accounts import enable_account
+from controller.maintenance.reconcile import reconcile
 from host_adapters.subp import run
 from tests.fixtures.agent import AGENT
 from tests.fixtures.api import config_values_for, make_caller, new_context
@@ -127,7 +127,7 @@ def test_state_and_shares_drift(service):
     hv = ctx.adapters.hypervisor
     hv.power_off(instance["id"])
 
-    from controller.guests import guest_spec
+    from controller.instances.guests import guest_spec
 
     [row] = ctx.store.list_instances(visible_to=None, instance_id=instance["id"])
     hv.set_guest(instance["id"], dataclasses.replace(guest_spec(ctx, row), users=()))
@@ -176,7 +176,7 @@ def test_cli_in_the_sandbox_leaves_the_servers_domains_alone(service):
 
 def test_access_removed_from_a_running_guest_is_reported_until_a_reboot(service):
     """QEMU cannot unplug a 9p share: the guest keeps it, reconcile says so, reboot applies the record."""
-    from controller.instances import run_task
+    from controller.instances.instances import run_task
     from controller.permissions import Requester
 
     ctx, instance = service["ctx"], service["instance"]

@@ -12,8 +12,9 @@ import uuid
 import pytest
 from falcon import testing
 
-from controller import images, limits
-from controller.accounts import enable_account
+from controller.storage import images
+from controller import limits
+from controller.users.accounts import enable_account
 from tests.fixtures.api import config_values_for, make_caller, new_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]

@@ -48,7 +48,7 @@ def test_images_list_public_and_granted_ones_with_inactive_flagged(client, cctx,
     assert catalog["public"]["id"] in ids and catalog["inactive"]["id"] in ids
     assert catalog["private"]["id"] not in ids
     assert ids[catalog["inactive"]["id"]]["active"] is False
-    from controller import images
+    from controller.storage import images
 
     images.grant_image(cctx, catalog["private"]["id"], owner.email)
     ids = {i["id"] for i in ok(client.simulate_get("/v1/server-image", headers=owner.headers))}
@@ -281,7 +281,7 @@ def _host_dies_at(monkeypatch, hv, step: str) -> None:
 
 
 def _reconcile_removes_the_leftover(cctx, hv, row_id) -> None:
-    from controller.reconcile import reconcile
+    from controller.maintenance.reconcile import reconcile
 
     hv.dead = False  # the host answers again (and its back-off is over)
     cctx.adapters.hosts.forget("default")
@@ -554,7 +554,7 @@ def test_volume_survives_a_share_update_failure(client, cctx, adapters, people, 
     assert adapters.homes.inspect("managed").exists
     assert {s.tag for s in adapters.hypervisor.describe(inst["id"]).shares} == {"owner"}
     del adapters.hypervisor.fail_on["set_guest"]
-    from controller.reconcile import reconcile
+    from controller.maintenance.reconcile import reconcile
 
     # The running guest gets the new home at its next start, which reconcile also says.
     assert [d["kind"] for d in reconcile(cctx, fix=True)] == ["domain-shares", "seed-content", "domain-live-shares"]

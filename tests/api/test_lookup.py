@@ -3,7 +3,7 @@ as the client sent it (issue 8, finding 11)."""
 
 import pytest
 
-from controller import images
+from controller.storage import images
 from controller.errors import NotFound
 from controller.rules import find_or_404
 from tests.fixtures.api import enable, give_volume, make_caller

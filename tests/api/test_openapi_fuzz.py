@@ -22,7 +22,7 @@ from schemathesis.checks import (
 from api.app import create_app
 from controller.config import config_from_dict
 from controller.context import build_context
-from controller.security import generate_key_file
+from controller.security.crypto import generate_key_file
 from controller.store import Store
 from host_adapters.factory import fake_adapters
 from tests.fixtures.api import config_values_for, enable, make_caller

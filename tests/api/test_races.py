@@ -5,7 +5,7 @@ import pytest
 
 from controller.errors import Conflict
 from controller.locks import host_changes
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from tests.fixtures.api import enable, give_volume, hold_purges, make_caller
 from tests.fixtures.concurrency import together
 from tests.api.test_controller_api import boot, people  # noqa: F401  (fixture)

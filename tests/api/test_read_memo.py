@@ -1,5 +1,5 @@
 """A GET of one instance and a list of one chunk are remembered only while nothing was written,
-here or in any other process (controller/read_memo.py): a deletion, a status change or a
+here or in any other process (controller/store/read_memo.py): a deletion, a status change or a
 user cut from its owner shows in the very next read."""
 
 from controller.store import Store

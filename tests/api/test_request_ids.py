@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from controller import request_ids
+from controller.audit import request_ids
 from tests.api.test_controller_api import UNKNOWN, err, ok, people  # noqa: F401 (fixture)
 
 SAFE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

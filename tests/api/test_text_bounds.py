@@ -3,7 +3,7 @@ before anything is stored (user interface, controller, and the agent's image and
 
 import pytest
 
-from controller import images
+from controller.storage import images
 from controller.errors import InvalidInput
 from tests.fixtures.api import enable, make_caller, user_envelope
 

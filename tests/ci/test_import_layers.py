@@ -1,8 +1,9 @@
 """Imports only go down the floors of docs/architecture.md: agent/ over api/ over controller/
 over host_adapters/ over common/, never up, not even for the type checker (an import under
-`if TYPE_CHECKING:` is an arrow too) nor late inside a function. No module imports itself
-back through others, in the tests neither, and the rooms every resource module shares
-(guests, lookups) import none of them."""
+`if TYPE_CHECKING:` is an arrow too) nor late inside a function. Inside controller/, its
+packages stand on floors of their own (CONTROLLER_FLOORS) and the same holds between them. No
+module imports itself back through others, in the tests neither, no package through other
+packages, and the rooms every resource module shares (guests, lookups) import none of them."""
 
 import ast
 import functools
@@ -11,8 +12,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = ("common", "host_adapters", "controller", "api", "agent")  # ground first
 PACKAGES = (*FLOORS, "tests")
-RESOURCES = {"controller.users", "controller.accounts", "controller.groups", "controller.images",
-             "controller.instances", "controller.volumes"}
+RESOURCES = {"controller.users.users", "controller.users.accounts", "controller.users.groups",
+             "controller.storage.images", "controller.storage.volumes", "controller.instances.instances"}
+# controller/'s packages (controller/NAME/) and the modules at its top (controller/NAME.py),
+# ground first: each imports only from its own floor or below. On one floor, arrows may run
+# between its members (config reads limits) but never in a circle (the package test below).
+CONTROLLER_FLOORS = (
+    # The kernel every domain uses: errors, value rules, permissions, locks, configuration.
+    ("errors", "rules", "permissions", "locks", "limits", "addresses", "config", "background",
+     "status_cursors"),
+    ("store", "security"),  # the SQL; password hashes, secrets, throttles
+    ("audit",),  # the audit trail, each instance's history, request ids
+    ("context",),  # what every service function is given
+    ("lookups", "hosts"),  # the lookups resources share; hypervisor hosts and placement
+    ("instances", "monitoring"),  # server-instances and their guests; /healthz and /metrics
+    ("storage", "users", "auth"),  # volumes and images; users, accounts, groups; tokens
+    ("maintenance", "portal"),  # drain, evacuate, reconcile; what the portal's pages show
+)
 
 
 def _imports(source: str) -> set[str]:
@@ -76,7 +92,7 @@ def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_no_import_circle_anywhere():
     graph = _graph()
     # The tree was read, subfolders and tests included.
-    assert {"controller.instances", "api.app", "agent.cloud.cli", "host_adapters.libvirt.driver",
+    assert {"controller.instances.instances", "api.app", "agent.cloud.cli", "host_adapters.libvirt.driver",
             "common.client.session", "tests.fixtures.api"} <= set(graph)
     assert _cycle(graph) is None
 
@@ -85,10 +101,56 @@ def test_no_import_runs_up_a_floor():
     assert _upward(_graph()) == []
 
 
+def _package(module: str) -> str:
+    """Where a module lives: its floor's package and first folder or module below it
+    (controller.hosts.drain -> controller.hosts, controller.errors -> controller.errors)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        packages.setdefault(_package(a), set()).update(_package(b) for b in targets if _package(b) != _package(a))
+    return packages
+
+
+def test_no_import_circle_between_packages():
+    packages = _package_graph(_graph())
+    assert {"controller.hosts", "controller.store", "host_adapters.libvirt", "api.portal"} <= set(packages)
+    assert _cycle(packages) is None
+
+
+def _controller_floor() -> dict[str, int]:
+    return {f"controller.{name}": i for i, floor in enumerate(CONTROLLER_FLOORS) for name in floor}
+
+
+def test_every_package_of_controller_stands_on_a_floor():
+    floor = _controller_floor()
+    assert sum(map(len, CONTROLLER_FLOORS)) == len(floor)  # none on two floors
+    nodes = {_package(m) for m in _graph() if m.startswith("controller.")}
+    assert nodes == set(floor)
+
+
+def test_no_import_runs_up_a_floor_inside_controller():
+    floor = _controller_floor()
+    packages = _package_graph(_graph())
+    assert sorted((a, b) for a in floor for b in packages[a] if b in floor and floor[b] > floor[a]) == []
+
+
 def test_guests_and_lookups_import_no_resource_module():
     graph = _graph()
-    for shared in ("controller.guests", "controller.lookups"):
+    for shared in ("controller.instances.guests", "controller.lookups"):
         assert graph[shared] & RESOURCES == set(), shared
+
+
+def test_a_module_counts_as_its_package():
+    assert _package("controller.hosts.drain") == "controller.hosts"
+    assert _package("controller.errors") == "controller.errors"
+    assert _package_graph({"controller.a.x": {"controller.b.y", "controller.a.z"}, "controller.a.z": set(),
+                           "controller.b.y": {"controller.a.z"}}) == {
+        "controller.a": {"controller.b"}, "controller.b": {"controller.a"}}
+    assert _cycle(_package_graph({"controller.a.x": {"controller.b.y"}, "controller.b.y": {"controller.a.z"},
+                                  "controller.a.z": set()})) is not None
 
 
 def test_the_cycle_finder_finds_a_circle():

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from agent.cloud.cli import cli as cloud_cli
 from api.app import create_app
 from common.client import Client
-from controller import history
+from controller.audit import history
 from tests.api.test_controller_api import ok, people  # noqa: F401
 from tests.fixtures.api import give_volume
 from tests.fixtures.guest_e2e import served

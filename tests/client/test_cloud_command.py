@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from controller.config import load_config
-from controller.write_mark import WriteMark
+from controller.store.write_mark import WriteMark
 from tests.fixtures.agent import agent_ok as agent
 from tests.fixtures.cloud import Cloud
 from tests.fixtures.server import sandbox_with_admin, served

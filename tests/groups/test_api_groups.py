@@ -113,7 +113,7 @@ def test_group_update_host_failure_keeps_members(client, cctx, adapters, people,
 
 # -- reconcile: the database against the backend's groups -----------------------------------
 def group_drift(ctx, **kw):
-    from controller.reconcile import reconcile
+    from controller.maintenance.reconcile import reconcile
 
     return {(d["kind"], d["target"]): d for d in reconcile(ctx, hypervisor=False, **kw) if d["kind"].startswith("group")}
 

@@ -3,7 +3,7 @@ get numbers from their own range, and never take a name an account needs (issue 
 
 import pytest
 
-from controller.accounts import enable_account
+from controller.users.accounts import enable_account
 from controller.config import config_from_dict
 from controller.errors import Conflict, HostError, InvalidInput
 from host_adapters import subp
@@ -127,7 +127,7 @@ def test_account_enable_refusal_from_the_agent_is_a_clean_usage_error(tmp_path):
 
     from controller.config import write_config
     from controller.context import build_context
-    from controller.security import generate_key_file
+    from controller.security.crypto import generate_key_file
     from controller.store import Store
     from host_adapters.sysroot import make_sysroot
 

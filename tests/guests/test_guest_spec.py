@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from controller import accounts as account_service
+from controller.users import accounts as account_service
 from controller.addresses import allocate, network_plan
 from controller.config import config_from_dict
 from controller.errors import InvalidInput
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from host_adapters import seed as seeds
 from host_adapters.guest import GuestGroup, GuestUser
 from tests.fixtures.api import config_values_for, give_volume
@@ -113,9 +113,9 @@ def test_public_addresses_when_configured(tmp_path, adapters):
     from api.app import create_app
     from falcon import testing
 
-    from controller import images
+    from controller.storage import images
     from controller.context import build_context
-    from controller.security import generate_key_file
+    from controller.security.crypto import generate_key_file
     from controller.store import Store
     from tests.fixtures.api import make_caller, enable
 
@@ -333,7 +333,7 @@ def test_a_deactivated_user_is_in_no_guest_and_has_no_share_until_reactivated(cl
 
 
 def test_a_spec_made_while_inactive_leaves_the_user_out(client, cctx, adapters, people, catalog):
-    from controller.guests import guest_spec
+    from controller.instances.guests import guest_spec
 
     owner, managed, acc = people["owner"], people["managed"], people["accounts"]
     give_volume(client, owner)

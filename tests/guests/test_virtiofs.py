@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from controller.errors import HostUnavailable
-from controller.health import run_checks
+from controller.monitoring.health import run_checks
 from host_adapters import virtiofs
 from host_adapters.factory import build_adapters, is_local_qemu
 

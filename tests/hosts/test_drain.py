@@ -14,9 +14,11 @@ import sqlite3
 
 import pytest
 
-from controller import drain, host_records, request_ids
+from controller.maintenance import drain
+from controller.hosts import host_records
+from controller.audit import request_ids
 from controller.errors import Conflict, HostError, HostUnavailable
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from tests.fixtures.agent import AGENT, agent_call
 from tests.hosts.test_evacuate import IDENTITY, drift_of, full_but_two_on_node_b, rows_by_id, three_on_node_a
 from tests.hosts.test_hosts import alice, boot, cluster, flavor, host_of, node_file, ok  # noqa: F401 (fixtures)

@@ -12,9 +12,12 @@ import re
 
 import pytest
 
-from controller import evacuate, host_records, instances, request_ids
+from controller.maintenance import evacuate
+from controller.hosts import host_records
+from controller.instances import instances
+from controller.audit import request_ids
 from controller.errors import Conflict, InvalidInput
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from tests.fixtures.agent import AGENT, agent_call
 from tests.hosts.test_hosts import alice, boot, cluster, flavor, host_of, ok  # noqa: F401 (fixtures)
 

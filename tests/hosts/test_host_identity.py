@@ -10,9 +10,10 @@ driver through `cloud-agent`, and on two real libvirtds.
 
 import pytest
 
-from controller import drain, host_records
+from controller.maintenance import drain
+from controller.hosts import host_records
 from controller.errors import Conflict
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from tests.fixtures.agent import agent_call
 from tests.hosts.test_drain import with_disks
 from tests.hosts.test_evacuate import three_on_node_a

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from controller import host_records, host_routing, image_copy, images
+from controller.hosts import host_records, host_routing, image_copy
+from controller.storage import images
 from controller.config import config_from_dict
 from controller.context import build_context
 from controller.errors import Conflict, HostUnavailable, NotFound
-from controller.reconcile import reconcile
-from controller.security import generate_key_file
+from controller.maintenance.reconcile import reconcile
+from controller.security.crypto import generate_key_file
 from controller.store import Store
 from host_adapters.hypervisor import HostCapacity
 from tests.fixtures.agent import agent_call
@@ -242,7 +243,7 @@ def test_the_health_refresher_takes_a_host_that_answers_again_out_of_its_back_of
         client, cctx, adapters, cluster, alice, catalog, flavor):
     """A host back before its back-off ends takes creates at the next health round, not after
     [hosts] retry_seconds (faults (a): creates 503 for up to 30 s after libvirtd came back)."""
-    from controller.health import monitor_for
+    from controller.monitoring.health import monitor_for
 
     clock = [1000.0]
     adapters.hosts._health.clock = lambda: clock[0]
@@ -691,7 +692,7 @@ def test_host_commands_have_help_with_examples():
 
 
 def test_check_reports_every_other_host_and_what_it_cannot_see(cctx, adapters, cluster):
-    from controller.health import run_checks
+    from controller.monitoring.health import run_checks
 
     adapters.fake_hosts.kill("node-b")
     checks = {c["name"]: c for c in run_checks(cctx, thorough=True)}

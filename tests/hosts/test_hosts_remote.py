@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from controller import host_records, host_routing, image_copy, images
+from controller.hosts import host_records, host_routing, image_copy
+from controller.storage import images
 from controller.errors import ControllerError
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from tests.fixtures.api import new_context, ready_to_create
 from tests.fixtures.libvirtd import assert_same_image, cleanup_hypervisor, real_libvirt_values
 
@@ -264,7 +265,7 @@ def test_a_dead_remote_host_is_evacuated_and_its_stale_domain_removed_when_it_an
                                                                                       another_remote_libvirtd):
     """The instance is rebuilt on a third libvirtd ("spare"; the config's own host is disabled),
     keeping its identity; the old host, answering again, has its stale domain removed."""
-    from controller import evacuate
+    from controller.maintenance import evacuate
     from controller.errors import Conflict
 
     ctx = cluster

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import image_copy
+from controller.hosts import image_copy
 from controller.errors import HostError, HostUnavailable
 from tests.hosts.test_hosts import cluster  # noqa: F401 (fixture)
 

@@ -1,4 +1,4 @@
-"""The per-instance claim on its host state (controller/instance_claims.py), across processes.
+"""The per-instance claim on its host state (controller/instances/instance_claims.py), across processes.
 
 Other processes (as `cloud-agent` is to the service) take the claim of an instance on the
 same database: exactly one of several racing takes it, the others (and this process) are
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from controller import instance_claims
+from controller.instances import instance_claims
 from controller.errors import Conflict, NotFound
-from controller.guests import refresh_guest
-from controller.reconcile import reconcile
+from controller.instances.guests import refresh_guest
+from controller.maintenance.reconcile import reconcile
 from tests.hosts.test_hosts import alice, boot, flavor, ok  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TAKER = """
 import os, sys, time, types
 from controller.store import Store
-from controller import instance_claims
+from controller.instances import instance_claims
 from controller.errors import Conflict
 db, instance_id, go, operation = sys.argv[1:5]
 ctx = types.SimpleNamespace(store=Store(db))
@@ -151,7 +151,7 @@ def test_a_task_is_409_while_another_process_moves_the_instance_and_runs_after(c
 
 def test_user_changes_while_another_process_holds_the_claim_are_done_by_the_holder(client, cctx, alice, instance,
                                                                                   tmp_path, adapters):
-    from controller import accounts, users
+    from controller.users import accounts, users
     from controller.permissions import Requester
     from tests.fixtures.api import enable, make_caller
 

@@ -8,9 +8,9 @@ import sqlite3
 
 import pytest
 
-from controller import host_records
+from controller.hosts import host_records
 from controller.errors import InvalidInput
-from controller.libvirt_uri import transport_risks
+from controller.hosts.libvirt_uri import transport_risks
 from tests.agent.test_agent_controller import Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
 
 SAFE = [

@@ -14,10 +14,12 @@ import threading
 
 import pytest
 
-from controller import drain, evacuate, host_records, users
+from controller.maintenance import drain, evacuate
+from controller.hosts import host_records
+from controller.users import users
 from controller.errors import Conflict
 from controller.permissions import Requester
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from tests.fixtures.api import enable, make_caller
 from tests.hosts.test_drain import BASE, Crash, assert_gone_from, task, with_disks
 from tests.hosts.test_evacuate import drift_of, rows_by_id, three_on_node_a

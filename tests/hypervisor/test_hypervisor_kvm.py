@@ -418,8 +418,8 @@ def test_virt_type_qemu_with_the_default_cpu_mode_is_healthy_and_gets_qemus_cpu(
         tmp_path, libvirt_dir_pool, libvirt_private_network, prefix):
     from controller.config import config_from_dict
     from controller.context import build_context
-    from controller.health import run_checks
-    from controller.security import generate_key_file
+    from controller.monitoring.health import run_checks
+    from controller.security.crypto import generate_key_file
     from controller.store import Store
     from host_adapters.factory import build_hypervisor, fake_adapters
     from tests.fixtures.api import config_values_for

@@ -19,9 +19,9 @@ import uuid
 import pytest
 from falcon import testing
 
-from controller import images
-from controller.accounts import enable_account
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
+from controller.storage import images
+from controller.users.accounts import enable_account
 from host_adapters.guest import GuestSpec
 from host_adapters.libvirt import connection
 from host_adapters.libvirt.driver import LibvirtHypervisor

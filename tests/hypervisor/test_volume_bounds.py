@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from controller import host_records, image_copy, images
+from controller.hosts import host_records, image_copy
+from controller.storage import images
 from controller.errors import HostError, InvalidInput
 from host_adapters.image_source import base_file_limit, open_image_source
 from host_adapters.libvirt.storage import SEED_BYTES

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from controller import audit, history
-from controller.audit import AnonymousFailures, Housekeeper
+from controller.audit import trail as audit, history
+from controller.audit.trail import AnonymousFailures, Housekeeper
 from tests.api.test_controller_api import (NOT_A_UUID, UNKNOWN, _host_dies_at, boot, err, ok,  # noqa: F401
                                            people)
 from tests.fixtures.api import give_volume

@@ -16,8 +16,8 @@ import libvirt
 import pytest
 from falcon import testing
 
-from controller import images
-from controller.accounts import enable_account
+from controller.storage import images
+from controller.users.accounts import enable_account
 from tests.fixtures.api import config_values_for, make_caller, new_context
 from tests.fixtures.libvirtd import cleanup_hypervisor, unique_prefix
 from tests.fixtures.server import start_server, stop_server

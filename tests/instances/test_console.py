@@ -216,7 +216,7 @@ def test_ready_is_found_across_two_reads_that_cut_the_marker(client, adapters, p
 def test_console_reads_in_flight_are_bounded_per_user(client, adapters, people, running):
     import threading
 
-    from controller import console as console_service
+    from controller.instances import console as console_service
 
     release, entered = threading.Event(), threading.Semaphore(0)
     real = adapters.hypervisor.console

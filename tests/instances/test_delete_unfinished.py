@@ -5,7 +5,7 @@ the row keeps its intent, the answer says so (202), the owner sees no broken ins
 import pytest
 
 from common.errors import HostError
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from tests.api.test_controller_api import boot, err, ok, people  # noqa: F401  (fixture)
 from tests.fixtures.api import give_volume
 

@@ -7,7 +7,8 @@ no domain, no group, no user).
 
 import pytest
 
-from controller import images, limits
+from controller.storage import images
+from controller import limits
 from controller.config import config_from_dict, sandbox_values
 from controller.errors import Conflict, HostUnavailable, InvalidInput, NotFound
 from host_adapters.hypervisor import HostCapacity
@@ -455,7 +456,7 @@ def test_flavors_of_a_migrated_database_stay_public(tmp_path):
     """Flavors made before migration 5 are public: every user still sees them."""
     import sqlite3
 
-    from controller import migrations
+    from controller.store import migrations
     from controller.store import Store
 
     path = tmp_path / "old.db"

@@ -190,7 +190,7 @@ def test_the_shutdown_timeout_defaults_to_60(tmp_path):
 
 def test_user_apply_shuts_guests_down_cleanly_before_it_starts_them(cctx, adapters, people, running):
     """`cloud-agent user apply`'s power cycle is no pulled plug either: the same clean shutdown."""
-    from controller import guests
+    from controller.instances import guests
 
     hv = adapters.hypervisor
     rows = cctx.store.list_instances(visible_to=None, instance_id=running["id"])

@@ -14,11 +14,12 @@ from api.app import create_app
 from api.portal import render
 from api.portal.guard import COOKIE, HEADERS
 from api.portal.text import console_text
-from controller import images, users
+from controller.storage import images
+from controller.users import users
 from controller.config import config_from_dict, write_config
 from controller.errors import InvalidInput
 from controller.permissions import Requester
-from controller.security import token_hash
+from controller.security.crypto import token_hash
 from tests.fixtures.agent import run_agent
 from tests.fixtures.api import PASSWORD, config_values_for, enable, make_caller
 

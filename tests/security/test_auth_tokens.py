@@ -9,9 +9,9 @@ import pytest
 from argon2 import PasswordHasher
 from cryptography.fernet import Fernet
 
-from controller import auth
-from controller.security import token_hash
-from controller.throttle import FailureThrottle
+from controller.auth import tokens as auth
+from controller.security.crypto import token_hash
+from controller.security.throttle import FailureThrottle
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
 
 NEW_PASSWORD = "Another-pass-77"

@@ -12,7 +12,7 @@ import time
 import pytest
 from falcon import testing
 
-from controller import images
+from controller.storage import images
 from tests.fixtures.api import enable, give_volume, make_caller
 
 REQUESTERS = [

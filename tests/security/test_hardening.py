@@ -2,7 +2,7 @@
 
 import pytest
 
-from controller import audit
+from controller.audit import trail as audit
 from tests.fixtures.api import make_caller
 
 

@@ -12,7 +12,7 @@ import json
 import pytest
 from falcon import testing
 
-from controller import images
+from controller.storage import images
 from host_adapters import subp
 from tests.fixtures.api import config_values_for, enable, give_volume, make_caller, new_context
 

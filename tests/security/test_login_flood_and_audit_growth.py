@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from controller import audit
+from controller.audit import trail as audit
 from controller.config import config_from_dict
 from controller.errors import InvalidInput
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
@@ -118,7 +118,7 @@ def test_anonymous_failures_are_counted_not_written_one_row_each(cctx, client):
 
 
 def test_the_counts_are_written_when_their_window_ends(ctx):
-    from controller.audit import AnonymousFailures
+    from controller.audit.trail import AnonymousFailures
 
     now = [1000.0]
     counter = AnonymousFailures(ctx.store, interval_seconds=300, clock=lambda: now[0])
@@ -139,7 +139,7 @@ def test_the_counts_are_written_when_their_window_ends(ctx):
 
 
 def test_distinct_kinds_are_bounded(ctx):
-    from controller.audit import AnonymousFailures
+    from controller.audit.trail import AnonymousFailures
 
     counter = AnonymousFailures(ctx.store, interval_seconds=300)
     for i in range(1000):
@@ -240,7 +240,7 @@ def test_the_server_applies_the_retention(sandbox, tmp_path):
 
 
 def test_housekeeping_prunes_once_an_hour_and_flushes_when_due(ctx):
-    from controller.audit import AnonymousFailures, Housekeeper
+    from controller.audit.trail import AnonymousFailures, Housekeeper
 
     now = [0.0]
     counter = AnonymousFailures(ctx.store, interval_seconds=3000, clock=lambda: now[0])

@@ -7,7 +7,7 @@ from argon2.profiles import RFC_9106_LOW_MEMORY
 
 from controller.config import DEFAULTS, config_from_dict
 from controller.errors import InvalidInput
-from controller.security import Passwords
+from controller.security.crypto import Passwords
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
 
 OLD = Passwords(time_cost=1, memory_kib=1024, parallelism=1)

@@ -1,5 +1,5 @@
 """A token's owner is remembered between requests only while nothing was written, here or in
-any other process (controller.write_mark): revocations still end a token at once."""
+any other process (controller.store.write_mark): revocations still end a token at once."""
 
 import os
 import subprocess
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from controller import store as store_module
+from controller.store import tokens as store_module
 from controller.config import write_config
-from controller.security import token_hash
-from controller.write_mark import WriteMark
+from controller.security.crypto import token_hash
+from controller.store.write_mark import WriteMark
 from tests.fixtures.agent import AGENT
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
 from tests.security.test_auth_tokens import whoami

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import images
+from controller.storage import images
 from controller.errors import ControllerError
 from tests.fixtures.api import config_values_for, enable, make_caller, new_context
 from tests.fixtures.concurrency import Loops
@@ -208,7 +208,7 @@ class Deployment:
     def close(self, hosts=("default", "remote")) -> None:
         """Stop the server, remove every domain and base disk of this deployment's prefix
         from the hosts that answer, close the database."""
-        from controller.host_routing import hypervisor_of_host
+        from controller.hosts.host_routing import hypervisor_of_host
 
         self.stop()
         for name in hosts:
@@ -637,8 +637,8 @@ def test_a_drain_cut_short_whose_target_dies_then_the_runbook(tmp_path, remote_l
     holds its own disk, shut off); then the second host dies for good. The runbook (evacuate
     the dead host, `reconcile --fix`, `host remove`) leaves the instance on its own disk on
     the first host, running once, and reconcile finds nothing. The server serves throughout."""
-    from controller import drain
-    from controller.host_routing import hypervisor_of_host
+    from controller.maintenance import drain
+    from controller.hosts.host_routing import hypervisor_of_host
 
     values = base_values(tmp_path, guest_virt, sysroot, remote_libvirtd, libvirt_private_network)
     values["hosts"]["shutdown_wait_seconds"] = 1  # a blank disk boots nothing that would answer ACPI

@@ -8,7 +8,7 @@ import threading
 import time
 
 from controller.errors import HostUnavailable
-from controller.health import CheckRunner, HealthMonitor, run_checks
+from controller.monitoring.health import CheckRunner, HealthMonitor, run_checks
 
 
 class SlowCheck:

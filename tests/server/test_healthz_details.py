@@ -7,7 +7,7 @@ them and the service log records them.
 import logging
 
 from controller.errors import HostUnavailable
-from controller.health import monitor_of, run_checks
+from controller.monitoring.health import monitor_of, run_checks
 
 LDAP_DETAIL = "LDAP bind to ldap://10.1.2.3:389/ as cn=admin,dc=corp,dc=example refused: Invalid credentials"
 PATH_DETAIL = "home_root /srv/cluster/homes does not exist"

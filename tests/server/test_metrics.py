@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
 from api.metrics_server import PATH, MetricsServer, start_metrics
-from controller import host_records
+from controller.hosts import host_records
 from controller.config import DEFAULTS
 from controller.errors import InvalidInput
-from controller.metrics import HostRefresher, metrics_of
-from controller.reconcile import reconcile
+from controller.monitoring.metrics import HostRefresher, metrics_of
+from controller.maintenance.reconcile import reconcile
 from tests.fixtures.agent import AGENT, agent_ok
 from tests.fixtures.api import enable, give_volume, make_caller
 from tests.fixtures.server import free_port, sandbox_with_admin, start_server, stop_server
@@ -55,7 +55,7 @@ def value(families: dict, family: str, sample: str | None = None, **labels) -> f
 @pytest.fixture
 def service(cctx, catalog):
     """The controller on fake hosts, its config's host recorded, and alice with an account and home."""
-    from controller.host_routing import record_config_host
+    from controller.hosts.host_routing import record_config_host
 
     cctx.config = cctx.config.with_values({"metrics": {"top_users": "3"}, "limits": {
         "instances": "10", "vcpus": "20", "memory_mb": "51200", "groups": "20", "managed_users": "50"}})
@@ -265,7 +265,7 @@ def test_database_size_and_health(service):
     families = scrape(ctx)
     assert value(families, "database_bytes", file="db") > 0
     assert families[P + "health_check_ok"].samples == []  # no monitor in this process: nothing claimed
-    from controller.health import monitor_of
+    from controller.monitoring.health import monitor_of
 
     monitor_of(ctx).refresh_now()
     checks = {s.labels["check"]: s.value for s in scrape(ctx)[P + "health_check_ok"].samples}

@@ -11,10 +11,10 @@ import time
 import pytest
 from waitress import create_server
 
-from controller.auth import issue_token
+from controller.auth.tokens import issue_token
 from controller.config import load_config, write_config
 from controller.context import build_context
-from controller.users import insert_user
+from controller.users.users import insert_user
 from tests.fixtures.api import config_values_for as cheap_config_values
 from tests.fixtures.agent import run_agent
 

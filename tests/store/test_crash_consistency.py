@@ -15,10 +15,10 @@ import uuid
 import pytest
 from falcon import testing
 
-from controller import images
-from controller.accounts import enable_account
+from controller.storage import images
+from controller.users.accounts import enable_account
 from controller.context import build_context
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from controller.store import Store
 from host_adapters.factory import build_adapters
 from tests.fixtures.api import make_caller, new_context

@@ -1,7 +1,7 @@
-"""controller/read_memo.py's bounds: an answer is served only under the mark it was read after,
+"""controller/store/read_memo.py's bounds: an answer is served only under the mark it was read after,
 for at most its seconds, and a full memo forgets everything."""
 
-from controller.read_memo import ReadMemo
+from controller.store.read_memo import ReadMemo
 
 
 def test_an_answer_is_served_under_its_mark_only_and_not_past_its_seconds():

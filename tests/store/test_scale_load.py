@@ -288,7 +288,7 @@ def test_a_list_holds_nothing_between_chunks_and_lists_no_row_twice(client, cctx
 
 def test_a_list_writes_what_the_host_says_and_checks_the_whole_view_again(client, cctx, adapters, people, catalog,
                                                                           monkeypatch):
-    from controller import status_sync
+    from controller.hosts import status_sync
 
     ids = _five_instances(client, cctx, people, catalog)
     hv, admin = adapters.hypervisor, people["admin"].headers
@@ -349,7 +349,7 @@ def test_listed_users_follow_grants_revocations_and_deleted_accounts(client, cct
 
 
 def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, people, catalog):
-    from controller import migrations
+    from controller.store import migrations
 
     ids = _five_instances(client, cctx, people, catalog)
     before = {i: cctx.store.instance_users([i]).get(i, []) for i in ids}

@@ -7,9 +7,9 @@ directory; data, groups and instances are kept.
 
 import pytest
 
-from controller.accounts import enable_account
+from controller.users.accounts import enable_account
 from controller.errors import HostError
-from controller.reconcile import reconcile
+from controller.maintenance.reconcile import reconcile
 from host_adapters import sysroot as sysroot_mod
 from host_adapters.local_directory import LocalDirectory
 from tests.fixtures.api import enable, give_volume, make_caller

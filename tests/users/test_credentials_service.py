@@ -1,9 +1,9 @@
-"""The self-service credential functions (controller/credentials.py), on the service layer."""
+"""The self-service credential functions (controller/auth/credentials.py), on the service layer."""
 
 import pytest
 
-from controller import credentials
-from controller.auth import authenticate, issue_token
+from controller.auth import credentials
+from controller.auth.tokens import authenticate, issue_token
 from controller.errors import InvalidInput, TooManyRequests, Unauthenticated
 from controller.permissions import Requester
 from tests.fixtures.api import PASSWORD, make_caller

@@ -55,7 +55,7 @@ def test_enable_two_accounts_search_by_username_and_disable(ldap_config):
                              "--password", "Root-pass-2026").stdout)
     config = load_config(path)
     ctx = build_context(config, adapters=build_adapters(config))
-    from controller.users import insert_user
+    from controller.users.users import insert_user
 
     for email in ("ann@example.org", "ben@example.org"):
         insert_user(ctx, email=email, password="User-pass-2026!")

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli import cli
-from controller import migrations, users
+from controller.store import migrations
+from controller.users import users
 from controller.config import write_config
 from controller.errors import InvalidInput
 from tests.fixtures.api import PASSWORD, enable, give_volume, make_caller, user_envelope

@@ -117,7 +117,7 @@ def test_reconcile_never_chowns_a_home_back_to_a_recorded_uid_the_directory_no_l
     existence are reported, not repaired, while the uids differ."""
     from dataclasses import replace
 
-    from controller.reconcile import reconcile
+    from controller.maintenance.reconcile import reconcile
     from tests.fixtures.api import enable, give_volume, make_caller
 
     alice = make_caller(cctx, "alice@example.org")
@@ -148,7 +148,7 @@ def test_reconcile_never_chowns_a_home_back_to_a_recorded_uid_the_directory_no_l
 
 def test_reconcile_does_not_repair_a_home_whose_account_could_not_be_read(client, cctx, adapters):
     from controller.errors import HostUnavailable
-    from controller.reconcile import reconcile
+    from controller.maintenance.reconcile import reconcile
     from tests.fixtures.api import enable, give_volume, make_caller
 
     alice = make_caller(cctx, "alice@example.org")

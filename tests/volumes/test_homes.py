@@ -608,7 +608,7 @@ class _Store:
 def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
     from types import SimpleNamespace
 
-    from controller.reconcile import reconcile
+    from controller.maintenance.reconcile import reconcile
     from host_adapters.directory import FakeDirectory
     from host_adapters.unix_groups import FakeUnixGroups
 

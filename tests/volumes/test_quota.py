@@ -564,7 +564,7 @@ def test_deleting_a_volume_whose_home_guest_root_chowned_removes_only_the_owners
 def test_migration_records_the_uid_of_existing_volumes_from_their_account(tmp_path):
     import sqlite3
 
-    from controller import migrations
+    from controller.store import migrations
     from controller.store import Store
 
     path = tmp_path / "old.db"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import volumes as volume_service
+from controller.storage import volumes as volume_service
 from controller.config import config_from_dict, sandbox_values
 from controller.errors import HostError, HostUnavailable, InvalidInput
 from host_adapters import factory

@@ -1,0 +1,148 @@
+"""Storage volumes: each user's one home directory on the cluster filesystem, with a quota."""
+
+from controller import permissions as perms
+from controller.background import run_later
+from controller.context import Context
+from controller.errors import Conflict, InvalidInput, NotFound
+from controller.instances.guests import refresh_guests
+from controller.locks import host_changes
+from controller.lookups import account_of, require_mutate, requester_account, volume_row
+from controller.permissions import Requester
+from controller.rules import as_uuid, check_name, new_id
+from controller.store import utc_now
+from host_adapters.homes import retired_uid
+
+
+def volume_object(row: dict) -> dict:
+    return {
+        "volume-id": row["id"],
+        "cloudauth-id": row["owner_id"],
+        "volume-size": row["size_gb"],
+        "volume-type": {"visibility": row["visibility"], "mount-point": row["mount_point"]},
+        "creation-date": row["creation_date"],
+        "volume-name": row["name"],
+    }
+
+
+def check_size(ctx: Context, size_gb: object) -> int:
+    maximum = ctx.config.volumes.max_size_gb
+    if not isinstance(size_gb, int) or isinstance(size_gb, bool) or not 1 <= size_gb <= maximum:
+        raise InvalidInput(f"volume-size must be an integer from 1 to {maximum} (GB)")
+    return size_gb
+
+
+def list_volumes(ctx: Context, requester: Requester, *, cloudauth_id: str | None = None) -> list[dict]:
+    if cloudauth_id is not None:
+        cloudauth_id = as_uuid(cloudauth_id)
+        if cloudauth_id is None:
+            raise InvalidInput("cloudauth-id must be a UUID")
+    return [volume_object(r) for r in ctx.store.list_volumes(visible_to=perms.visible_to(requester), owner_id=cloudauth_id)]
+
+
+def get_volume(ctx: Context, requester: Requester, volume_id: str) -> dict:
+    return volume_object(volume_row(ctx, requester, volume_id))
+
+
+def create_volume(ctx: Context, requester: Requester, body: dict) -> dict:
+    size = check_size(ctx, body["volume-size"])
+    account = requester_account(ctx, requester.id)
+    if ctx.store.volume_of_user(requester.id) is not None:
+        raise Conflict("the requester already has a storage volume (one per user)")
+    homes = ctx.adapters.homes
+    row = {
+        "id": new_id(),
+        "owner_id": requester.id,
+        "size_gb": size,
+        "name": check_name("volume-name", body.get("volume-name")),
+        "visibility": "cluster",
+        "mount_point": homes.path(account["username"]),
+        "creation_date": utc_now(),
+        # The uid the quota is set under, so removal acts on it and on nothing the tree says.
+        "uid": account["uid"],
+    }
+    with host_changes(ctx):
+        # The row first, "creating": the UNIQUE owner_id settles a race between two
+        # requests before either touches the host, and a crash half way leaves a record
+        # reconcile undoes (the client saw no 201).
+        ctx.store.insert_volume(row)
+        try:
+            homes.create(account["username"], uid=account["uid"], gid=account["gid"], size_gb=size)
+            ctx.store.set_volume_state(row["id"], "ready", expect="creating")
+        except BaseException:
+            ctx.store.delete_volume(row["id"])
+            raise
+        refresh_guests(ctx, [account["uuid"]])
+    return volume_object(row)
+
+
+def _account_of_volume(ctx: Context, row: dict) -> dict:
+    account = account_of(ctx, row["owner_id"])
+    if account is None:  # the account was removed behind our back; reconcile reports it
+        raise Conflict("the volume's owner has no system account; run `cloud-agent reconcile`")
+    return account
+
+
+def delete_volume(ctx: Context, requester: Requester, volume_id: str) -> None:
+    row = volume_row(ctx, requester, volume_id)
+    require_mutate(ctx, requester, row, "this volume")
+    account = _account_of_volume(ctx, row)
+    with host_changes(ctx):
+        # The intent first: a retried delete of the same home is refused instead of
+        # starting a second removal of the tree, and a crash before the row goes is
+        # finished by reconcile, never turned back into a home.
+        if not ctx.store.set_volume_state(row["id"], "deleting", expect="ready"):
+            raise Conflict(f"storage-volume {row['id']} is already being deleted")
+        try:
+            # One rename: the home is gone from its path at once; removing the tree,
+            # which may take minutes, happens in the background.
+            retired = ctx.adapters.homes.retire(account["username"], token=row["id"], uid=row["uid"])
+        except BaseException:
+            ctx.store.set_volume_state(row["id"], "ready", expect="deleting")
+            raise
+        finish_delete(ctx, row, account)
+    if retired is not None:
+        run_later(ctx, f"removing deleted home {retired}", lambda: purge_retired(ctx, retired))
+
+
+def purge_retired(ctx: Context, path: str) -> None:
+    with host_changes(ctx):
+        remove_retired(ctx, path)
+
+
+def remove_retired(ctx: Context, path: str) -> None:
+    """Remove a retired home and its quota (the caller holds host_changes).
+
+    A per-uid quota (setquota; xfs, whose project follows the uid) is shared by every home
+    of that uid, and the user may have made a new volume while the old tree was removed:
+    that volume's limit is set again after the removal. Its row is written before its
+    home is made, so whichever of the two comes last sets the new volume's limit.
+    """
+    ctx.adapters.homes.purge(path)
+    uid = retired_uid(path)
+    if uid is None:
+        return
+    for row in ctx.store.volumes_with_uid(uid):
+        account = account_of(ctx, row["owner_id"])
+        if account is None or account["uid"] != uid:
+            continue
+        try:
+            ctx.adapters.homes.resize(account["username"], uid=uid, size_gb=row["size_gb"])
+        except NotFound:
+            pass  # its home is not made yet: its create sets the limit itself
+
+
+def finish_delete(ctx: Context, row: dict, account: dict) -> None:
+    """The home is gone: drop the row, and the share from instances the user can access."""
+    ctx.store.delete_volume(row["id"])
+    refresh_guests(ctx, [account["uuid"]])
+
+
+def resize_volume(ctx: Context, volume_id: str, size_gb: int) -> dict:
+    """Admin only (cloud-agent volume resize)."""
+    row = volume_row(ctx, None, volume_id)
+    size = check_size(ctx, size_gb)
+    account = _account_of_volume(ctx, row)
+    with host_changes(ctx):
+        ctx.adapters.homes.resize(account["username"], uid=account["uid"], size_gb=size)
+        ctx.store.set_volume_size(row["id"], size)
+    return volume_object(dict(row, size_gb=size))

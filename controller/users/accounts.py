@@ -1,0 +1,110 @@
+"""System accounts: enabling a cloud auth user on this cluster (the agent's `account` commands)."""
+
+import os
+from collections.abc import Callable
+
+from controller.context import Context
+from controller.errors import Conflict
+from controller.users.groups import check_account_username, drop_member_everywhere
+from controller.instances.guests import drop_account_everywhere
+from controller.locks import host_changes
+from controller.lookups import account_of, find_user, user_account
+from controller.rules import new_id
+from controller.store import utc_now
+from host_adapters.names import check_username
+
+
+def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = None) -> dict:
+    """Create the directory account of the user `who` (email or id) and record it; all or nothing."""
+    check_username(username)
+    check_account_username(ctx, username)
+    user = find_user(ctx, who)
+    email = user["email"]
+    if account_of(ctx, user["id"]) is not None:
+        raise Conflict(f"{email} already has a system account on this controller")
+    if ctx.store.get_account_by_username(username) is not None:
+        raise Conflict(f"system account {username} is already recorded")
+    home = os.path.join(ctx.config.volumes.home_root, username)
+    with host_changes(ctx):
+        return _create(ctx, user, username, home, uid)
+
+
+def _create(ctx: Context, user: dict, username: str, home: str, uid: int | None) -> dict:
+    adapters, controller_id = ctx.adapters, ctx.config.controller_id
+    posix = adapters.directory.create_account(username, home=home, uid=uid)
+    try:
+        if not user["active"]:  # an inactive user's account is born locked
+            adapters.directory.lock_account(username)
+        return ctx.store.insert_account(
+            {
+                "user_id": user["id"],
+                "username": posix.username,
+                "uuid": new_id(),
+                "uid": posix.uid,
+                "gid": posix.gid,
+                "home": posix.home,
+                "cloud_controller_id": controller_id,
+                "created_at_utc": utc_now(),
+            }
+        )
+    except BaseException:
+        adapters.directory.delete_account(username)
+        raise
+
+
+def disable_account(ctx: Context, who: str) -> dict:
+    """Remove the system account of the user `who` (email or id); refused while it still has a
+    volume or owns instances."""
+    user = find_user(ctx, who)
+    email = user["email"]
+    account = user_account(ctx, user)
+    if ctx.store.volume_of_user(user["id"]) is not None:
+        raise Conflict(f"{email} still has a storage volume: delete it first")
+    if ctx.store.list_instances(visible_to=None, owner_id=user["id"]):
+        raise Conflict(f"{email} still owns server-instances: delete them first")
+    if ctx.store.list_groups(visible_to=None, owner_id=user["id"]):
+        raise Conflict(f"{email} still owns groups: delete them first")
+    with host_changes(ctx):
+        # The intent first: a crash half way is finished by reconcile, which never
+        # re-creates an account an admin disabled.
+        if not ctx.store.set_account_state(account["id"], "deleting", expect="ready"):
+            raise Conflict(f"the system account of {email} is already being disabled")
+        try:
+            finish_disable(ctx, account)
+        except BaseException:
+            ctx.store.set_account_state(account["id"], "ready", expect="deleting")
+            raise
+    return account
+
+
+def finish_disable(ctx: Context, account: dict) -> None:
+    """Take the account out of every instance and group, remove it from the directory, drop its row."""
+    drop_account_everywhere(ctx, account)
+    drop_member_everywhere(ctx, account["username"])
+    ctx.adapters.directory.delete_account(account["username"])
+    ctx.store.delete_account(account["id"])
+
+
+def follow_active(ctx: Context, user_id: str, active: int) -> Callable[[], None]:
+    """Make the user's system account follow `active` (issue 8, finding 9): 0 locks it
+    (no login of any kind; uid, files, groups and instances stay), above 0 unlocks it.
+
+    Called before the user's row changes; returns the undo for when that change fails.
+    A user without an account here, or a process without host adapters (the user
+    interface served alone), changes nothing: `cloud-agent reconcile` reports and
+    repairs the lock (`account-lock`).
+    """
+    account = account_of(ctx, user_id)
+    if account is None or ctx.adapters is None:
+        return lambda: None
+    directory, username = ctx.adapters.directory, account["username"]
+    posix = directory.get_account(username)
+    if posix is None:  # reconcile reports account-missing
+        return lambda: None
+    if not active and not posix.locked:
+        directory.lock_account(username)
+        return lambda: directory.unlock_account(username)
+    if active and posix.locked:
+        directory.unlock_account(username)
+        return lambda: directory.lock_account(username)
+    return lambda: None
