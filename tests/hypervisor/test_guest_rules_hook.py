@@ -242,7 +242,7 @@ def hook_script(tmp_path: Path, program: Path) -> Path:
 
 
 @pytest.mark.real_commands
-@pytest.mark.parametrize("stage", ["prepare", "start", "release"])
+@pytest.mark.parametrize("stage", ["prepare", "release"])
 def test_the_hook_script_hands_its_stages_to_the_program(tmp_path, stage):
     program = tmp_path / "program"
     program.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\ncat > {tmp_path}/xml\n')
@@ -252,6 +252,54 @@ def test_the_hook_script_hands_its_stages_to_the_program(tmp_path, stage):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "args").read_text() == f"libvirt-hook t-guest {stage} begin -\n"
     assert (tmp_path / "xml").read_text() == domain()
+
+
+def fake_ip(tmp_path: Path, masters: dict[str, str]) -> dict:
+    """`ip` as the hook script's start stage sees it: `-o link show dev TAP` gives the tap's
+    line (with its bridge as master, or none), `link set ...` is recorded."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    cases = "".join(f'  "{tap}") echo "7: {tap}: <BROADCAST,UP> mtu 1500 qdisc fq'
+                    + (f' master {br}' if br else "") + ' state UP mode DEFAULT" ;;\n'
+                    for tap, br in masters.items())
+    (bin_dir / "ip").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = -o ]; then\n  case "$5" in\n{cases}  *) echo "Device $5 does not exist" >&2; exit 1 ;;\n'
+        "  esac\n  exit 0\nfi\n"
+        f'echo "$@" >> {tmp_path}/ip.set\n')
+    (bin_dir / "ip").chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.real_commands
+def test_the_hook_script_seals_the_bridges_of_its_taps_at_start_without_the_program(tmp_path):
+    program = tmp_path / "program"
+    program.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\n")
+    program.chmod(0o755)
+    taps = [tap_name(n.mac, TAG) for n in (CLEAN, ISOLATED)]
+    env = fake_ip(tmp_path, {taps[0]: "virbr7", taps[1]: "br-public"})
+    proc = subprocess.run([str(hook_script(tmp_path, program)), "t-guest", "start", "begin", "-"], input=domain(),
+                          capture_output=True, text=True, timeout=30, env=env)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert not (tmp_path / "ran").exists()
+    assert (tmp_path / "ip.set").read_text().splitlines() == [
+        " ".join(bridge_ports.seal_argv("virbr7")[1:]), " ".join(bridge_ports.seal_argv("br-public")[1:])]
+    # A foreign domain: no tap of ours, nothing done.
+    (tmp_path / "ip.set").unlink()
+    proc = subprocess.run([str(hook_script(tmp_path, program)), "other", "start", "begin", "-"],
+                          input="<domain><devices><interface><target dev='vnet3'/></interface></devices></domain>",
+                          capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 0 and not (tmp_path / "ip.set").exists()
+
+
+@pytest.mark.real_commands
+def test_the_hook_script_aborts_a_start_whose_tap_is_on_no_bridge(tmp_path):
+    taps = [tap_name(n.mac, TAG) for n in (CLEAN, ISOLATED)]
+    env = fake_ip(tmp_path, {taps[0]: "virbr7", taps[1]: ""})
+    proc = subprocess.run([str(hook_script(tmp_path, tmp_path / "program")), "t-guest", "start", "begin", "-"],
+                          input=domain(), capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 1
+    assert f"tap {taps[1]} is on no bridge" in proc.stderr
 
 
 @pytest.mark.real_commands
