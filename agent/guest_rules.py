@@ -1,5 +1,5 @@
 """cloud-guest-rules: the guests' NIC rules on this host without the controller
-(host_adapters/guest_rules_hook.py says when each part runs).
+(host_adapters/libvirt/guest_rules_hook.py says when each part runs).
 
   cloud-guest-rules base
       load the guests' table with no elements: taps named cc-* pass nothing (at boot)
@@ -57,7 +57,7 @@ def _act(step) -> int:
         import xml.etree.ElementTree as ET
 
         from common.errors import ControllerError
-        from host_adapters import guest_rules_hook
+        from host_adapters.libvirt import guest_rules_hook
     except Exception as e:  # an installation broken for our domains: say so, refuse
         return _fail(f"cannot load its modules: {type(e).__name__}: {e}")
     try:

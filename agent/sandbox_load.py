@@ -42,7 +42,7 @@ from controller.users.groups import check_new_group_name
 from controller.rules import new_id
 from controller.security.crypto import new_api_key, new_api_secret
 from controller.store import utc_now
-from host_adapters import local_directory, local_groups
+from host_adapters.accounts import local_directory, local_groups
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def init(opts: Options, sandbox_dir):
         values = sandbox_values(str(state))
         for sub in ("home",):
             (state / sub).mkdir(parents=True, exist_ok=True)
-        from host_adapters.sysroot import make_sysroot
+        from host_adapters.accounts.sysroot import make_sysroot
 
         make_sysroot(str(values["unix"]["root"]))
         write_config(values, opts.path)

@@ -12,7 +12,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from controller.errors import Conflict, InvalidInput
-from host_adapters.guest import Nic
+from host_adapters.guests.guest import Nic
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from controller.errors import InvalidInput
 from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none, parse_limit, parse_ratio,
                                parse_reserved_mb)
-from host_adapters.program_path import program_problem
+from host_adapters.homes.program_path import program_problem
 
 DEFAULT_CONFIG_PATH = "/etc/cloud-controller/controller.ini"
 CONFIG_ENV = "CLOUD_CONTROLLER_CONFIG"
@@ -122,14 +122,14 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "max_size_gb": "1024",
         "quota_mountpoint": "",
         # quota_backend = command: the site program that sets, reads and removes a home's
-        # quota (host_adapters/command_quota.py), and how long one run of it may take.
+        # quota (host_adapters/homes/command_quota.py), and how long one run of it may take.
         "quota_command": "",
         "quota_command_timeout_seconds": "60",
     },
     "unix": {"root": ""},
     "directory": {
         # LDAP keys (people_ou, groups_ou, uid_min, uid_max, tls_ca_file, starttls,
-        # timeout) and their defaults are documented in host_adapters/ldap_directory.py.
+        # timeout) and their defaults are documented in host_adapters/accounts/ldap_directory.py.
         "backend": "local",
         "uri": "",
         "base_dn": "",
@@ -314,7 +314,7 @@ QUOTA_COMMAND_TIMEOUT_MAX = 600
 def _program(text: str, where: str) -> str:
     """A program root runs: an absolute path to an executable regular file that only root (or
     the user this runs as) can change, in directories only they can change
-    (host_adapters/program_path.py). Empty: none."""
+    (host_adapters/homes/program_path.py). Empty: none."""
     if not text:
         return text
     problem = program_problem(text)
@@ -649,7 +649,7 @@ def _groups_backend(groups: GroupsConfig, directory: DirectoryConfig) -> GroupsC
 
 
 def _check_guest_root_quota(config: Config) -> None:
-    from host_adapters.quota_backends import guest_root_escapes
+    from host_adapters.homes.quota_backends import guest_root_escapes
 
     # Guest root writes through a home's share as uid 0 on the head node: a per-uid
     # limit never sees those files, so the owner's sudo would make the quota moot.

@@ -12,7 +12,7 @@
 # are best a filesystem of their own. Only the block hard limit is set (soft
 # limit 0: none); inode limits are left as the site set them, except on remove.
 # The argument list (set, get, remove, check) is documented in the README
-# (Quotas) and host_adapters/command_quota.py. lfs is taken from PATH.
+# (Quotas) and host_adapters/homes/command_quota.py. lfs is taken from PATH.
 set -euf  # -f: no file name expansion of what the tools print
 
 MOUNT=/lustre

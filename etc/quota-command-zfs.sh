@@ -11,7 +11,7 @@
 # Not one dataset per home: the controller makes a home as a plain directory and
 # deletes a volume by renaming its home aside at once, which a mount point refuses.
 # The argument list (set, get, remove, check) is documented in the README
-# (Quotas) and host_adapters/command_quota.py. zfs is taken from PATH.
+# (Quotas) and host_adapters/homes/command_quota.py. zfs is taken from PATH.
 set -euf  # -f: no file name expansion of what the tools print
 
 me=cloud-quota-zfs

@@ -4,13 +4,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from host_adapters.directory import Directory, FakeDirectory
-from host_adapters.homes import FakeHomeVolumes, HomeVolumes
+from host_adapters.accounts.directory import Directory, FakeDirectory
+from host_adapters.homes.homes import FakeHomeVolumes, HomeVolumes
 from host_adapters.fake_hypervisor import FakeHosts, FakeHypervisor
 from host_adapters.host_pool import HostPool, HostSpec
 from host_adapters.hypervisor import Hypervisor
-from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
-from host_adapters.virtiofs import LocalShareConfinement, ShareConfinement
+from host_adapters.accounts.unix_groups import FakeUnixGroups, UnixGroups
+from host_adapters.guests.virtiofs import LocalShareConfinement, ShareConfinement
 
 
 # What the factory reads of the service's config (AdapterConfig), named here so that
@@ -106,7 +106,7 @@ class Adapters:
 
 
 def build_quota(config: AdapterConfig):
-    from host_adapters.quota_backends import make_quota_backend
+    from host_adapters.homes.quota_backends import make_quota_backend
 
     volumes = config.volumes
     return make_quota_backend(volumes.quota_backend, home_root=volumes.home_root,
@@ -116,10 +116,10 @@ def build_quota(config: AdapterConfig):
 
 def build_directory(config: AdapterConfig) -> Directory:
     if config.directory.backend == "ldap":
-        from host_adapters.ldap_directory import ldap_directory_from_config
+        from host_adapters.accounts.ldap_directory import ldap_directory_from_config
 
         return ldap_directory_from_config(config.raw_section("directory"))
-    from host_adapters.local_directory import LocalDirectory
+    from host_adapters.accounts.local_directory import LocalDirectory
 
     return LocalDirectory(config.unix.root or None, shell=config.directory.default_shell)
 
@@ -128,10 +128,10 @@ def build_groups(config: AdapterConfig, directory: Directory) -> UnixGroups:
     """`[groups] backend`: ldap writes posixGroups on the directory's server, local runs groupadd."""
     gid_range = (config.groups.gid_min, config.groups.gid_max)
     if config.groups.backend == "ldap":
-        from host_adapters.ldap_groups import LdapUnixGroups
+        from host_adapters.accounts.ldap_groups import LdapUnixGroups
 
         return LdapUnixGroups(directory, base_dn=config.groups.ldap_base or None, gid_range=gid_range)
-    from host_adapters.local_groups import CommandUnixGroups
+    from host_adapters.accounts.local_groups import CommandUnixGroups
 
     return CommandUnixGroups(config.unix.root or None, gid_range=gid_range)
 
@@ -172,7 +172,7 @@ def is_local_qemu(uri: str) -> bool:
 def build_hypervisor(config: AdapterConfig, host: HostSpec | None = None) -> Hypervisor:
     """The Hypervisor of one host (default: the config's own), with the config's
     virt_type, cpu_mode, domain prefix and subnet."""
-    from host_adapters.host_files_choice import host_files_for
+    from host_adapters.files.host_files_choice import host_files_for
     from host_adapters.libvirt.driver import LibvirtHypervisor
     from host_adapters.libvirt.volume_io import InProcessVolumeIO, StreamVolumeIO
 
@@ -212,7 +212,7 @@ def build_hosts(config: AdapterConfig, default: Hypervisor) -> HostPool:
 
 
 def build_adapters(config: AdapterConfig) -> Adapters:
-    from host_adapters.homes import DirectoryHomeVolumes
+    from host_adapters.homes.homes import DirectoryHomeVolumes
 
     hypervisor = build_hypervisor(config)
     directory = build_directory(config)

@@ -14,14 +14,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from common.errors import CleanupFailed, Conflict, HostError, HostUnreachable, InvalidInput, NotFound
-from host_adapters import seed as seeds
-from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes, start_of_tail
+from host_adapters.guests import seed as seeds
+from host_adapters.guests.console import ConsoleMark, ConsoleOutput, check_max_bytes, start_of_tail
 from host_adapters.fail_on import FailOn
-from host_adapters.guest import GuestSpec, Reservation, Share, check_guest, check_positive, reservations_for
+from host_adapters.guests.guest import GuestSpec, Reservation, Share, check_guest, check_positive, reservations_for
 from host_adapters.host_pool import HostSpec
 from host_adapters.hypervisor import (HostCapacity, HostIdentity, Hypervisor, InstanceInfo, NicDevice, Progress,
                                       check_wait)
-from host_adapters.image_source import open_image_source
+from host_adapters.images.image_source import open_image_source
 from host_adapters.names import Names, check_id, check_volume_name
 from host_adapters.libvirt.nic_filters import nic_devices_for
 

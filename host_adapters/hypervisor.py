@@ -2,7 +2,7 @@
 
 An instance is a persistent domain named `<domain_prefix><instance id>` with
 an overlay disk on its image's base disk, a NoCloud seed disk (label
-`cidata`, host_adapters/seed.py) telling the guest its name, addresses and
+`cidata`, host_adapters/guests/seed.py) telling the guest its name, addresses and
 users, one NIC per address, and one virtiofs share per home. The libvirt
 implementation is in host_adapters/libvirt/ (driver.py), the in-memory one
 for tests in host_adapters/fake_hypervisor.py.
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.errors import InvalidInput
-from host_adapters.console import ConsoleMark, ConsoleOutput
-from host_adapters.guest import GuestSpec, Reservation, Share
+from host_adapters.guests.console import ConsoleMark, ConsoleOutput
+from host_adapters.guests.guest import GuestSpec, Reservation, Share
 
 STATUSES = ("building", "running", "paused", "shutoff", "crashed", "error")
 
@@ -26,7 +26,7 @@ Progress = Callable[[int, int], None]
 @dataclass(frozen=True)
 class FilterRef:
     """A NIC's rules, by name, with their parameters sorted (which NIC gets which:
-    host_adapters/libvirt/nic_filters.py; what they guarantee: host_adapters/guest_firewall.py)."""
+    host_adapters/libvirt/nic_filters.py; what they guarantee: host_adapters/network/guest_firewall.py)."""
 
     name: str
     parameters: tuple[tuple[str, str], ...] = ()
@@ -241,7 +241,7 @@ class Hypervisor:
         """As spawn, for an instance moved from another host: its disk holds the content of
         the local file `disk` (what read_disk wrote there; None where that host keeps no
         content: a new overlay), pointed at this host's `base_image` (the file's header is
-        changed in place: host_adapters/disk_copy.py), and the domain is started only when
+        changed in place: host_adapters/images/disk_copy.py), and the domain is started only when
         `start`. The stored disk is read back and checked against the file (SHA-256) before
         this returns. Conflict if the instance already has a domain or a disk here. All or
         nothing: on any other failure no domain, disk, seed or reservation remains."""

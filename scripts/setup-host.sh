@@ -115,7 +115,7 @@ elif [ "$MODE" = full ] && [ ! -e "$stamp" ]; then
 fi
 
 # The guests' network rules as a property of this host, whoever starts a domain
-# (host_adapters/guest_rules_hook.py): the base table loaded at boot before libvirt, and a
+# (host_adapters/libvirt/guest_rules_hook.py): the base table loaded at boot before libvirt, and a
 # libvirt qemu hook that writes each domain's rules in its start, or aborts the start.
 if [ "$MODE" != sandbox ]; then
   root=$(pwd -P)
@@ -126,11 +126,11 @@ if [ "$MODE" != sandbox ]; then
   esac
   rules=$root/.venv/bin/cloud-guest-rules
   unit=cloud-controller-guest-rules.service
-  hook=$(.venv/bin/python -c 'from host_adapters.guest_rules_hook import HOOK_PATH; print(HOOK_PATH)')
+  hook=$(.venv/bin/python -c 'from host_adapters.libvirt.guest_rules_hook import HOOK_PATH; print(HOOK_PATH)')
   made=$(mktemp -d)
   trap 'rm -rf "$made"' EXIT
   # Tried by hand before it goes where every start of every domain on the machine runs it.
-  .venv/bin/python -c 'import sys; from host_adapters.guest_rules_hook import hook_script; sys.stdout.write(hook_script(sys.argv[1]))' \
+  .venv/bin/python -c 'import sys; from host_adapters.libvirt.guest_rules_hook import hook_script; sys.stdout.write(hook_script(sys.argv[1]))' \
     "$rules" > "$made/hook"
   echo '<domain type="kvm"><name>probe</name></domain>' | sh "$made/hook" probe prepare begin - \
     || { echo "setup-host: the libvirt hook fails on a domain that is not ours; not installed" >&2; exit 1; }

@@ -9,7 +9,7 @@ from controller.errors import Conflict, ControllerError, HostError, HostUnavaila
 from controller.hosts.host_routing import ensure_config_host, hypervisor_of_host, spec_of
 from controller.locks import CrossProcessMark, across_processes
 from host_adapters.factory import config_host
-from host_adapters.image_source import base_file_limit
+from host_adapters.images.image_source import base_file_limit
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """An instance's serial console since its last start, and whether its guest is ready.
 
-The host keeps the output of the guest's last run (host_adapters/console.py); a
+The host keeps the output of the guest's last run (host_adapters/guests/console.py); a
 reboot through the API records where the output ended then (`console_since`, for a
 hypervisor whose reboot kept the run) and the answer starts after it. A power cycle,
 and the API's reboot (a shutdown, then a start), starts a new run: the mark is of
@@ -19,8 +19,8 @@ from controller.errors import InvalidInput, TooManyRequests
 from controller.hosts.host_routing import hypervisor_of_instance
 from controller.lookups import instance_row
 from controller.permissions import Requester
-from host_adapters.console import MAX_BYTES, ConsoleMark, ConsoleOutput
-from host_adapters.seed import ready_marker
+from host_adapters.guests.console import MAX_BYTES, ConsoleMark, ConsoleOutput
+from host_adapters.guests.seed import ready_marker
 
 DEFAULT_BYTES = 64 * 1024
 # Console reads one user may have in flight in this process; more are 429 (Retry-After 1):

@@ -1,7 +1,7 @@
 """What a guest is told (its spec: name, NICs, users, groups, homes), and every refresh
 of guests after what they are told changed.
 
-Guests learn who their users are from their seed at each boot (host_adapters/seed.py):
+Guests learn who their users are from their seed at each boot (host_adapters/guests/seed.py):
 a change of a user (deactivated, groups, home) rewrites the seeds and shares of its
 instances at once, and a running guest applies it at its next boot. `cloud-agent user
 apply` is the "now": each guest the user's account has access to is rebuilt, and the
@@ -21,7 +21,7 @@ from controller.errors import Conflict, HostError, NotFound
 from controller.hosts.host_routing import hypervisor_of_instance
 from controller.locks import host_changes, one_at_a_time
 from controller.lookups import account_of, user_account
-from host_adapters.guest import GuestGroup, GuestSpec, GuestUser
+from host_adapters.guests.guest import GuestGroup, GuestSpec, GuestUser
 
 log = logging.getLogger(__name__)
 

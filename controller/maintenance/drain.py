@@ -42,7 +42,7 @@ from controller.hosts.host_routing import hypervisor_of_host, spec_of
 from controller.hosts.image_copy import ensure_image_on_host
 from controller.locks import host_changes
 from controller.hosts.placement import placement, refuse_without_room
-from host_adapters.disk_copy import disk_file_limit
+from host_adapters.images.disk_copy import disk_file_limit
 
 log = logging.getLogger(__name__)
 

@@ -413,8 +413,8 @@ def _network(run: _Run, hypervisor, host: dict, *, own: bool) -> None:
 def _instances(run: _Run, hypervisor, host: dict) -> None:
     from controller.instances.guests import guest_spec
     from controller.instances.instances import respawn
-    from host_adapters import seed as seeds
-    from host_adapters.guest import reservations_for
+    from host_adapters.guests import seed as seeds
+    from host_adapters.guests.guest import reservations_for
     from host_adapters.libvirt.nic_filters import nic_devices_for, same_nics
 
     ctx = run.ctx

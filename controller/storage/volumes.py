@@ -10,7 +10,7 @@ from controller.lookups import account_of, require_mutate, requester_account, vo
 from controller.permissions import Requester
 from controller.rules import as_uuid, check_name, new_id
 from controller.store import utc_now
-from host_adapters.homes import retired_uid
+from host_adapters.homes.homes import retired_uid
 
 
 def volume_object(row: dict) -> dict:

@@ -302,7 +302,7 @@ _M12_EVACUATIONS = """
 
 # Where the console output of an instance's run ended when the API last rebooted it (a reset
 # keeps the run, hence the output): the console endpoint answers what came after it. JSON
-# {"run": ..., "size": ...} (host_adapters/console.py ConsoleMark); NULL: from the start.
+# {"run": ..., "size": ...} (host_adapters/guests/console.py ConsoleMark); NULL: from the start.
 _M13_CONSOLE_SINCE = """
         ALTER TABLE instances ADD COLUMN console_since TEXT;
 """

@@ -1,5 +1,5 @@
 """The kept serial console of a libvirt domain: log files in a folder no libvirt pool
-holds, read and removed through the host's files channel (host_adapters/host_files.py).
+holds, read and removed through the host's files channel (host_adapters/files/host_files.py).
 
 The domain's serial port logs to `<console folder>/<prefix>console-<id>.log` with
 append='off'. QEMU's output goes through virtlogd (qemu.conf `stdio_handler =
@@ -15,7 +15,7 @@ a backing path the guest chose (a FIFO there hangs the pool, and every request t
 it). So the console folder is `<storage pool folder>-console` (mode 0700, root), which no
 pool holds: the controller makes the folder, reads the end of its files and removes them
 through the host's files channel (direct file access on this machine, ssh to another;
-host_files_choice.py), which opens only regular files and parses nothing.
+files/host_files_choice.py), which opens only regular files and parses nothing.
 
 Before, the folder was the storage pool `<storage pool>-console`: forget_legacy_pool
 undefines such a pool (its folder and files are kept, so the domains logging there go on)
@@ -30,8 +30,8 @@ import posixpath
 import xml.etree.ElementTree as ET
 
 from common.errors import ControllerError, HostError
-from host_adapters.console import ConsoleMark, ConsoleOutput, start_of_tail
-from host_adapters.host_files import HostFiles, check_folder
+from host_adapters.guests.console import ConsoleMark, ConsoleOutput, start_of_tail
+from host_adapters.files.host_files import HostFiles, check_folder
 from host_adapters.libvirt.connection import _while_pool_busy
 
 log = logging.getLogger(__name__)

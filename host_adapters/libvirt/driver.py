@@ -20,11 +20,11 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from common.errors import Conflict, HostError, InvalidInput, NotFound
-from host_adapters.console import ConsoleMark, ConsoleOutput, check_max_bytes
-from host_adapters.disk_copy import open_disk_copy
-from host_adapters.guest import GuestSpec, Share, check_guest, check_positive, reservations_for
-from host_adapters.host_files import HostFiles
-from host_adapters.host_files_choice import host_files_for
+from host_adapters.guests.console import ConsoleMark, ConsoleOutput, check_max_bytes
+from host_adapters.images.disk_copy import open_disk_copy
+from host_adapters.guests.guest import GuestSpec, Share, check_guest, check_positive, reservations_for
+from host_adapters.files.host_files import HostFiles
+from host_adapters.files.host_files_choice import host_files_for
 from host_adapters.hypervisor import FilterRef, GiB, Hypervisor, InstanceInfo, NicDevice, Progress, check_wait
 from host_adapters.libvirt import console_log
 from host_adapters.libvirt import xml as domain_xml
@@ -39,7 +39,7 @@ from host_adapters.libvirt.volume_io import VolumeIO
 from host_adapters.names import Names, check_id, check_volume_name, domain_uuid
 from host_adapters.libvirt.firewall import FirewallPart, domain_rules
 from host_adapters.libvirt.nic_filters import filter_for
-from host_adapters.guest_firewall import GuestFirewall, NicRules, tap_name
+from host_adapters.network.guest_firewall import GuestFirewall, NicRules, tap_name
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class LibvirtHypervisor(ConnectionPart, StoragePart, NetworkPart, FirewallPart, 
     `lean_definitions` (test driver only, the sandbox): domains carry only what
     the controller reads back (shares, NICs), not disks, console or CPU.
     `host_files` reaches the host's console files (default: the channel its URI
-    calls for, host_files_choice.py); `firewall` writes its guests' NIC rules (default: the
-    one its URI calls for, guest_firewall_choice.py).
+    calls for, files/host_files_choice.py); `firewall` writes its guests' NIC rules (default: the
+    one its URI calls for, network/guest_firewall_choice.py).
     """
 
     def __init__(

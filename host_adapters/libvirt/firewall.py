@@ -1,4 +1,4 @@
-"""The guests' NIC rules on a host (guest_firewall.py), as LibvirtHypervisor (driver.py)
+"""The guests' NIC rules on a host (network/guest_firewall.py), as LibvirtHypervisor (driver.py)
 keeps them: written before every start it makes, removed after a domain is removed, and
 restored by the host check.
 
@@ -13,9 +13,9 @@ import threading
 import time
 
 from common.errors import ControllerError, HostError, HostUnavailable
-from host_adapters.guest import GuestSpec
-from host_adapters.guest_firewall import TAP_PREFIX, GuestFirewall, NicRules, host_tag
-from host_adapters.guest_firewall_choice import guest_firewall_for
+from host_adapters.guests.guest import GuestSpec
+from host_adapters.network.guest_firewall import TAP_PREFIX, GuestFirewall, NicRules, host_tag
+from host_adapters.network.guest_firewall_choice import guest_firewall_for
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt.connection import _libvirt
@@ -29,7 +29,7 @@ RESTORE_SECONDS = 60.0
 
 
 class FirewallPart:
-    """`firewall` writes the rules (default: the one for the URI, guest_firewall_choice.py);
+    """`firewall` writes the rules (default: the one for the URI, network/guest_firewall_choice.py);
     `tap_tag` is this host's part of its taps' names."""
 
     def _init_firewall(self, uri: str, firewall: GuestFirewall | None) -> None:
@@ -46,7 +46,7 @@ class FirewallPart:
         self._located: str | None = None  # the private network's bridge, told to the firewall
 
     def _locate(self, conn, net) -> None:
-        """Tell the firewall the private network's bridge (nft_guest_firewall.py: where the
+        """Tell the firewall the private network's bridge (network/nft_guest_firewall.py: where the
         rules go is where the guests' bridges are)."""
         if self._located is not None or test_driver.is_test_driver(conn):
             return

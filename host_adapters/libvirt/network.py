@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterable
 
 from common.errors import HostUnavailable, InvalidInput
-from host_adapters.guest import GuestSpec, Reservation
+from host_adapters.guests.guest import GuestSpec, Reservation
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt import test_driver
 from host_adapters.libvirt.connection import _code, _libvirt
@@ -74,7 +74,7 @@ class NetworkPart:
                 net.create()
                 changed = True
             self._locate(conn, net)
-            if self._located:  # a new bridge learns from link-local frames (bridge_ports.py)
+            if self._located:  # a new bridge learns from link-local frames (network/bridge_ports.py)
                 self.firewall.seal((self._located,))
             if not net.autostart():
                 net.setAutostart(1)

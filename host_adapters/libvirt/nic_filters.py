@@ -1,4 +1,4 @@
-"""Which rules each guest NIC gets (guest_firewall.py says what they guarantee), by name
+"""Which rules each guest NIC gets (network/guest_firewall.py says what they guarantee), by name
 with their parameters: a FilterRef, as reconcile compares them (same_nics).
 
 Every NIC gets CLEAN with its address as `IP`; with `[network] isolate_guests` the private
@@ -13,9 +13,9 @@ domain of an earlier version (its <filterref>, which libvirt still applies) is a
 import dataclasses
 import ipaddress
 
-from host_adapters.guest import GuestSpec, Nic
+from host_adapters.guests.guest import GuestSpec, Nic
 from host_adapters.hypervisor import FilterRef, NicDevice
-from host_adapters.guest_firewall import NicRules, is_tap, tap_name
+from host_adapters.network.guest_firewall import NicRules, is_tap, tap_name
 from host_adapters.libvirt import xml as domain_xml
 
 CLEAN = "cloud-controller-clean"

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from common.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
-from host_adapters import seed as seeds
-from host_adapters.guest import GuestSpec, check_positive
+from host_adapters.guests import seed as seeds
+from host_adapters.guests.guest import GuestSpec, check_positive
 from host_adapters.hypervisor import GiB, Progress
-from host_adapters.image_source import check_qcow2_header, open_image_source
+from host_adapters.images.image_source import check_qcow2_header, open_image_source
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt.connection import _code, _connection_lost, _libvirt, _msg, _while_pool_busy
 from host_adapters.libvirt.volume_io import StreamVolumeIO, VolumeIO

@@ -23,7 +23,7 @@ the factory gives it InProcessVolumeIO (volume_io.py).
 import xml.etree.ElementTree as ET
 
 from common.errors import HostError
-from host_adapters.guest import Reservation
+from host_adapters.guests.guest import Reservation
 from host_adapters.hypervisor import GiB
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.names import Names

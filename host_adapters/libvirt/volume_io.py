@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from common.errors import HostError
 from host_adapters.hypervisor import Progress
-from host_adapters.image_source import ImageSource
+from host_adapters.images.image_source import ImageSource
 from host_adapters.libvirt.connection import _while_pool_busy
 
 

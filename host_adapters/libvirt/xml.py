@@ -144,7 +144,7 @@ class Interface:
     """A virtio NIC with a fixed MAC on a libvirt network or, with `bridge`, on a host bridge.
     `target_dev` names its tap on the host (guest_firewall.tap_name), which the guests' network
     rules are keyed by. `filterref` is read only: the nwfilter a domain of an earlier version
-    has libvirt apply (this version writes its own rules instead, guest_firewall.py)."""
+    has libvirt apply (this version writes its own rules instead, network/guest_firewall.py)."""
 
     mac: str
     network: str | None = None
@@ -218,7 +218,7 @@ class Domain:
     # every start of QEMU (append='off'); and SeaBIOS writing to the serial port too.
     serial_log: str | None = None
     bios_serial: bool = False
-    # Each NIC's rules by MAC (guest_firewall.py): kept in the domain's <metadata>, where starts
+    # Each NIC's rules by MAC (network/guest_firewall.py): kept in the domain's <metadata>, where starts
     # and restores read them from the host itself.
     nic_rules: tuple[tuple[str, FilterRef], ...] = ()
 

@@ -329,14 +329,24 @@ def settle(busy_below: float = 0.15, at_most: float = 60.0) -> float:
     return round(time.monotonic() - began, 1)
 
 
+# The hook's module moved with host_adapters/ grouped by effect; a release from before then
+# (--against an older commit) keeps it at the top of host_adapters/.
+_RENDER_HOOK = """import sys
+try:
+    from host_adapters.libvirt.guest_rules_hook import hook_script
+except ModuleNotFoundError:
+    from host_adapters.guest_rules_hook import hook_script
+sys.stdout.write(hook_script(sys.argv[1]))
+"""
+
+
 def hook_of(side: Side) -> str | None:
     """The libvirt hook a host set up with this side's checkout runs (the guests' network
     rules written inside every start), or None for a release that had none."""
     program = Path(side.python).parent / "cloud-guest-rules"
     if not program.exists():
         return None
-    out = subprocess.run([side.python, "-c", "import sys; from host_adapters.guest_rules_hook import hook_script; "
-                          "sys.stdout.write(hook_script(sys.argv[1]))", str(program)],
+    out = subprocess.run([side.python, "-c", _RENDER_HOOK, str(program)],
                          capture_output=True, text=True, cwd=side.repo, timeout=60)
     if out.returncode != 0:
         sys.exit(f"bench: {side.name}: cannot render its libvirt hook:\n{out.stderr}")

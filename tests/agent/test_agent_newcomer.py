@@ -277,7 +277,7 @@ def test_setup_host_for_the_sandbox_installs_only_what_it_uses_and_waits_for_apt
 
 
 def test_setup_host_for_a_hypervisor_installs_libvirt_and_the_guests_rules_not_the_apis_backends(tmp_path):
-    from host_adapters.guest_firewall import HOOK_PATH
+    from host_adapters.network.guest_firewall import HOOK_PATH
 
     proc, calls = _setup_host(tmp_path, "--hypervisor")
     assert proc.returncode == 0, proc.stderr

@@ -1,13 +1,16 @@
 """Imports only go down the floors of docs/architecture.md: agent/ over api/ over controller/
 over host_adapters/ over common/, never up, not even for the type checker (an import under
-`if TYPE_CHECKING:` is an arrow too) nor late inside a function. Inside controller/, its
-packages stand on floors of their own (CONTROLLER_FLOORS) and the same holds between them. No
+`if TYPE_CHECKING:` is an arrow too) nor late inside a function. Inside controller/ and
+host_adapters/, their packages stand on floors of their own (CONTROLLER_FLOORS,
+HOST_ADAPTERS_FLOORS) and the same holds between them. No
 module imports itself back through others, in the tests neither, no package through other
 packages, and the rooms every resource module shares (guests, lookups) import none of them."""
 
 import ast
 import functools
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = ("common", "host_adapters", "controller", "api", "agent")  # ground first
@@ -29,6 +32,18 @@ CONTROLLER_FLOORS = (
     ("storage", "users", "auth"),  # volumes and images; users, accounts, groups; tokens
     ("maintenance", "portal"),  # drain, evacuate, reconcile; what the portal's pages show
 )
+# host_adapters/'s packages and top modules, ground first, the same way.
+HOST_ADAPTERS_FLOORS = (
+    ("subp", "names", "fail_on"),  # the one command wrapper; name checks; the fakes' failing steps
+    # A host's files; homes and their quotas; accounts and groups; what a guest is told and shares.
+    ("files", "homes", "accounts", "guests"),
+    ("network", "hypervisor"),  # the guests' NIC rules (remote hosts through files/); the VM interface
+    ("images", "host_pool"),  # base images and moved disks checked; many hosts, one Hypervisor each
+    ("libvirt",),  # the real Hypervisor, and the libvirt hook that writes the NIC rules on the host
+    ("fake_hypervisor",),  # the in-memory Hypervisor (its NICs get libvirt's rules: nic_filters)
+    ("factory",),  # the set of adapters, built from the config or from fakes
+)
+LAYERS = {"controller": CONTROLLER_FLOORS, "host_adapters": HOST_ADAPTERS_FLOORS}
 
 
 def _imports(source: str) -> set[str]:
@@ -93,7 +108,7 @@ def test_no_import_circle_anywhere():
     graph = _graph()
     # The tree was read, subfolders and tests included.
     assert {"controller.instances.instances", "api.app", "agent.cloud.cli", "host_adapters.libvirt.driver",
-            "common.client.session", "tests.fixtures.api"} <= set(graph)
+            "host_adapters.network.nft_guest_firewall", "common.client.session", "tests.fixtures.api"} <= set(graph)
     assert _cycle(graph) is None
 
 
@@ -116,23 +131,26 @@ def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_no_import_circle_between_packages():
     packages = _package_graph(_graph())
-    assert {"controller.hosts", "controller.store", "host_adapters.libvirt", "api.portal"} <= set(packages)
+    assert {"controller.hosts", "controller.store", "host_adapters.libvirt", "host_adapters.network",
+            "api.portal"} <= set(packages)
     assert _cycle(packages) is None
 
 
-def _controller_floor() -> dict[str, int]:
-    return {f"controller.{name}": i for i, floor in enumerate(CONTROLLER_FLOORS) for name in floor}
+def _floor_of(layer: str) -> dict[str, int]:
+    return {f"{layer}.{name}": i for i, floor in enumerate(LAYERS[layer]) for name in floor}
 
 
-def test_every_package_of_controller_stands_on_a_floor():
-    floor = _controller_floor()
-    assert sum(map(len, CONTROLLER_FLOORS)) == len(floor)  # none on two floors
-    nodes = {_package(m) for m in _graph() if m.startswith("controller.")}
+@pytest.mark.parametrize("layer", LAYERS)
+def test_every_package_stands_on_a_floor(layer):
+    floor = _floor_of(layer)
+    assert sum(map(len, LAYERS[layer])) == len(floor)  # none on two floors
+    nodes = {_package(m) for m in _graph() if m.startswith(f"{layer}.")}
     assert nodes == set(floor)
 
 
-def test_no_import_runs_up_a_floor_inside_controller():
-    floor = _controller_floor()
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_import_runs_up_a_floor_inside(layer):
+    floor = _floor_of(layer)
     packages = _package_graph(_graph())
     assert sorted((a, b) for a in floor for b in packages[a] if b in floor and floor[b] > floor[a]) == []
 

@@ -6,7 +6,7 @@ import pytest
 
 from controller.errors import HostError
 from host_adapters.factory import fake_adapters
-from host_adapters.ldap_groups import LdapUnixGroups
+from host_adapters.accounts.ldap_groups import LdapUnixGroups
 from tests.api.test_controller_api import err, make_group, ok, people  # noqa: F401 (people: a fixture)
 from tests.groups.test_ldap_groups import group_entry
 from tests.users.test_ldap_directory import make

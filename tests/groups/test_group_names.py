@@ -8,7 +8,7 @@ from controller.config import config_from_dict
 from controller.errors import Conflict, HostError, InvalidInput
 from host_adapters import subp
 from host_adapters.factory import build_adapters
-from host_adapters.local_groups import CommandUnixGroups
+from host_adapters.accounts.local_groups import CommandUnixGroups
 from tests.fixtures.api import config_values_for, enable, make_caller
 
 # What the issue names, and a sample of the rest of the list.
@@ -129,7 +129,7 @@ def test_account_enable_refusal_from_the_agent_is_a_clean_usage_error(tmp_path):
     from controller.context import build_context
     from controller.security.crypto import generate_key_file
     from controller.store import Store
-    from host_adapters.sysroot import make_sysroot
+    from host_adapters.accounts.sysroot import make_sysroot
 
     values = config_values_for(tmp_path)
     make_sysroot(values["unix"]["root"])
@@ -157,7 +157,7 @@ def test_groupadd_is_given_the_configured_range(tmp_path, monkeypatch):
     monkeypatch.setattr(subp, "_run", lambda argv, **kw: calls.append(argv) or
                         __import__("subprocess").CompletedProcess(argv, 0, "", ""))
     values = config_values_for(tmp_path)
-    from host_adapters.sysroot import make_sysroot
+    from host_adapters.accounts.sysroot import make_sysroot
 
     make_sysroot(values["unix"]["root"])
     groups = build_adapters(config_from_dict(values)).groups

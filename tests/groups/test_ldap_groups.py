@@ -7,9 +7,9 @@ import pytest
 from controller.config import config_from_dict
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput
 from host_adapters.factory import build_groups
-from host_adapters.ldap_groups import LdapUnixGroups
-from host_adapters.local_groups import CommandUnixGroups
-from host_adapters.unix_groups import UnixGroups
+from host_adapters.accounts.ldap_groups import LdapUnixGroups
+from host_adapters.accounts.local_groups import CommandUnixGroups
+from host_adapters.accounts.unix_groups import UnixGroups
 from tests.groups.test_unix_groups import UnixGroupsContract, public_methods
 from tests.users import test_ldap_directory as ldap_directory_tests
 from tests.users.test_ldap_directory import directory, ldapsearch, make  # noqa: F401 (directory: a fixture)

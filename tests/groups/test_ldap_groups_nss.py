@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from host_adapters.ldap_groups import LdapUnixGroups
+from host_adapters.accounts.ldap_groups import LdapUnixGroups
 from tests.users.test_ldap_directory import make
 
 pytestmark = [pytest.mark.integration]

@@ -13,11 +13,11 @@ from controller.errors import (
     NotFound,
 )
 from host_adapters import subp
-from host_adapters import sysroot as sysroot_mod
-from host_adapters.directory import FakeDirectory
-from host_adapters.sysroot import make_sysroot
-from host_adapters.local_groups import CommandUnixGroups
-from host_adapters.unix_groups import FakeUnixGroups, UnixGroups
+from host_adapters.accounts import sysroot as sysroot_mod
+from host_adapters.accounts.directory import FakeDirectory
+from host_adapters.accounts.sysroot import make_sysroot
+from host_adapters.accounts.local_groups import CommandUnixGroups
+from host_adapters.accounts.unix_groups import FakeUnixGroups, UnixGroups
 
 BAD_NAMES = ["bad;name", "-rf", "Root", "a" * 33, "", None, 5, "a b", "../etc", "dev\n"]
 

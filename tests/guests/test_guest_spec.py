@@ -12,8 +12,8 @@ from controller.addresses import allocate, network_plan
 from controller.config import config_from_dict
 from controller.errors import InvalidInput
 from controller.maintenance.reconcile import reconcile
-from host_adapters import seed as seeds
-from host_adapters.guest import GuestGroup, GuestUser
+from host_adapters.guests import seed as seeds
+from host_adapters.guests.guest import GuestGroup, GuestUser
 from tests.fixtures.api import config_values_for, give_volume
 from tests.api.test_controller_api import boot, err, ok, people  # noqa: F401  (fixture)
 
@@ -282,7 +282,7 @@ def test_reconcile_repairs_seed_reservation_and_network(client, cctx, adapters, 
 
 
 def test_reconcile_reports_and_drops_an_orphan_reservation(cctx, adapters):
-    from host_adapters.guest import Reservation
+    from host_adapters.guests.guest import Reservation
 
     hv = adapters.hypervisor
     hv.networks[hv.network]["52:54:00:aa:bb:cc"] = Reservation("52:54:00:aa:bb:cc", "10.213.9.9", "vm-gone")

@@ -12,8 +12,9 @@ import pycdlib
 import pytest
 
 from common.errors import InvalidInput
-from host_adapters import seed, subp
-from host_adapters.guest import GuestGroup, GuestSpec, GuestUser, Nic
+from host_adapters import subp
+from host_adapters.guests import seed
+from host_adapters.guests.guest import GuestGroup, GuestSpec, GuestUser, Nic
 
 IID = "4f1c2d3e-0000-4000-8000-000000000001"
 PRIVATE = Nic(mac="52:54:00:00:00:02", address="192.168.100.10", prefix=24, gateway="192.168.100.1",

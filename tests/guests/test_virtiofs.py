@@ -11,7 +11,7 @@ import pytest
 
 from controller.errors import HostUnavailable
 from controller.monitoring.health import run_checks
-from host_adapters import virtiofs
+from host_adapters.guests import virtiofs
 from host_adapters.factory import build_adapters, is_local_qemu
 
 

@@ -17,7 +17,7 @@ import pytest
 from controller.maintenance import drain
 from controller.hosts import host_routing
 from controller.maintenance.reconcile import reconcile
-from host_adapters.disk_copy import open_disk_copy
+from host_adapters.images.disk_copy import open_disk_copy
 from tests.fixtures.api import ready_to_create
 from tests.hosts.test_hosts_remote import cluster  # noqa: F401 (fixture)
 

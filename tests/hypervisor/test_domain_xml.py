@@ -297,7 +297,7 @@ def test_an_interface_with_a_filter_and_its_parameters_round_trips():
 
 
 def test_every_nic_sends_only_from_its_own_mac_and_address():
-    from host_adapters.guest import Nic
+    from host_adapters.guests.guest import Nic
     from host_adapters.libvirt.nic_filters import filter_for
 
     private = Nic(mac="52:54:00:00:00:02", address="10.213.0.7", prefix=16, gateway="10.213.0.1", network="cc")
@@ -334,7 +334,7 @@ def test_a_nic_names_its_tap_and_the_domain_keeps_each_nics_rules_in_its_metadat
 
 @pytest.mark.parametrize("bad", [{"bridge": "br0", "network": None}, {"gateway": None}])
 def test_only_a_private_nic_with_a_gateway_can_be_isolated(bad):
-    from host_adapters.guest import Nic
+    from host_adapters.guests.guest import Nic
 
     values = dict(mac="52:54:00:00:00:02", address="10.213.0.7", prefix=16, gateway="10.213.0.1", network="cc",
                   isolated=True) | bad

@@ -10,12 +10,13 @@ import subprocess
 import pytest
 
 from common.errors import HostError, HostUnavailable, InvalidInput
-from host_adapters import nft_ruleset, subp
-from host_adapters.fake_guest_firewall import FakeGuestFirewall
-from host_adapters.guest_firewall import GuestFirewall, NicRules, host_tag, is_tap, tap_name
-from host_adapters.guest_firewall_choice import SYSTEM_SOCKETS, guest_firewall_for
-from host_adapters.nft_guest_firewall import NftGuestFirewall
-from host_adapters.ssh_host_files import SshHostFiles
+from host_adapters import subp
+from host_adapters.network import nft_ruleset
+from host_adapters.network.fake_guest_firewall import FakeGuestFirewall
+from host_adapters.network.guest_firewall import GuestFirewall, NicRules, host_tag, is_tap, tap_name
+from host_adapters.network.guest_firewall_choice import SYSTEM_SOCKETS, guest_firewall_for
+from host_adapters.network.nft_guest_firewall import NftGuestFirewall
+from host_adapters.files.ssh_host_files import SshHostFiles
 from tests.fixtures.interfaces import assert_offers_the_interface
 
 CLEAN = NicRules(tap="cc-0a1b2-123456", mac="52:54:00:12:34:56", address="10.213.0.5")
@@ -143,7 +144,7 @@ def test_with_nonlocal_bind_a_remote_address_still_gets_its_rules_over_ssh():
         subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_nonlocal_bind=1"],
                        check=True, timeout=20)
         code = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('10.20.30.40', 0)); "
-                "from host_adapters.guest_firewall_choice import guest_firewall_for as f; "
+                "from host_adapters.network.guest_firewall_choice import guest_firewall_for as f; "
                 "print(f('qemu+tls://10.20.30.40/system').where)")
         out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True,
                              text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))

@@ -1,4 +1,4 @@
-"""cloud-guest-rules and its libvirt hook (host_adapters/guest_rules_hook.py), on recorded
+"""cloud-guest-rules and its libvirt hook (host_adapters/libvirt/guest_rules_hook.py), on recorded
 commands; the same on a real libvirtd is test_guest_rules_hook_kvm.py."""
 
 import configparser
@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from agent import guest_rules
-from host_adapters import bridge_ports, guest_rules_hook, nft_ruleset, subp
-from host_adapters.guest import Nic
-from host_adapters.guest_firewall import HOOK_PATH, NicRules, tap_name
+from host_adapters import subp
+from host_adapters.libvirt import guest_rules_hook
+from host_adapters.network import bridge_ports, nft_ruleset
+from host_adapters.guests.guest import Nic
+from host_adapters.network.guest_firewall import HOOK_PATH, NicRules, tap_name
 from host_adapters.libvirt import firewall
 from host_adapters.libvirt import xml as domain_xml
 from host_adapters.libvirt.nic_filters import filter_for

@@ -1,4 +1,4 @@
-"""The libvirt hook (host_adapters/guest_rules_hook.py) on a real libvirtd: domains of ours
+"""The libvirt hook (host_adapters/libvirt/guest_rules_hook.py) on a real libvirtd: domains of ours
 started by libvirt itself, not by the controller (as `virsh start` or libvirt-guests at
 boot would), after the guests' table was lost.
 
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from host_adapters import bridge_ports, nft_ruleset, subp
-from host_adapters.guest_firewall import HOOK_PATH, NicRules
+from host_adapters import subp
+from host_adapters.network import bridge_ports, nft_ruleset
+from host_adapters.network.guest_firewall import HOOK_PATH, NicRules
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from tests.fixtures.libvirtd import SYSTEM_URI, cleanup_hypervisor, in_netns, unique_prefix
 from tests.hypervisor.test_hypervisor import guest_for, new_id

@@ -1,4 +1,4 @@
-"""A host's files channel (host_adapters/host_files.py): one contract, run against direct file
+"""A host's files channel (host_adapters/files/host_files.py): one contract, run against direct file
 access on this machine, against ssh to another (a stand-in `ssh` first on PATH that checks
 its arguments and runs the remote command with `sh -c` here, so the real commands, their
 quoting and their bounds meet real files, a FIFO and a symbolic link), and against the
@@ -12,10 +12,10 @@ import time
 import pytest
 
 from common.errors import HostError, HostUnavailable, InvalidInput
-from host_adapters.fake_host_files import FakeHostFiles
-from host_adapters.host_files_choice import host_files_for
-from host_adapters.local_host_files import LocalHostFiles
-from host_adapters.ssh_host_files import SshHostFiles
+from host_adapters.files.fake_host_files import FakeHostFiles
+from host_adapters.files.host_files_choice import host_files_for
+from host_adapters.files.local_host_files import LocalHostFiles
+from host_adapters.files.ssh_host_files import SshHostFiles
 
 # Checks its arguments as the channel must give them, records them, runs the remote command.
 FAKE_SSH = r"""#!/bin/sh
@@ -353,7 +353,7 @@ def test_a_uri_naming_this_machine_by_its_host_name_or_an_interface_s_address_is
 def test_the_channels_have_the_interface_s_methods():
     import inspect
 
-    from host_adapters.host_files import HostFiles
+    from host_adapters.files.host_files import HostFiles
 
     public = {n for n, v in vars(HostFiles).items() if callable(v) and not n.startswith("_")}
     for cls in (LocalHostFiles, SshHostFiles, FakeHostFiles):

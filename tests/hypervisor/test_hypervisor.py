@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
-from host_adapters.guest import GuestSpec, GuestUser, Nic, Reservation, Share
-from host_adapters.guest_firewall import NicRules, tap_name
+from host_adapters.guests.guest import GuestSpec, GuestUser, Nic, Reservation, Share
+from host_adapters.network.guest_firewall import NicRules, tap_name
 from host_adapters.fake_hypervisor import FakeHypervisor
 from host_adapters.hypervisor import (
     STATUSES,
@@ -405,8 +405,8 @@ class HypervisorContract:
     def test_receive_defines_the_moved_instance_started_only_when_asked(self, hv, base_image, shares):
         """Issue 19 (drain): where the sending host keeps no disk content (read_disk False), a
         new overlay; the domain, seed and reservations as spawn makes them; all or nothing."""
-        from host_adapters import seed as seeds
-        from host_adapters.guest import reservations_for
+        from host_adapters.guests import seed as seeds
+        from host_adapters.guests.guest import reservations_for
 
         stopped, running = new_id(), new_id()
         guests = {i: guest_for(hv, shares) for i in (stopped, running)}
@@ -772,7 +772,7 @@ class TestLibvirtTestDriver(HypervisorContract):
         assert len(hv.list_base_images()) == 1
 
     def test_the_seed_is_written_and_read_back(self, hv, base_image, shares):
-        from host_adapters import seed as seeds
+        from host_adapters.guests import seed as seeds
 
         instance_id = self.spawn(hv, base_image, shares)
         guest = self.guest_of(hv, instance_id, shares)
@@ -947,9 +947,9 @@ def test_constructor_signatures():
     assert str(inspect.signature(FakeHypervisor)) == "(*, domain_prefix: str = 'cc-', network: str = 'cc-private')"
 
 
-# -- issue 28: the guests' NIC rules (host_adapters/guest_firewall.py), on the test driver ----------
+# -- issue 28: the guests' NIC rules (host_adapters/network/guest_firewall.py), on the test driver ----------
 def _rules_for(hv, guest) -> set:
-    from host_adapters.guest_firewall import NicRules, tap_name
+    from host_adapters.network.guest_firewall import NicRules, tap_name
 
     return {NicRules(tap=tap_name(n.mac, hv.tap_tag), mac=n.mac, address=n.address,
                      gateway=n.gateway if n.isolated else None,
@@ -960,7 +960,7 @@ def _rules_for(hv, guest) -> set:
 def test_a_spawn_writes_its_nics_rules_before_the_start_and_a_destroy_removes_them(libvirt_test_driver):
     import libvirt
 
-    from host_adapters.fake_guest_firewall import FakeGuestFirewall
+    from host_adapters.network.fake_guest_firewall import FakeGuestFirewall
 
     hv = libvirt_test_driver
     fw = hv.firewall
@@ -1086,7 +1086,7 @@ def test_lean_definitions_keep_their_nics_rules(libvirt_test_driver):
 def test_the_check_restores_every_running_domains_rules_once_per_connection_and_then_every_minute(monkeypatch):
     """After a new connection (libvirtd or the host restarted: the table may be gone) and every
     RESTORE_SECONDS; only our domains (the prefix), only running ones (listed so)."""
-    from host_adapters.fake_guest_firewall import FakeGuestFirewall
+    from host_adapters.network.fake_guest_firewall import FakeGuestFirewall
     from host_adapters.libvirt import firewall as firewall_part
     from host_adapters.libvirt import xml as dx
 
@@ -1164,7 +1164,7 @@ class _RestoreConn:
 
 
 def _restore_host():
-    from host_adapters.fake_guest_firewall import FakeGuestFirewall
+    from host_adapters.network.fake_guest_firewall import FakeGuestFirewall
 
     return LibvirtHypervisor("qemu+ssh://node1/system", storage_pool=TEST_POOL, domain_prefix="cc-",
                              firewall=FakeGuestFirewall())

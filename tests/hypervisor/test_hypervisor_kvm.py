@@ -109,7 +109,7 @@ def test_instance_lifecycle(kvm, prefix, libvirt_dir_pool, tmp_path):
     assert reserved not in dhcp_hosts(kvm.network)
     assert dns_answer(kvm, guest.hostname) == guest.nics[0].address
     # The seed is a read-only virtio disk holding the guest's documents.
-    from host_adapters import seed as seeds
+    from host_adapters.guests import seed as seeds
 
     seed_disk = [d for d in dom.findall("devices/disk") if d.find("target").get("dev") == "vdb"][0]
     assert seed_disk.find("readonly") is not None
@@ -311,7 +311,7 @@ def test_agent_init_creates_starts_and_autostarts_the_network_and_check_reports_
                              virt_type=guest_virt.virt_type, cpu_mode=guest_virt.cpu_mode)
     values["network"].update(name=name, subnet="10.213.250.0/24")
     (tmp_path / "home").mkdir(mode=0o755)
-    from host_adapters.sysroot import make_sysroot
+    from host_adapters.accounts.sysroot import make_sysroot
 
     make_sysroot(str(values["unix"]["root"]))
     config = tmp_path / "controller.ini"
@@ -339,7 +339,7 @@ def test_agent_init_creates_starts_and_autostarts_the_network_and_check_reports_
 
 def _table() -> set:
     """The NIC rules the test libvirtd's network namespace holds (nft_ruleset.parse)."""
-    from host_adapters import nft_ruleset
+    from host_adapters.network import nft_ruleset
 
     done = subp.run(in_netns(SYSTEM_URI, nft_ruleset.list_argv()), ok_codes=(0, 1))
     return nft_ruleset.parse(done.stdout) if done.returncode == 0 else set()
@@ -354,7 +354,7 @@ def test_a_started_domain_has_its_nics_rules_in_the_hosts_table_and_no_nwfilter(
 
     import libvirt
 
-    from host_adapters.guest_firewall import NicRules, tap_name
+    from host_adapters.network.guest_firewall import NicRules, tap_name
 
     base = kvm.create_base_image(new_id(), size_gb=1)
     instance_id = new_id()

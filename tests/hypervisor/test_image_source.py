@@ -8,7 +8,7 @@ import pytest
 
 from controller.errors import InvalidInput
 from host_adapters import subp
-from host_adapters.image_source import ImageSource, open_image_source
+from host_adapters.images.image_source import ImageSource, open_image_source
 from host_adapters.libvirt.volume_io import StreamVolumeIO
 from tests.hypervisor.test_hypervisor import qcow2_header
 from tests.fixtures.libvirtd import assert_same_image

@@ -21,10 +21,10 @@ import uuid
 import pytest
 
 from common.errors import HostError
-from host_adapters import bridge_ports, nft_ruleset
-from host_adapters.guest_firewall import NicRules, tap_name
-from host_adapters.nft_guest_firewall import NftGuestFirewall, daemon_pid, namespace_prefix
-from host_adapters.nft_ruleset import FAMILY, TABLE
+from host_adapters.network import bridge_ports, nft_ruleset
+from host_adapters.network.guest_firewall import NicRules, tap_name
+from host_adapters.network.nft_guest_firewall import NftGuestFirewall, daemon_pid, namespace_prefix
+from host_adapters.network.nft_ruleset import FAMILY, TABLE
 
 pytestmark = [pytest.mark.real_commands, pytest.mark.integration]
 

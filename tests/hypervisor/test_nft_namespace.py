@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from common.errors import HostUnavailable
-from host_adapters.nft_guest_firewall import NftGuestFirewall, namespace_prefix
-from host_adapters.nft_ruleset import FAMILY, TABLE
+from host_adapters.network.nft_guest_firewall import NftGuestFirewall, namespace_prefix
+from host_adapters.network.nft_ruleset import FAMILY, TABLE
 from tests.hypervisor.test_nft_guest_firewall import lab  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.real_commands, pytest.mark.integration]
@@ -27,8 +27,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _WRITE = """
 import sys
 from common.errors import ControllerError
-from host_adapters.guest_firewall import NicRules
-from host_adapters.nft_guest_firewall import NftGuestFirewall, namespace_prefix
+from host_adapters.network.guest_firewall import NicRules
+from host_adapters.network.nft_guest_firewall import NftGuestFirewall, namespace_prefix
 fw = NftGuestFirewall(sockets=(sys.argv[1],))
 fw.locate((sys.argv[2],))
 print("prefix", namespace_prefix(fw.sockets))
@@ -78,7 +78,7 @@ def test_a_readable_daemon_namespace_is_entered(lab):
 
 
 def namespace_pid(lab) -> int:
-    from host_adapters.nft_guest_firewall import daemon_pid
+    from host_adapters.network.nft_guest_firewall import daemon_pid
 
     return daemon_pid(lab.socket)
 

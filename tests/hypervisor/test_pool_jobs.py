@@ -22,7 +22,7 @@ from falcon import testing
 from controller.maintenance.reconcile import reconcile
 from controller.storage import images
 from controller.users.accounts import enable_account
-from host_adapters.guest import GuestSpec
+from host_adapters.guests.guest import GuestSpec
 from host_adapters.libvirt import connection
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from tests.fixtures.api import make_caller, new_context

@@ -73,7 +73,7 @@ def served_hypervisor(test_driver_daemon, tmp_path):
 
 
 def _guest(hv, index):
-    from host_adapters.guest import GuestSpec, Nic
+    from host_adapters.guests.guest import GuestSpec, Nic
 
     return GuestSpec(hostname=f"served{index}", users=(), groups=(),
                      nics=(Nic(mac="52:54:00:bb:00:%02x" % index, address=f"10.213.8.{index + 2}", prefix=16,

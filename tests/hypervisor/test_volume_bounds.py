@@ -10,7 +10,7 @@ import pytest
 from controller.hosts import host_records, image_copy
 from controller.storage import images
 from controller.errors import HostError, InvalidInput
-from host_adapters.image_source import base_file_limit, open_image_source
+from host_adapters.images.image_source import base_file_limit, open_image_source
 from host_adapters.libvirt.storage import SEED_BYTES
 from host_adapters.libvirt.volume_io import StreamVolumeIO
 from tests.hypervisor.test_hypervisor import qcow2_header

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from common.errors import HostUnreachable
-from host_adapters import seed as seeds
-from host_adapters.console import MAX_BYTES, ConsoleMark
-from host_adapters.guest import GuestSpec
+from host_adapters.guests import seed as seeds
+from host_adapters.guests.console import MAX_BYTES, ConsoleMark
+from host_adapters.guests.guest import GuestSpec
 from host_adapters.fake_hypervisor import FakeHypervisor
 from tests.fixtures.api import give_volume
 from tests.api.test_controller_api import boot, err, ok, people  # noqa: F401  (fixture)

@@ -15,8 +15,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from common.errors import InvalidInput
-from host_adapters.console import MAX_BYTES
-from host_adapters.guest import GuestSpec
+from host_adapters.guests.console import MAX_BYTES
+from host_adapters.guests.guest import GuestSpec
 from host_adapters.libvirt.driver import LibvirtHypervisor
 from tests.fixtures.libvirtd import TEST_POOL, TEST_URI, cleanup_hypervisor, unique_prefix
 

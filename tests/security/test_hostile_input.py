@@ -29,7 +29,7 @@ NAMES = SHELL + PATHS + LOOK_ALIKE + LONG + ["", "Alice", "1abc", "a:b", "a,b"]
 def world(tmp_path_factory):
     import libvirt
 
-    from host_adapters.sysroot import make_sysroot
+    from host_adapters.accounts.sysroot import make_sysroot
     from tests.fixtures.libvirtd import cleanup_hypervisor, unique_prefix
 
     tmp = tmp_path_factory.mktemp("hostile")

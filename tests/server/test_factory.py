@@ -4,14 +4,14 @@ import pytest
 
 from controller.config import config_from_dict, sandbox_values
 from host_adapters import factory
-from host_adapters.btrfs_quota import BtrfsQuota
-from host_adapters.homes import DirectoryHomeVolumes
+from host_adapters.homes.btrfs_quota import BtrfsQuota
+from host_adapters.homes.homes import DirectoryHomeVolumes
 from host_adapters.libvirt.driver import LibvirtHypervisor
-from host_adapters.local_directory import LocalDirectory
-from host_adapters.local_groups import CommandUnixGroups
-from host_adapters.quota import NoQuota
-from host_adapters.setquota import SetQuota
-from host_adapters.xfs_quota import XfsQuota
+from host_adapters.accounts.local_directory import LocalDirectory
+from host_adapters.accounts.local_groups import CommandUnixGroups
+from host_adapters.homes.quota import NoQuota
+from host_adapters.homes.setquota import SetQuota
+from host_adapters.homes.xfs_quota import XfsQuota
 
 
 def config(tmp_path, **sections):
@@ -64,7 +64,7 @@ def test_ldap_backend_reads_its_section(tmp_path):
         "backend": "ldap", "uri": "ldap://127.0.0.1:1/", "base_dn": "dc=example,dc=test",
         "bind_dn": "cn=admin,dc=example,dc=test", "bind_password_file": str(secret), "uid_min": "30000",
     }))
-    from host_adapters.ldap_directory import LdapDirectory
+    from host_adapters.accounts.ldap_directory import LdapDirectory
 
     assert isinstance(directory, LdapDirectory)
 

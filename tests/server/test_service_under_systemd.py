@@ -214,7 +214,7 @@ def remove_pool(pool: DirPool, prefix: str) -> None:
 
 def forget_taps(uri: str, taps: set[str]) -> None:
     """Remove the elements of `taps` from the daemon's table (what a failed test left there)."""
-    from host_adapters import nft_ruleset
+    from host_adapters.network import nft_ruleset
 
     listed = run(in_netns(uri, nft_ruleset.list_argv()))
     if listed.returncode != 0:
@@ -240,7 +240,7 @@ def deployment(debian_rootfs, libvirtd_system, libvirt_private_network, tmp_path
         undo.callback(remove_pool, pool, prefix)
         undo.callback(forget_taps, uri, taps)
         (root / "homes").mkdir(mode=0o755)
-        from host_adapters.sysroot import make_sysroot
+        from host_adapters.accounts.sysroot import make_sysroot
 
         sysroot = make_sysroot(root / "sysroot")
         values = real_libvirt_values(root / "state", pool=pool, network=libvirt_private_network,

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from controller.errors import Conflict, HostError
-from host_adapters import local_directory, local_groups, sysroot
-from host_adapters.local_directory import LocalDirectory
-from host_adapters.sysroot import make_sysroot
-from host_adapters.local_groups import CommandUnixGroups
+from host_adapters.accounts import local_directory, local_groups, sysroot
+from host_adapters.accounts.local_directory import LocalDirectory
+from host_adapters.accounts.sysroot import make_sysroot
+from host_adapters.accounts.local_groups import CommandUnixGroups
 from host_adapters.libvirt.volume_io import InProcessVolumeIO
 from tests.api.test_controller_api import boot, ok, people  # noqa: F401 (people: a fixture)
 from tests.fixtures.agent import agent_ok
@@ -381,7 +381,7 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
 
 # -- the libvirt adapter: status snapshot and batched reservations (test driver) -------------------
 def _guest(hv, index):
-    from host_adapters.guest import GuestSpec, Nic
+    from host_adapters.guests.guest import GuestSpec, Nic
 
     mac = "52:54:00:aa:%02x:%02x" % (index >> 8, index & 255)
     return GuestSpec(hostname=f"batch{index}", users=(), groups=(),

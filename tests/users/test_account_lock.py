@@ -10,8 +10,8 @@ import pytest
 from controller.users.accounts import enable_account
 from controller.errors import HostError
 from controller.maintenance.reconcile import reconcile
-from host_adapters import sysroot as sysroot_mod
-from host_adapters.local_directory import LocalDirectory
+from host_adapters.accounts import sysroot as sysroot_mod
+from host_adapters.accounts.local_directory import LocalDirectory
 from tests.fixtures.api import enable, give_volume, make_caller
 
 

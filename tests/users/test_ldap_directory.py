@@ -11,9 +11,10 @@ import ldap
 import pytest
 
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput
-from host_adapters import ldap_directory, subp
-from host_adapters.directory import Directory, PosixAccount
-from host_adapters.ldap_directory import LdapDirectory, ldap_directory_from_config, read_bind_password
+from host_adapters import subp
+from host_adapters.accounts import ldap_directory
+from host_adapters.accounts.directory import Directory, PosixAccount
+from host_adapters.accounts.ldap_directory import LdapDirectory, ldap_directory_from_config, read_bind_password
 
 from tests.fixtures.interfaces import assert_offers_the_interface
 from tests.users.test_local_directory import DirectoryContract
@@ -386,7 +387,7 @@ def test_delete_leaves_a_group_that_is_not_the_accounts(directory, ldap_tree):
 
 @integration
 def test_a_number_another_tool_took_after_the_mark_is_skipped(directory, ldap_tree, caplog):
-    caplog.set_level("INFO", logger="host_adapters.ldap_directory")
+    caplog.set_level("INFO", logger="host_adapters.accounts.ldap_directory")
     assert directory.create_account("alice", home="/home/alice").uid == UID_MIN
     add_group_by_hand(ldap_tree, "handmade", UID_MIN + 1)
     assert directory.create_account("bob", home="/home/bob").uid == UID_MIN + 2
@@ -395,7 +396,7 @@ def test_a_number_another_tool_took_after_the_mark_is_skipped(directory, ldap_tr
 
 @integration
 def test_a_creator_whose_add_lost_to_an_earlier_writer_yields(ldap_tree, monkeypatch, caplog):
-    caplog.set_level("INFO", logger="host_adapters.ldap_directory")
+    caplog.set_level("INFO", logger="host_adapters.accounts.ldap_directory")
     first = make(ldap_tree.server, ldap_tree.base_dn)
     second = make(ldap_tree.server, ldap_tree.base_dn)
     assert first.create_account("alice", home="/home/alice").uid == UID_MIN
@@ -531,7 +532,7 @@ def test_a_hung_server_times_out_as_unavailable(private_slapd):
 
 @integration
 def test_searches_read_every_page(directory, ldap_tree, monkeypatch, caplog):
-    caplog.set_level("INFO", logger="host_adapters.ldap_directory")
+    caplog.set_level("INFO", logger="host_adapters.accounts.ldap_directory")
     monkeypatch.setattr(ldap_directory, "_PAGE_SIZE", 2)
     for name in ("a1", "a2", "a3", "a4", "a5"):
         directory.create_account(name, home=f"/home/{name}")

@@ -4,10 +4,10 @@ import pytest
 
 from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput, NotFound
 from host_adapters import subp
-from host_adapters import sysroot as sysroot_mod
-from host_adapters.directory import Directory, FakeDirectory, PosixAccount
-from host_adapters.local_directory import LocalDirectory
-from host_adapters.sysroot import make_sysroot
+from host_adapters.accounts import sysroot as sysroot_mod
+from host_adapters.accounts.directory import Directory, FakeDirectory, PosixAccount
+from host_adapters.accounts.local_directory import LocalDirectory
+from host_adapters.accounts.sysroot import make_sysroot
 from tests.fixtures.interfaces import assert_offers_the_interface
 
 BAD_NAMES = ["bad;name", "-rf", "Root", "a" * 33, "", None, 5, "a b", "../etc", "dev\n"]

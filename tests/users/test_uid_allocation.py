@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from host_adapters.directory import FakeDirectory
+from host_adapters.accounts.directory import FakeDirectory
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES = 3
@@ -21,8 +21,8 @@ PER_PROCESS = 8
 # other one at once (a disabled account), and prints every uid it was given.
 _WORKER = r"""
 import json, os, sys, time
-from host_adapters.ldap_directory import LdapDirectory
-from host_adapters.local_directory import LocalDirectory
+from host_adapters.accounts.ldap_directory import LdapDirectory
+from host_adapters.accounts.local_directory import LocalDirectory
 
 spec = json.loads(sys.argv[1])
 if spec["kind"] == "ldap":
@@ -93,7 +93,7 @@ def test_ldap_controllers_in_separate_processes_never_share_or_reuse_a_uid(ldap_
 def test_local_controllers_in_separate_processes_never_share_or_reuse_a_uid(sysroot, tmp_path):
     """The server and `cloud-agent` both run useradd in one system root: the flock'ed mark
     keeps them apart, and a removed account's uid is not taken again."""
-    from host_adapters.local_directory import LocalDirectory
+    from host_adapters.accounts.local_directory import LocalDirectory
 
     results = race(tmp_path, {"kind": "local", "root": sysroot})
     every = assert_never_reused(results, 10000)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import pytest
 
 from controller.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
-from host_adapters.btrfs_quota import BtrfsQuota, parse_qgroups
-from host_adapters.fake_quota import FakeQuota
-from host_adapters.homes import DirectoryHomeVolumes, FakeHomeVolumes, HomeInfo, HomeVolumes
-from host_adapters.quota import NoQuota
+from host_adapters.homes.btrfs_quota import BtrfsQuota, parse_qgroups
+from host_adapters.homes.fake_quota import FakeQuota
+from host_adapters.homes.homes import DirectoryHomeVolumes, FakeHomeVolumes, HomeInfo, HomeVolumes
+from host_adapters.homes.quota import NoQuota
 from tests.fixtures.interfaces import assert_offers_the_interface
 
 GIB = 1 << 30
@@ -556,8 +556,8 @@ def test_btrfs_inspect_lists_nested_subvolumes_and_changes_nothing(btrfs_homes):
 
 def test_check_refuses_a_home_root_others_can_write(tmp_path):
     from controller.errors import HostUnavailable
-    from host_adapters.homes import DirectoryHomeVolumes
-    from host_adapters.quota import NoQuota
+    from host_adapters.homes.homes import DirectoryHomeVolumes
+    from host_adapters.homes.quota import NoQuota
 
     root = tmp_path / "homes"
     root.mkdir(mode=0o755)
@@ -609,8 +609,8 @@ def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
     from types import SimpleNamespace
 
     from controller.maintenance.reconcile import reconcile
-    from host_adapters.directory import FakeDirectory
-    from host_adapters.unix_groups import FakeUnixGroups
+    from host_adapters.accounts.directory import FakeDirectory
+    from host_adapters.accounts.unix_groups import FakeUnixGroups
 
     homes = FakeHomeVolumes("/srv/home")
     directory = FakeDirectory()

@@ -9,13 +9,13 @@ import pytest
 
 from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
 from host_adapters import subp
-from host_adapters.btrfs_quota import BtrfsQuota, parse_qgroups
-from host_adapters.command_quota import CommandQuota
-from host_adapters.fake_quota import FakeQuota
-from host_adapters.quota import NoQuota, QuotaBackend, find_mount_point, mounts_below, remove_tree
-from host_adapters.quota_backends import make_quota_backend
-from host_adapters.setquota import SetQuota
-from host_adapters.xfs_quota import XfsQuota
+from host_adapters.homes.btrfs_quota import BtrfsQuota, parse_qgroups
+from host_adapters.homes.command_quota import CommandQuota
+from host_adapters.homes.fake_quota import FakeQuota
+from host_adapters.homes.quota import NoQuota, QuotaBackend, find_mount_point, mounts_below, remove_tree
+from host_adapters.homes.quota_backends import make_quota_backend
+from host_adapters.homes.setquota import SetQuota
+from host_adapters.homes.xfs_quota import XfsQuota
 
 GIB = 1 << 30
 
@@ -496,7 +496,7 @@ BOB, OTHER = 12345, 23456
 
 
 def _homes_on(tmp_path, backend) -> "DirectoryHomeVolumes":
-    from host_adapters.homes import DirectoryHomeVolumes
+    from host_adapters.homes.homes import DirectoryHomeVolumes
 
     if os.geteuid() != 0:
         pytest.fail("homes are chowned to their uid: run the tests as root", pytrace=False)

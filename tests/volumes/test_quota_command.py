@@ -16,8 +16,8 @@ from controller.storage import volumes as volume_service
 from controller.config import config_from_dict, sandbox_values
 from controller.errors import HostError, HostUnavailable, InvalidInput
 from host_adapters import factory
-from host_adapters.command_quota import CommandQuota, parse_get, program_message
-from host_adapters.homes import DirectoryHomeVolumes
+from host_adapters.homes.command_quota import CommandQuota, parse_get, program_message
+from host_adapters.homes.homes import DirectoryHomeVolumes
 from tests.agent.test_agent_controller import Sandbox, sandbox, sandbox_template  # noqa: F401 (fixtures)
 from tests.fixtures.api import enable, make_caller
 
