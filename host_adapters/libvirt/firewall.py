@@ -130,6 +130,10 @@ class FirewallPart:
         lv = _libvirt()
         ours = f"{TAP_PREFIX}{self.tap_tag}-"
         with self._rules_lock:
+            # The table first, the domains second: elements a start outside the controller
+            # (the hook) writes meanwhile are not in this listing, so never taken for stale
+            # (libvirt lists a domain as active from before its hook's `prepare`).
+            held = self.firewall.allowed()
             rules: list[NicRules] = []
             bridges: set[str] = set()
             for dom in conn.listAllDomains(lv.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
@@ -141,7 +145,7 @@ class FirewallPart:
                 except lv.libvirtError:
                     continue  # gone meanwhile
             claimed = {r.tap for r in rules} | self._pending_taps
-            stale = tuple(r for r in self.firewall.allowed() if r.tap.startswith(ours) and r.tap not in claimed)
+            stale = tuple(r for r in held if r.tap.startswith(ours) and r.tap not in claimed)
             # Also with none: the table is made, and a host without nft fails its check.
             self.firewall.replace(stale, tuple(rules))
             if self._located:
