@@ -10,7 +10,7 @@ password through these calls is no faster than through a login, and a locked
 out user is answered 429 here too.
 
 The tokens of the kind that changed die in the same transaction as the change
-(controller/store.py `set_api_secret`, `set_password_hash`): key-issued tokens
+(controller/store/users.py `set_api_secret`, `set_password_hash`): key-issued tokens
 on a rotation, password-issued tokens on a password change. Nothing here logs
 or records a secret; the new secret is returned once, to the caller.
 """
