@@ -7,9 +7,12 @@ are), holds CAP_NET_ADMIN (nspawn's default set has none), and reaches libvirtd 
 its sockets (/run/libvirt bound in). Whatever the unit's hardening forbids, the service
 cannot do here either: a unit whose capabilities cannot run `nft` makes no guest and never
 reports healthy. The paths the domains use (pool, consoles, homes) are bound at the same
-path inside and out, outside /tmp (the units' PrivateTmp would hide them); the project's
-venv is bound read-only at the units' /opt/cloud-controller/.venv, with the checkout its
-editable install points to and the Python it was made from at their own paths.
+path inside and out, outside /tmp (the units' PrivateTmp would hide them); the checkout is
+bound read-only at /opt/cloud-controller, where a head node keeps it, and the project's venv
+at the units' /opt/cloud-controller/.venv, with the Python it was made from at its own path.
+The venv names the checkout's own path (its scripts' first lines, its editable install's
+finder), which may be under /tmp or /var/tmp, hidden from the units: copies of those files
+naming /opt/cloud-controller are bound over them (installed()).
 """
 
 import contextlib
@@ -35,7 +38,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "systemd"
 VENV = Path(sys.prefix)  # the venv running the tests
-INSTALLED_VENV = "/opt/cloud-controller/.venv"
+INSTALLED_ROOT = "/opt/cloud-controller"
+INSTALLED_VENV = f"{INSTALLED_ROOT}/.venv"
 AGENT = f"{INSTALLED_VENV}/bin/cloud-agent"
 CONFIG = "/etc/cloud-controller/controller.ini"
 PASSWORD = "correct-horse-42"
@@ -151,6 +155,32 @@ def service_root() -> Path:
     return path
 
 
+def installed(staged: Path) -> list[Bind]:
+    """Copies, in `staged`, of the venv's files that name the checkout's or the venv's own path
+    (each script's first line, the editable install's finder), naming /opt/cloud-controller
+    instead, each bound over its original inside the container."""
+    staged.mkdir(mode=0o755)
+    renamed = [(str(VENV), INSTALLED_VENV), (str(ROOT), INSTALLED_ROOT)]  # the venv first: it may be in ROOT
+    found = []
+    candidates = [p for p in (VENV / "bin").iterdir() if p.is_file() and not p.is_symlink()]
+    candidates += list(VENV.glob("lib/python3*/site-packages/__editable__*finder.py"))
+    for path in candidates:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue  # a binary
+        changed = text
+        for old, new in renamed:
+            changed = changed.replace(old, new)
+        if changed == text:
+            continue
+        copy = staged / f"{len(found)}-{path.name}"
+        copy.write_text(changed)
+        copy.chmod(path.stat().st_mode & 0o777)
+        found.append(Bind(str(copy), f"{INSTALLED_VENV}/{path.relative_to(VENV)}", read_only=True))
+    return found
+
+
 def binds(root: Path) -> tuple[Bind, ...]:
     """What the container needs of this machine (see the module's docstring)."""
     made_from = Path(sys.base_prefix)
@@ -158,7 +188,9 @@ def binds(root: Path) -> tuple[Bind, ...]:
         Bind("/run/libvirt"),
         Bind(str(root)),
         Bind(str(ROOT), read_only=True),
+        Bind(str(ROOT), INSTALLED_ROOT, read_only=True),
         Bind(str(VENV), INSTALLED_VENV, read_only=True),
+        *installed(root / "installed"),
     ]
     if not VENV.is_relative_to(ROOT):
         found.append(Bind(str(VENV), read_only=True))
