@@ -55,16 +55,22 @@ def is_this_machine(hostname: str) -> bool:
 def host_files_for(uri: str) -> HostFiles:
     """The channel to the files of the host that `uri` reaches."""
     parts = urlsplit(uri)
-    driver, _, transport = parts.scheme.partition("+")
-    if driver == "test":
+    if parts.scheme.partition("+")[0] == "test":
         return FakeHostFiles()
     hostname = parts.hostname
     if not hostname or is_this_machine(hostname):
         return LocalHostFiles()
+    return ssh_channel_for(uri)
+
+
+def ssh_channel_for(uri: str) -> SshHostFiles:
+    """ssh to the host of a remote `uri`: as its user on its port for `qemu+ssh://` (libssh,
+    libssh2), else as root on ssh's own port."""
+    parts = urlsplit(uri)
     try:
         port = parts.port
     except ValueError:
         raise InvalidInput(f"libvirt URI {uri!r} has no valid port") from None
-    if transport.lower() in _SSH:
-        return SshHostFiles(hostname, user=parts.username or None, port=port)
-    return SshHostFiles(hostname, user="root")
+    if parts.scheme.partition("+")[2].lower() in _SSH:
+        return SshHostFiles(parts.hostname, user=parts.username or None, port=port)
+    return SshHostFiles(parts.hostname, user="root")

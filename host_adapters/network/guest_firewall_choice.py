@@ -17,15 +17,13 @@ send a remote host's rules to the head node's table.
 import ipaddress
 from urllib.parse import parse_qs, urlsplit
 
-from common.errors import InvalidInput
 from host_adapters.network.fake_guest_firewall import FakeGuestFirewall
 from host_adapters.network.guest_firewall import GuestFirewall
 from host_adapters.network.nft_guest_firewall import NftGuestFirewall
-from host_adapters.files.ssh_host_files import SshHostFiles
+from host_adapters.files.host_files_choice import ssh_channel_for
 
 # The modular daemon's socket first (libvirt 9 and newer default to it), then libvirtd's.
 SYSTEM_SOCKETS = ("/run/libvirt/virtqemud-sock", "/run/libvirt/libvirt-sock")
-_SSH = ("ssh", "libssh", "libssh2")
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
 
@@ -44,16 +42,9 @@ def reaches_this_kernel(hostname: str | None) -> bool:
 
 def guest_firewall_for(uri: str) -> GuestFirewall:
     parts = urlsplit(uri)
-    driver, _, transport = parts.scheme.partition("+")
-    if driver == "test":
+    if parts.scheme.partition("+")[0] == "test":
         return FakeGuestFirewall()
     if reaches_this_kernel(parts.hostname):
         socket = parse_qs(parts.query).get("socket")
         return NftGuestFirewall(sockets=(socket[0],) if socket else SYSTEM_SOCKETS)
-    try:
-        port = parts.port
-    except ValueError:
-        raise InvalidInput(f"libvirt URI {uri!r} has no valid port") from None
-    if transport.lower() in _SSH:
-        return NftGuestFirewall(ssh=SshHostFiles(parts.hostname, user=parts.username or None, port=port))
-    return NftGuestFirewall(ssh=SshHostFiles(parts.hostname, user="root"))
+    return NftGuestFirewall(ssh=ssh_channel_for(uri))
