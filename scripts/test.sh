@@ -7,8 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
 
+# The whole suite runs in lanes (scripts/test_lanes.py: fakes beside daemons, then the real
+# guests alone); a selection (a path, a node id, -m, -k, or CC_TEST_LANES=0) runs as one pytest.
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python scripts/test_lanes.py .venv/bin/python "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

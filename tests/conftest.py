@@ -39,3 +39,14 @@ def no_commands(monkeypatch):
 
     monkeypatch.setattr(subp, "_run", refuse)
     monkeypatch.setattr(subp, "_popen", refuse)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that boots the guest image is marked `guest` (and `integration`): the test
+    command runs those alone (scripts/test_lanes.py), never beside other heavy work, or a
+    guest under software emulation misses its bounded waits."""
+    wrong = [item.nodeid for item in items if "guest_image" in item.fixturenames
+             and not (item.get_closest_marker("guest") and item.get_closest_marker("integration"))]
+    if wrong:
+        raise pytest.UsageError("tests that boot the guest image must be marked guest and integration: "
+                                + ", ".join(wrong))

@@ -19,7 +19,7 @@ import pytest
 
 from tests.fixtures.processes import stop_process
 
-pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
+pytestmark = [pytest.mark.integration, pytest.mark.real_commands, pytest.mark.guest]
 
 UID = 10000
 SSH_WAIT = 240  # seconds; about 30 s is usual under TCG

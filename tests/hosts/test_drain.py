@@ -6,7 +6,7 @@ the host is disabled first, a cluster without room is refused naming what is mis
 move cut short is finished by a second run or by reconcile (the old disk kept until the
 new one is committed), a failed copy is undone. Then the agent's CLI on libvirt's test
 driver. The same on two real libvirtds is in test_drain_remote.py; a real guest in
-tests/guests/test_guest_hosts.py.
+tests/guests/test_guest_e2e.py.
 """
 
 import os

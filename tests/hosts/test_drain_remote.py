@@ -6,7 +6,7 @@ cluster fixture this uses. A real QEMU domain (a blank image: no guest OS answer
 ACPI button, so it is powered off after the wait) is moved with its disk: the bytes the
 "guest" wrote are on the other host, the copy's header names that host's base image, the
 old host keeps nothing. A real guest that is moved and reached by SSH is in
-tests/guests/test_guest_hosts.py.
+tests/guests/test_guest_e2e.py.
 """
 
 import subprocess

@@ -2,7 +2,7 @@
 `[guest] shutdown_timeout_seconds`, and each history entry says which; a second power task
 during one is 409; the host gate holds slow power tasks while reads go on; the config key.
 
-The real guests are tests/guests/test_guest_power.py; a blank disk on the real libvirtd
+The real guest is in tests/guests/test_guest_e2e.py; a blank disk on the real libvirtd
 (no OS hears the power button) is tests/hypervisor/test_hypervisor_kvm.py."""
 
 import re
