@@ -2,7 +2,8 @@
 
 import click
 
-from agent import controller_commands, host_commands, ops_commands, setup_commands, user_commands
+from agent import (cloud_auth_commands, controller_commands, host_commands, ops_commands, setup_commands,
+                   user_commands)
 from agent.cloud import conveniences
 from agent.common import Options
 from agent.entry import run
@@ -22,7 +23,8 @@ def cli(click_ctx, config_path, as_json):
     click_ctx.obj = Options(config_path, as_json)
 
 
-for _module in (setup_commands, user_commands, controller_commands, host_commands, ops_commands):
+for _module in (setup_commands, user_commands, controller_commands, host_commands, cloud_auth_commands,
+                ops_commands):
     _module.register(cli)
 conveniences.apply(cli)
 

@@ -94,7 +94,7 @@ def command_options(fn):
 
 # Commands that change nothing leave no audit row.
 _READ_ONLY_COMMANDS = {"serve", "check", "backup", "host list", "server list", "image list", "flavor list",
-                       "user list"}
+                       "user list", "controller list"}
 
 
 def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
@@ -116,7 +116,8 @@ def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
         shown.pop("userid", None)
     else:
         # A host command names its host (its NAME argument); a flavor command its flavor.
-        keys = ("name",) if command.startswith("host ") else ("email", "userid", "image_id", "volume_id", "flavor_id")
+        keys = ("name",) if command.startswith("host ") else ("email", "userid", "image_id", "volume_id", "flavor_id",
+                                                              "controller_id")
         target = next((str(shown.pop(k)) for k in keys if k in shown), "")
     if not target and isinstance(opts.emitted, dict):
         # A command that creates something (image add, flavor add) names it in its output.

@@ -97,6 +97,15 @@ def check(opts: Options):
     Example: cloud-agent check
     """
     ctx = opts.context(adapters=True, require_database=False)
+    if ctx.config.cloud_auth.url:
+        from controller.cloud_auth.client import CloudAuthDown
+        from controller.cloud_auth.follower import follower_for
+
+        ctx.cloud_auth = follower_for(ctx)  # a secret file others may read fails here
+        try:
+            ctx.cloud_auth.poll()
+        except CloudAuthDown:
+            pass  # the cloud_auth check says so
     checks = run_checks(ctx, thorough=True)
     ok = all(c["ok"] for c in checks)
     lines = [f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}" + (f": {c['detail']}" if c["detail"] else "")

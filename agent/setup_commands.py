@@ -134,6 +134,18 @@ def serve(opts: Options, host, port, metrics_port):
     except ValueError as e:
         raise InvalidInput(str(e)) from None
     ctx = build_context_for(config, interfaces)
+    from controller.cloud_auth.client import CloudAuthDown
+    from controller.cloud_auth.follower import follower_for
+
+    # A controller following a cloud auth: its copy of users is brought up to date before the
+    # first request (when cloud auth answers), then kept by a thread of its own.
+    ctx.cloud_auth = follower_for(ctx)
+    if ctx.cloud_auth is not None:
+        try:
+            ctx.cloud_auth.poll()
+        except CloudAuthDown as e:
+            log.warning("cloud auth: %s; serving tokens already seen for the offline grace", e.message)
+        ctx.cloud_auth.start()
     if ctx.adapters is not None:
         from controller.hosts.host_routing import record_config_host
 
@@ -196,6 +208,8 @@ def serve(opts: Options, host, port, metrics_port):
         _sd_notify("STOPPING=1")
         server.close()
         monitor_of(ctx).stop()
+        if ctx.cloud_auth is not None:
+            ctx.cloud_auth.stop()
         housekeeper.stop()  # writes the anonymous failures still counted
         if metrics is not None:
             metrics.stop()

@@ -32,6 +32,7 @@ def create_superuser(opts: Options, email, password, password_file, name):
 
     Example: cloud-agent user create-superuser --email admin@example.org
     """
+    users.users_live_here(opts.context())
     if password is not None and password_file is not None:
         raise click.UsageError("give --password or --password-file, not both")
     if password_file is not None:
@@ -59,6 +60,7 @@ def _role_command(grant: bool):
     def command(opts: Options, words, userid):
         # EMAIL may be left out for --userid, and an optional argument cannot precede a
         # required one in click: both are read here.
+        users.users_live_here(opts.context())
         if len(words) != (1 if userid is not None else 2):
             raise click.UsageError("give EMAIL ROLE, or --userid UUID ROLE")
         email, role = (None, words[0]) if userid is not None else words
@@ -189,6 +191,7 @@ def user_password(opts: Options, email, userid, password_file):
       cloud-agent user password alice@example.org
       cloud-agent user password alice@example.org --password-file - < password.txt
     """
+    users.users_live_here(opts.context())
     require_one_user(email, userid)
     if password_file is not None:
         password = password_file.readline().rstrip("\r\n")
@@ -215,6 +218,7 @@ def user_secret(opts: Options, email, userid, reset):
       cloud-agent user secret alice@example.org
       cloud-agent user secret alice@example.org --reset
     """
+    users.users_live_here(opts.context())
     with target_user(opts, email, userid) as target:
         secret = users.admin_api_secret(opts.context(), target, reset=reset)
     emit(opts, {"userid": target["id"], "email": target["email"], "api_key": target["api_key"],

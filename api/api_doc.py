@@ -75,8 +75,14 @@ def render(document: dict | None = None) -> str:
             out.append("")
             out.append(op.get("summary", "") + ".")
             out.append("")
-            public = op.get("security") == []
-            out.append("Authentication: " + ("none." if public else "`X-Auth-Token` and `X-Auth-Cloudauth-Id`."))
+            security = op.get("security")
+            if security == []:
+                out.append("Authentication: none.")
+            elif security == [{"controller": []}]:
+                out.append("Authentication: a controller's `Authorization: Controller N:SECRET` "
+                           "(`cloud-agent controller add`); a user's token is refused (401).")
+            else:
+                out.append("Authentication: `X-Auth-Token` and `X-Auth-Cloudauth-Id`.")
             params = [p for p in op.get("parameters", []) if p.get("in") in ("query", "path")]
             if params:
                 out.append("")

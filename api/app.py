@@ -9,7 +9,7 @@ import time
 
 import falcon
 
-from api import error_responses, health_resource, user_resources
+from api import cloud_auth_resources, error_responses, health_resource, user_resources
 from api.admission import Admission, gates_from
 from api.middleware import AuditTrail, Authenticate, BodyLimit, NoStore, RefuseOptions, RequestId, RequestMetrics
 from controller.config import INTERFACES, Config, load_config
@@ -48,6 +48,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = DEFAULT_INTERFACES
     app.add_route("/v1/openapi.json", health_resource.OpenApi(ctx))
     if "user" in interfaces:
         user_resources.add_routes(app, ctx)
+        cloud_auth_resources.add_routes(app, ctx)
     if "controller" in interfaces:
         from api import controller_resources
 

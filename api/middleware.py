@@ -9,6 +9,7 @@ from api.error_responses import PayloadTooLarge
 from api.envelopes import is_user_interface
 from controller.audit import trail as audit, request_ids
 from controller.auth.tokens import authenticate
+from controller.cloud_auth.callers import authenticate_controller
 from controller.context import Context
 from controller.monitoring.metrics import metrics_of
 
@@ -41,13 +42,18 @@ class BodyLimit:
 
 
 class Authenticate:
-    """Every resource needs the auth headers unless it says `public = True`."""
+    """Every resource needs the auth headers unless it says `public = True`; the calls of the
+    controllers a cloud auth serves (`caller = "controller"`) need a controller's credential
+    instead, and a user's token does not reach them."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
 
     def process_resource(self, req, resp, resource, params):
         if resource is None or getattr(resource, "public", False):
+            return
+        if getattr(resource, "caller", None) == "controller":
+            req.context.controller = authenticate_controller(self.ctx, req.env.get("HTTP_AUTHORIZATION"))
             return
         # The WSGI names directly: get_header() derives them from the header's name on every call.
         req.context.requester = authenticate(
@@ -60,7 +66,7 @@ class Authenticate:
 _MAX_TARGET = 100
 
 # User-interface calls that only read, though clients may send them as POST.
-_READ_ONLY = ("/v1/user/list", "/v1/user/view/", "/v1/user/search")
+_READ_ONLY = ("/v1/user/list", "/v1/user/view/", "/v1/user/search", "/v1/auth/introspect")
 
 
 class AuditTrail:
@@ -74,12 +80,13 @@ class AuditTrail:
         if resource is None or not _audited(req):
             return
         requester = req.context.get("requester")
+        controller = req.context.get("controller")
         template = req.uri_template or req.path
         action = f"{req.method} {template}"
-        if requester is None and resp.status_code >= 400:
+        if requester is None and controller is None and resp.status_code >= 400:
             self.ctx.anonymous_failures.count(action, str(resp.status_code))
             return
-        actor = requester.id if requester else "anonymous"
+        actor = requester.id if requester else f"controller:{controller.id}" if controller else "anonymous"
         audit.record(
             self.ctx.store,
             actor=actor,

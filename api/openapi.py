@@ -8,7 +8,11 @@ from controller.audit import request_ids
 _SECURITY_SCHEMES = {
     "token": {"type": "apiKey", "in": "header", "name": "X-Auth-Token"},
     "cloudauthId": {"type": "apiKey", "in": "header", "name": "X-Auth-Cloudauth-Id"},
+    # A controller served by this cloud auth: `Authorization: Controller N:SECRET`.
+    "controller": {"type": "apiKey", "in": "header", "name": "Authorization",
+                   "description": "Controller N:SECRET, as `cloud-agent controller add` printed it"},
 }
+_CONTROLLER_ONLY = {"security": [{"controller": []}]}
 _PUBLIC = {"security": []}
 
 # Every answer of either interface carries it; a request may send
@@ -196,6 +200,53 @@ def _user_paths() -> dict:
     }
 
 
+def _cloud_auth_paths() -> dict:
+    """The calls of the controllers this cloud auth serves, and the catalog users read."""
+    controller_id, username = _path("controller_id", {"type": "string", "pattern": "^[1-9][0-9]{0,9}$"}), \
+        _path("username", schemas.USERNAME)
+    account_data = {"type": "object", "properties": {
+        "controller_id": {"type": "integer"}, "username": {"type": "string"},
+        "user_id": {"type": "string", "format": "uuid"}, "uuid": {"type": "string", "format": "uuid"},
+        "uid": {"type": "integer"}}}
+    introspect = _user_op("Is this token live, and whose (a controller asks about a token it has not seen)",
+                          params={"token": {"type": "string"}, "userid": {"type": "string", "format": "uuid"}},
+                          data={"type": "object", "required": ["active", "seq"], "properties": {
+                              "active": {"type": "boolean"}, "userid": {"type": "string"},
+                              "source": {"type": "string"}, "issued_at": {"type": "string"},
+                              "expires_at": {"type": "string"}, "seq": {"type": "integer"}}},
+                          errors=(400, 401, 403))
+    changes = _user_op("What changed after `since`: users, every cluster's accounts, revoked tokens (by hash); "
+                       "a paged snapshot when `reset`",
+                       params={"since": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                               "epoch": {"type": "string"}, "after": {"type": "string"}},
+                       data={"type": "object", "required": ["epoch", "seq", "reset", "more", "users", "accounts",
+                                                            "revocations"]},
+                       errors=(400, 401, 403))
+    changes = {k: v for k, v in changes.items() if k != "requestBody"}
+    changes["parameters"] = _query_params({"since": {"type": "string"}, "epoch": {"type": "string"},
+                                           "after": {"type": "string"}})
+    put = _user_op("Register the account a controller makes on its cluster (its own id only)",
+                   params={"user_id": {"type": "string", "format": "uuid"}, "uuid": {"type": "string", "format": "uuid"},
+                           "uid": {"type": "integer", "minimum": 1}},
+                   data=account_data, errors=(400, 401, 403, 404, 409))
+    delete = _user_op("Remove an account a controller registered", params={}, data=account_data,
+                      errors=(400, 401, 403, 404))
+    delete = {k: v for k, v in delete.items() if k != "requestBody"}
+    for op in (introspect, changes, put, delete):
+        op.update(_CONTROLLER_ONLY)
+    for op in (put, delete):
+        op["parameters"] = op["parameters"] + [controller_id, username]
+    catalog = _user_op("The clusters one login reaches, and the default one",
+                       params={}, data={"type": "object", "required": ["controllers", "default"]}, errors=(401,))
+    catalog = {k: v for k, v in catalog.items() if k != "requestBody"}
+    return {
+        "/v1/auth/introspect": {"post": introspect},
+        "/v1/auth/changes": {"get": changes},
+        "/v1/auth/accounts/{controller_id}/{username}": {"put": put, "delete": delete},
+        "/v1/auth/catalog": {"get": catalog},
+    }
+
+
 def _controller_paths() -> dict:
     return schemas.controller_paths(
         envelope=_controller_envelope,
@@ -215,6 +266,7 @@ def openapi_document(*, controller: bool = True) -> dict:
             }
         },
         **_user_paths(),
+        **_cloud_auth_paths(),
     }
     if controller:
         paths.update(_controller_paths())

@@ -12,7 +12,7 @@ from controller.rules import INT64_MAX, INT64_MIN, as_decimal
 
 JSON_TYPES = ("application/json",)
 FORM_TYPE = "application/x-www-form-urlencoded"
-_SECRET_PARAMS = {"password", "api_secret", "new_password"}
+_SECRET_PARAMS = {"password", "api_secret", "new_password", "token"}
 
 
 def _media_type(req: falcon.Request) -> str | None:

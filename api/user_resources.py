@@ -12,7 +12,9 @@ from controller.users import users
 from controller.context import Context
 
 
-class _Resource:
+class UserResource:
+    """A user-interface resource: the context, and the parameters of its calls."""
+
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.limit = ctx.config.server.max_body_bytes
@@ -21,7 +23,7 @@ class _Resource:
         return user_params(req, limit=self.limit)
 
 
-class Token(_Resource):
+class Token(UserResource):
     public = True
     # Password logins are bounded by the hash slots and hold threads of their own (api/admission.py).
     bounded_itself = ("POST",)
@@ -43,7 +45,7 @@ class Token(_Resource):
         ok_user(resp, data)
 
 
-class UserList(_Resource):
+class UserList(UserResource):
     def on_get(self, req, resp):
         p = self.params(req)
         found = users.list_users(
@@ -58,7 +60,7 @@ class UserList(_Resource):
     on_post = on_get
 
 
-class UserView(_Resource):
+class UserView(UserResource):
     def on_get(self, req, resp, userid):
         self.params(req)
         ok_user(resp, {"user": users.view_user(self.ctx, req.context.requester, userid)})
@@ -66,7 +68,7 @@ class UserView(_Resource):
     on_post = on_get
 
 
-class UserCreate(_Resource):
+class UserCreate(UserResource):
     def on_post(self, req, resp):
         p = self.params(req)
         active = opt_int(p, "active")
@@ -83,7 +85,7 @@ class UserCreate(_Resource):
         ok_user(resp, {"userid": userid})
 
 
-class UserUpdate(_Resource):
+class UserUpdate(UserResource):
     host_work = ("POST",)  # deactivation locks the system account (usermod, LDAP): api/admission.py
 
     def on_post(self, req, resp, userid):
@@ -99,7 +101,7 @@ class UserUpdate(_Resource):
         ok_user(resp)
 
 
-class UserSearch(_Resource):
+class UserSearch(UserResource):
     def on_get(self, req, resp):
         p = self.params(req)
         found = users.search_users(
@@ -110,14 +112,14 @@ class UserSearch(_Resource):
     on_post = on_get
 
 
-class UserSetPassword(_Resource):
+class UserSetPassword(UserResource):
     def on_post(self, req, resp, userid):
         p = self.params(req)
         users.set_password(self.ctx, req.context.requester, userid, password=req_str(p, "password"))
         ok_user(resp)
 
 
-class UserViewApiSecret(_Resource):
+class UserViewApiSecret(UserResource):
     def on_get(self, req, resp, userid):
         self.params(req)
         ok_user(resp, {"api_secret": users.view_api_secret(self.ctx, req.context.requester, userid)})
@@ -125,7 +127,7 @@ class UserViewApiSecret(_Resource):
     on_post = on_get
 
 
-class UserResetApiSecret(_Resource):
+class UserResetApiSecret(UserResource):
     def on_post(self, req, resp, userid):
         p = self.params(req)
         secret = users.reset_api_secret(
@@ -134,7 +136,7 @@ class UserResetApiSecret(_Resource):
         ok_user(resp, {"api_secret": secret})
 
 
-class UserDelete(_Resource):
+class UserDelete(UserResource):
     def on_post(self, req, resp, email):
         self.params(req)
         users.delete_user(self.ctx, req.context.requester, email)
@@ -142,13 +144,13 @@ class UserDelete(_Resource):
 
 
 # -- a user's own credentials (self-service): the requester only -----------------------
-class Credentials(_Resource):
+class Credentials(UserResource):
     def on_get(self, req, resp):
         self.params(req)
         ok_user(resp, credentials.show_credentials(self.ctx, req.context.requester))
 
 
-class _Proven(_Resource):
+class _Proven(UserResource):
     """Calls proven by the password: the client's address shares out the hash slots as a login's does."""
 
     def __init__(self, ctx: Context):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
+from urllib.parse import urlsplit
 
 from controller.errors import InvalidInput
 from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none, parse_limit, parse_ratio,
@@ -137,7 +138,9 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "bind_password_file": "",
         "default_shell": "/bin/bash",
     },
-    "controller": {"id": "1", "profile": "production"},
+    # name: how users and the portal call this cluster (empty: cluster-ID); url: this
+    # controller's API as clients reach it (the catalog lists it; empty: the URL they used).
+    "controller": {"id": "1", "profile": "production", "name": "", "url": ""},
     # Groups made through the API (issue 8, finding 1); see etc/controller.ini.sample.
     "groups": {
         "name_prefix": "",
@@ -223,6 +226,20 @@ DEFAULTS["metrics"] = {
     "top_users": "0",
 }
 
+# A controller of one cluster whose users, passwords and tokens live at a cloud auth serving
+# several (docs/clusters.md). url empty: this process's own database is the cloud auth.
+DEFAULTS["cloud_auth"] = {
+    "url": "",
+    # The secret `cloud-agent controller add` printed at cloud auth, alone in a file of mode 0600.
+    "secret_file": "",
+    # A CA bundle to verify cloud auth's certificate with (empty: the system's).
+    "ca_file": "",
+    "poll_seconds": "1",
+    "timeout_seconds": "2",
+    # Tokens already seen keep working this long after the last good poll (0: not at all).
+    "offline_grace_seconds": "300",
+}
+
 # The cloud portal's sessions (pages under /portal/, served when [server] interfaces has portal).
 DEFAULTS["portal"] = {
     # A session ends after this long without a request, and this long after its login whatever.
@@ -265,6 +282,13 @@ def _seconds(text: str, where: str) -> float:
     return value
 
 
+def _positive_seconds(text: str, where: str) -> float:
+    value = _seconds(text, where)
+    if value <= 0:
+        raise InvalidInput(f"{where} must be a number of seconds above 0")
+    return value
+
+
 def _networks(text: str, where: str) -> tuple:
     """Comma-separated addresses or networks; a bare address is a /32 or /128."""
     try:
@@ -278,6 +302,20 @@ def _names(text: str, where: str) -> tuple[str, ...]:
 
 
 INTERFACES = ("controller", "user", "portal")
+
+
+def _optional_host_name(text: str, where: str) -> str:
+    return _host_name(text, where) if text else ""
+
+
+def _optional_url(text: str, where: str) -> str:
+    if not text:
+        return ""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment \
+            or parts.username or any(c.isspace() for c in text):
+        raise InvalidInput(f"{where} must be http(s)://HOST[:PORT][/PATH] or empty")
+    return text.rstrip("/")
 
 
 def _interfaces(text: str, where: str) -> tuple[str, ...]:
@@ -452,6 +490,8 @@ class DirectoryConfig:
 class ControllerConfig:
     id: int
     profile: str
+    name: str = _parsed(_optional_host_name)
+    url: str = _parsed(_optional_url)
 
 
 @dataclass(frozen=True)
@@ -517,6 +557,16 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class CloudAuthConfig:
+    url: str = _parsed(_optional_url)
+    secret_file: str
+    ca_file: str
+    poll_seconds: float = _parsed(_positive_seconds)
+    timeout_seconds: float = _parsed(_positive_seconds)
+    offline_grace_seconds: float = _parsed(_seconds)
+
+
+@dataclass(frozen=True)
 class PortalConfig:
     session_idle_seconds: int = _at_least(60)
     session_max_seconds: int = _at_least(60)
@@ -529,7 +579,7 @@ SECTIONS: dict[str, type] = {
     "network": NetworkConfig, "limits": LimitsConfig, "capacity": CapacityConfig,
     "controller": ControllerConfig, "database": DatabaseConfig, "server": ServerConfig, "auth": AuthConfig,
     "unix": UnixConfig, "audit": AuditConfig, "hosts": HostsConfig, "health": HealthConfig,
-    "groups": GroupsConfig, "metrics": MetricsConfig, "portal": PortalConfig,
+    "groups": GroupsConfig, "metrics": MetricsConfig, "portal": PortalConfig, "cloud_auth": CloudAuthConfig,
 }
 
 
@@ -586,6 +636,7 @@ class Config:
     audit: AuditConfig
     metrics: MetricsConfig
     portal: PortalConfig
+    cloud_auth: CloudAuthConfig
     path: str | None = None
     written: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -632,6 +683,7 @@ def parse_config(written: dict[str, dict[str, str]], path: str | None = None) ->
                     written=MappingProxyType({s: MappingProxyType(dict(k)) for s, k in written.items()}))
     _check_guest_root_quota(config)
     _check_shutdown_timeout(config)
+    _check_cloud_auth(config)
     from controller.addresses import network_plan
 
     network_plan(config)  # raises InvalidInput naming the bad [network] key
@@ -646,6 +698,19 @@ def _groups_backend(groups: GroupsConfig, directory: DirectoryConfig) -> GroupsC
         raise InvalidInput("config [groups] backend = ldap needs [directory] backend = ldap "
                            "(the groups are written to the directory's server)")
     return replace(groups, backend=backend)
+
+
+def _check_cloud_auth(config: Config) -> None:
+    """A controller following a cloud auth serves the controller interface only: its users and
+    the portal live at cloud auth. Its secret file is checked where it is read (`serve`, `check`)."""
+    if not config.cloud_auth.url:
+        return
+    if config.server.interfaces != ("controller",):
+        raise InvalidInput("config [server] interfaces must be controller alone when [cloud_auth] url is set: "
+                           "users and the portal are served by cloud auth")
+    if not config.cloud_auth.secret_file:
+        raise InvalidInput("config [cloud_auth] secret_file is required when [cloud_auth] url is set "
+                           "(the secret `cloud-agent controller add` printed at cloud auth)")
 
 
 def _check_guest_root_quota(config: Config) -> None:

@@ -25,6 +25,8 @@ class Context:
     health_monitor: object = field(default=None, repr=False)
     # controller.monitoring.metrics.ServiceMetrics (its own Prometheus registry), made by metrics_of on first use.
     metrics: object = field(default=None, repr=False)
+    # controller.cloud_auth.follower.Follower when [cloud_auth] url is set: users and tokens come from there.
+    cloud_auth: object = field(default=None, repr=False)
 
     @property
     def secret_box(self) -> SecretBox:

@@ -7,7 +7,7 @@ import time
 from datetime import datetime, timezone
 
 from controller.context import Context
-from controller.errors import InvalidInput, TooManyRequests, Unauthenticated
+from controller.errors import InvalidInput, ServerBusy, TooManyRequests, Unauthenticated
 from controller.monitoring.metrics import metrics_of
 from controller.permissions import Requester
 from controller.rules import as_uuid
@@ -156,7 +156,26 @@ def authenticate(ctx: Context, *, token: str | None, user_id: str | None) -> Req
     if user_id is None:
         counted.token_checked("invalid")
         raise Unauthenticated("X-Auth-Cloudauth-Id must be a user id (UUID)")
+    follower = ctx.cloud_auth
+    if follower is not None:
+        # A controller following a cloud auth: tokens it has seen are cached here; none is
+        # trusted once its copy is older than the offline grace (503, never a 401).
+        try:
+            follower.usable()
+        except ServerBusy:
+            counted.token_checked("unavailable")
+            raise
     user = ctx.store.token_owner(token_hash(token), now=int(time.time()))
+    if user is None and follower is not None:
+        try:
+            follower.admit(token, user_id)
+        except ServerBusy:
+            counted.token_checked("unavailable")
+            raise
+        except Unauthenticated:
+            counted.token_checked("invalid")
+            raise
+        user = ctx.store.token_owner(token_hash(token), now=int(time.time()))
     # The hash lookup already compared the token; the id comparison is constant-time too.
     if user is None or not same(user["id"], user_id):
         counted.token_checked("invalid")

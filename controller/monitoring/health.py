@@ -43,6 +43,8 @@ def run_checks(ctx: Context, *, thorough: bool = False, runner: "CheckRunner | N
         # not only at the next restart.
         ("secret_key", lambda: SecretBox(ctx.config.auth.secret_key_file)),
     ]
+    if ctx.cloud_auth is not None:
+        checks.append(("cloud_auth", ctx.cloud_auth.check))
     if ctx.adapters is not None:
         checks.extend(ctx.adapters.checks())
     results = runner.run(checks)

@@ -40,7 +40,7 @@ LOGIN_METHODS = ("password", "api_key")
 # invalid (400: a malformed body).
 LOGIN_RESULTS = ("ok", "failed", "refused", "invalid")
 # ok; missing (no token or id header); invalid (a wrong, expired or revoked token, a bad id).
-TOKEN_RESULTS = ("ok", "missing", "invalid")
+TOKEN_RESULTS = ("ok", "missing", "invalid", "unavailable")
 MIB = 1024 * 1024
 
 # No `_created` series beside every counter and histogram: they double the series and no
@@ -60,7 +60,7 @@ class ServiceMetrics:
                                  "method and status class (2xx..5xx).", ["route", "method", "status_class"],
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
         self.token_checks = Counter(f"{PREFIX}_token_checks", "Authenticated requests' token checks, by result "
-                                    "(ok, missing, invalid).", ["result"], registry=self.registry)
+                                    "(ok, missing, invalid; unavailable: cloud auth could not say).", ["result"], registry=self.registry)
         self.logins = Counter(f"{PREFIX}_logins", "Token requests (POST /v1/auth/token), by credential (password, "
                               "api_key) and result (ok, failed, refused, invalid).", ["method", "result"],
                               registry=self.registry)
@@ -127,9 +127,11 @@ class StoreCollector:
     def collect(self):
         failed = _gauge("scrape_error", "1 when this part of the scrape could not be read (see the log).",
                         ("part",))
-        for part, read in (("database_files", self._files), ("instances", self._instances),
-                           ("hosts", self._hosts), ("usage", self._usage), ("reconcile", self._reconcile),
-                           ("health", self._health)):
+        parts = [("database_files", self._files), ("instances", self._instances), ("hosts", self._hosts),
+                 ("usage", self._usage), ("reconcile", self._reconcile), ("health", self._health)]
+        if self._ctx.cloud_auth is not None:  # a controller following a cloud auth
+            parts.append(("cloud_auth", self._cloud_auth))
+        for part, read in parts:
             try:
                 families = list(read())
             except (sqlite3.Error, OSError) as e:
@@ -139,6 +141,19 @@ class StoreCollector:
             failed.add_metric([part], 0)
             yield from families
         yield failed
+
+    def _cloud_auth(self):
+        follower = self._ctx.cloud_auth
+        if follower is None:
+            return
+        age = follower.age()
+        family = _gauge("cloud_auth_feed_age_seconds", "Seconds since this controller last read cloud auth's "
+                        "changes feed (-1: never); past [cloud_auth] offline_grace_seconds no token is accepted.", ())
+        family.add_metric([], -1 if age is None else age)
+        yield family
+        seq = _gauge("cloud_auth_feed_seq", "The last change of cloud auth's feed this controller applied.", ())
+        seq.add_metric([], follower.seq)
+        yield seq
 
     def _files(self):
         sizes = _gauge("database_bytes", "Size of the SQLite database's files (file: db, wal).", ("file",))

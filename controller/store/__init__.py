@@ -11,7 +11,8 @@ in one module per family of tables, composed here: database.py (connections,
 transactions, migrations), users.py, accounts.py, tokens.py (tokens and portal
 sessions), images.py (images and flavors), instances.py (instances, their users
 and claims), hosts.py (hosts, moves, evacuations), volumes.py, groups.py,
-limits.py, records.py (audit, instance history, reconcile report) and bulk.py
+limits.py, records.py (audit, instance history, reconcile report), cloud_auth.py
+(the controllers a cloud auth serves, their accounts, the changes feed) and bulk.py
 (the sandbox's bulk load). read_memo.py, write_mark.py and migrations.py serve
 them all. The service imports `Store` and `utc_now` from here, never a family's
 module. Imports only the kernel (errors, limits).
@@ -19,6 +20,7 @@ module. Imports only the kernel (errors, limits).
 
 from controller.store.accounts import AccountRows
 from controller.store.bulk import BulkLoad
+from controller.store.cloud_auth import CloudAuthRows, FollowRows
 from controller.store.database import Database, utc_now
 from controller.store.groups import GroupRows
 from controller.store.hosts import HostRows
@@ -34,5 +36,5 @@ __all__ = ["Store", "utc_now"]
 
 
 class Store(Database, UserRows, AccountRows, TokenRows, ImageRows, InstanceRows, HostRows, VolumeRows,
-            GroupRows, LimitRows, RecordRows, BulkLoad):
+            GroupRows, LimitRows, RecordRows, CloudAuthRows, FollowRows, BulkLoad):
     """The database, with every family's reads and writes."""

@@ -113,6 +113,17 @@ class Database:
         conn.execute("COMMIT")
         self.write_mark.change()
 
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """Several reads from one snapshot of the database (a deferred transaction: in WAL mode
+        it never waits for the writer)."""
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
     def migrate(self) -> tuple[int, int]:
         try:
             return apply_migrations(self.conn)

@@ -406,11 +406,100 @@ _M_PORTAL_SESSIONS = """
 """
 
 
+# One cloud auth for several clusters: the controllers it serves (each with a secret kept
+# as a hash), the accounts they registered, and the changes feed's outbox. The outbox is
+# written by triggers in the transaction of each change, whatever code path made it, so a
+# controller polling the feed misses none: a user's fields (never its password hash or
+# secret), a system account here or at a controller, and a live token removed (a
+# revocation, by its hash). The epoch names this database: a controller that last read
+# another epoch starts again from a snapshot.
+_NOW = "CAST(strftime('%s', 'now') AS INTEGER)"
+_M_CLOUD_AUTH = f"""
+        CREATE TABLE controllers (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            url TEXT NOT NULL,
+            secret_hash TEXT NOT NULL,
+            enabled INTEGER NOT NULL DEFAULT 1,
+            created_at_utc TEXT NOT NULL,
+            last_seen_utc TEXT
+        );
+        CREATE TABLE registered_accounts (
+            controller_id INTEGER NOT NULL REFERENCES controllers(id) ON DELETE RESTRICT,
+            username TEXT NOT NULL,
+            user_id TEXT NOT NULL REFERENCES users(id) ON DELETE RESTRICT,
+            uuid TEXT NOT NULL UNIQUE,
+            uid INTEGER NOT NULL,
+            created_at_utc TEXT NOT NULL,
+            PRIMARY KEY (controller_id, username),
+            UNIQUE (controller_id, user_id)
+        );
+        CREATE INDEX registered_accounts_user ON registered_accounts(user_id);
+        CREATE TABLE auth_changes (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind TEXT NOT NULL CHECK (kind IN ('user', 'account', 'token')),
+            key TEXT NOT NULL,
+            at INTEGER NOT NULL
+        );
+        CREATE INDEX auth_changes_at ON auth_changes(at);
+        CREATE TABLE auth_epoch (
+            only INTEGER PRIMARY KEY CHECK (only = 1),
+            epoch TEXT NOT NULL
+        );
+        INSERT INTO auth_epoch (only, epoch) VALUES (1, lower(hex(randomblob(16))));
+        -- A controller following a cloud auth: where it stopped reading the feed.
+        CREATE TABLE cloud_auth_follow (
+            only INTEGER PRIMARY KEY CHECK (only = 1),
+            epoch TEXT,
+            seq INTEGER NOT NULL DEFAULT 0,
+            last_good REAL
+        );
+        INSERT INTO cloud_auth_follow (only) VALUES (1);
+
+        CREATE TRIGGER auth_changes_user_added AFTER INSERT ON users BEGIN
+            INSERT INTO auth_changes (kind, key, at) VALUES ('user', NEW.id, {_NOW});
+        END;
+        CREATE TRIGGER auth_changes_user_changed AFTER UPDATE ON users
+        WHEN OLD.email IS NOT NEW.email OR OLD.name IS NOT NEW.name OR OLD.active IS NOT NEW.active
+          OR OLD.owner_userid IS NOT NEW.owner_userid OR OLD.roles IS NOT NEW.roles
+          OR (OLD.api_secret_enc IS NULL) IS NOT (NEW.api_secret_enc IS NULL)
+        BEGIN
+            INSERT INTO auth_changes (kind, key, at) VALUES ('user', NEW.id, {_NOW});
+        END;
+        CREATE TRIGGER auth_changes_user_removed AFTER DELETE ON users BEGIN
+            INSERT INTO auth_changes (kind, key, at) VALUES ('user', OLD.id, {_NOW});
+        END;
+
+        CREATE TRIGGER auth_changes_account_added AFTER INSERT ON system_accounts BEGIN
+            INSERT INTO auth_changes (kind, key, at)
+            VALUES ('account', NEW.cloud_controller_id || ':' || NEW.username, {_NOW});
+        END;
+        CREATE TRIGGER auth_changes_account_removed AFTER DELETE ON system_accounts BEGIN
+            INSERT INTO auth_changes (kind, key, at)
+            VALUES ('account', OLD.cloud_controller_id || ':' || OLD.username, {_NOW});
+        END;
+        CREATE TRIGGER auth_changes_registered_added AFTER INSERT ON registered_accounts BEGIN
+            INSERT INTO auth_changes (kind, key, at) VALUES ('account', NEW.controller_id || ':' || NEW.username, {_NOW});
+        END;
+        CREATE TRIGGER auth_changes_registered_changed AFTER UPDATE ON registered_accounts BEGIN
+            INSERT INTO auth_changes (kind, key, at) VALUES ('account', NEW.controller_id || ':' || NEW.username, {_NOW});
+        END;
+        CREATE TRIGGER auth_changes_registered_removed AFTER DELETE ON registered_accounts BEGIN
+            INSERT INTO auth_changes (kind, key, at) VALUES ('account', OLD.controller_id || ':' || OLD.username, {_NOW});
+        END;
+
+        -- An expired token's removal (the purge) revokes nothing.
+        CREATE TRIGGER auth_changes_token_removed AFTER DELETE ON tokens WHEN OLD.expires_at > {_NOW} BEGIN
+            INSERT INTO auth_changes (kind, key, at) VALUES ('token', OLD.token_hash, {_NOW});
+        END;
+"""
+
+
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
     _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES, _M_INSTANCE_CLAIMS, _M_HOST_IDENTITY,
-    _M_PORTAL_SESSIONS,
+    _M_PORTAL_SESSIONS, _M_CLOUD_AUTH,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

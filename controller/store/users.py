@@ -148,7 +148,8 @@ class UserRows:
 
     def user_has_volume_or_account(self, user_id: str) -> tuple[bool, bool]:
         volume = self._one("SELECT 1 FROM volumes WHERE owner_id = ?", (user_id,)) is not None
-        account = self._one("SELECT 1 FROM system_accounts WHERE user_id = ?", (user_id,)) is not None
+        account = self._one("SELECT 1 FROM system_accounts WHERE user_id = ? UNION ALL "
+                            "SELECT 1 FROM registered_accounts WHERE user_id = ?", (user_id, user_id)) is not None
         return volume, account
 
     def set_roles(self, user_id: str, roles: list[str], *, keeps_owner) -> list[dict]:

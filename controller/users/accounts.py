@@ -1,10 +1,11 @@
 """System accounts: enabling a cloud auth user on this cluster (the agent's `account` commands)."""
 
+import logging
 import os
 from collections.abc import Callable
 
 from controller.context import Context
-from controller.errors import Conflict
+from controller.errors import Conflict, NotFound
 from controller.users.groups import check_account_username, drop_member_everywhere
 from controller.instances.guests import drop_account_everywhere
 from controller.locks import host_changes
@@ -12,6 +13,8 @@ from controller.lookups import account_of, find_user, user_account
 from controller.rules import new_id
 from controller.store import utc_now
 from host_adapters.names import check_username
+
+log = logging.getLogger(__name__)
 
 
 def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = None) -> dict:
@@ -32,14 +35,22 @@ def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = N
 def _create(ctx: Context, user: dict, username: str, home: str, uid: int | None) -> dict:
     adapters, controller_id = ctx.adapters, ctx.config.controller_id
     posix = adapters.directory.create_account(username, home=home, uid=uid)
+    account_id = new_id()
+    registry = cloud_auth_registry(ctx)
+    registered = False
     try:
+        if registry is not None:
+            # A cluster of a cloud auth serving several: the username is taken there first
+            # (409 when another user holds it on this cluster); a refusal undoes the account.
+            registry.register(username, user_id=user["id"], uuid=account_id, uid=posix.uid)
+            registered = True
         if not user["active"]:  # an inactive user's account is born locked
             adapters.directory.lock_account(username)
         return ctx.store.insert_account(
             {
                 "user_id": user["id"],
                 "username": posix.username,
-                "uuid": new_id(),
+                "uuid": account_id,
                 "uid": posix.uid,
                 "gid": posix.gid,
                 "home": posix.home,
@@ -48,8 +59,26 @@ def _create(ctx: Context, user: dict, username: str, home: str, uid: int | None)
             }
         )
     except BaseException:
+        if registered:
+            _unregister_or_log(registry, username)
         adapters.directory.delete_account(username)
         raise
+
+
+def cloud_auth_registry(ctx: Context):
+    """The cloud auth this controller registers its accounts at, or None (a single node)."""
+    if not ctx.config.cloud_auth.url:
+        return None
+    from controller.cloud_auth.client import CloudAuthClient, read_secret
+
+    return CloudAuthClient(ctx.config, read_secret(ctx.config.cloud_auth.secret_file))
+
+
+def _unregister_or_log(registry, username: str) -> None:
+    try:
+        registry.unregister(username)
+    except Exception as e:  # noqa: BLE001 - the undo of an undo: said, not raised over the first error
+        log.warning("cloud auth still lists the account %s of this cluster: %s", username, e)
 
 
 def disable_account(ctx: Context, who: str) -> dict:
@@ -64,15 +93,31 @@ def disable_account(ctx: Context, who: str) -> dict:
         raise Conflict(f"{email} still owns server-instances: delete them first")
     if ctx.store.list_groups(visible_to=None, owner_id=user["id"]):
         raise Conflict(f"{email} still owns groups: delete them first")
+    registry = cloud_auth_registry(ctx)
     with host_changes(ctx):
         # The intent first: a crash half way is finished by reconcile, which never
         # re-creates an account an admin disabled.
         if not ctx.store.set_account_state(account["id"], "deleting", expect="ready"):
             raise Conflict(f"the system account of {email} is already being disabled")
+        unregistered = False
         try:
+            if registry is not None:
+                # Cloud auth forgets the name on this cluster first: a refusal changes nothing.
+                try:
+                    registry.unregister(account["username"])
+                    unregistered = True
+                except NotFound:
+                    pass  # not registered (made before this cluster joined a cloud auth)
             finish_disable(ctx, account)
         except BaseException:
             ctx.store.set_account_state(account["id"], "ready", expect="deleting")
+            if unregistered:
+                try:
+                    registry.register(account["username"], user_id=account["user_id"], uuid=account["uuid"],
+                                      uid=account["uid"])
+                except Exception as e:  # noqa: BLE001 - said; the first error is the one raised
+                    log.warning("cloud auth no longer lists the account %s of this cluster: %s",
+                                account["username"], e)
             raise
     return account
 

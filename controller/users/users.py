@@ -28,6 +28,12 @@ from controller.security.crypto import new_api_key, new_api_secret
 from controller.store import utc_now
 
 
+def users_live_here(ctx: Context) -> None:
+    """A controller following a cloud auth holds a read-only copy of its users."""
+    if ctx.config.cloud_auth.url:
+        raise Conflict(f"users live at cloud auth {ctx.config.cloud_auth.url}: change them there")
+
+
 # -- serialisation ------------------------------------------------------------
 def account_object(account: dict) -> dict:
     return {
@@ -42,6 +48,9 @@ def user_objects(ctx: Context, users: list[dict], *, superuser_view: bool) -> li
     """The API's user objects; the password never appears, superuser fields only for superusers."""
     ids = [u["id"] for u in users]
     accounts = ctx.store.accounts_of_users(ids)
+    # At a cloud auth serving several clusters: the accounts each controller registered too.
+    for user_id, registered in ctx.store.registered_accounts_of_users(ids).items():
+        accounts[user_id] = accounts[user_id] + registered
     owned = ctx.store.count_owned(ids) if superuser_view else {}
     out = []
     for u in users:
@@ -119,6 +128,7 @@ def insert_user(
     A user with an owner counts against the owner's managed_users limit.
     Returns the stored row and the plaintext API secret, which is shown once.
     """
+    users_live_here(ctx)
     check_email(email)
     check_name("name", name)
     check_length("registration_source", registration_source, SHORT_TEXT_MAX)
@@ -158,6 +168,7 @@ def create_user(
     active: int = 1,
     registration_source: str | None = None,
 ) -> str:
+    users_live_here(ctx)
     perms.require_permission(requester, "create_user", "creating users")
     if active < 0:
         raise InvalidInput("active must be 0 (inactive) or greater (active)")
@@ -239,6 +250,7 @@ def update_user(
     name: str | None = None,
     active: int | None = None,
 ) -> None:
+    users_live_here(ctx)
     user = user_or_404(ctx, userid)
     if not perms.can_update_user(requester, user):
         raise Forbidden("you may not update this user")
@@ -282,6 +294,7 @@ def search_users(
 
 
 def set_password(ctx: Context, requester: Requester, userid: str, *, password: str) -> None:
+    users_live_here(ctx)
     perms.require_superuser(requester, "setting a password")
     user = user_or_404(ctx, userid)
     check_password(password)
@@ -289,6 +302,7 @@ def set_password(ctx: Context, requester: Requester, userid: str, *, password: s
 
 
 def view_api_secret(ctx: Context, requester: Requester, userid: str) -> str | None:
+    users_live_here(ctx)
     if not requester.has("view_user_secret"):
         raise Forbidden("viewing an API secret needs the superuser role or view_user_secret")
     user = user_or_404(ctx, userid)
@@ -300,6 +314,7 @@ def view_api_secret(ctx: Context, requester: Requester, userid: str) -> str | No
 
 
 def reset_api_secret(ctx: Context, requester: Requester, userid: str, *, set_to_null: bool = False) -> str | None:
+    users_live_here(ctx)
     perms.require_superuser(requester, "resetting an API secret")
     user = user_or_404(ctx, userid)
     secret = None if set_to_null else new_api_secret()
@@ -315,12 +330,14 @@ def admin_list_users(ctx: Context, *, include_inactive: bool = True) -> list[dic
 
 def admin_set_password(ctx: Context, user: dict, password: str) -> None:
     """A new password for a user who lost theirs; its password logins end."""
+    users_live_here(ctx)
     check_password(password)
     ctx.store.set_password_hash(user["id"], ctx.passwords.hash(password))
 
 
 def admin_api_secret(ctx: Context, user: dict, *, reset: bool) -> str | None:
     """The user's API secret; with reset a new one first (the old one's tokens end)."""
+    users_live_here(ctx)
     if reset:
         secret = new_api_secret()
         ctx.store.set_api_secret(user["id"], ctx.secret_box.encrypt(secret))
@@ -329,6 +346,7 @@ def admin_api_secret(ctx: Context, user: dict, *, reset: bool) -> str | None:
 
 
 def delete_user(ctx: Context, requester: Requester, email: str) -> dict:
+    users_live_here(ctx)
     perms.require_superuser(requester, "deleting a user")
     check_length("email", email, EMAIL_MAX)
     user = user_by_email_or_404(ctx, email)
@@ -353,6 +371,7 @@ def change_role(ctx: Context, who: str, role: str, *, grant: bool) -> tuple[dict
     revoke that takes from the user a role one of its managed users holds detaches that
     managed user. Returns the user as stored and the links cut ({"user_id", "owner_userid"}).
     """
+    users_live_here(ctx)
     if role not in perms.ROLES:
         raise InvalidInput(f"unknown role {role!r}; roles are {', '.join(perms.ROLES)}")
     user = find_user(ctx, who)

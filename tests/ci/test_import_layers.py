@@ -29,7 +29,8 @@ CONTROLLER_FLOORS = (
     ("context",),  # what every service function is given
     ("lookups", "hosts"),  # the lookups resources share; hypervisor hosts and placement
     ("instances", "monitoring"),  # server-instances and their guests; /healthz and /metrics
-    ("storage", "users", "auth"),  # volumes and images; users, accounts, groups; tokens
+    # volumes and images; users, accounts, groups; tokens; one cloud auth for several clusters
+    ("storage", "users", "auth", "cloud_auth"),
     ("maintenance", "portal"),  # drain, evacuate, reconcile; what the portal's pages show
 )
 # host_adapters/'s packages and top modules, ground first, the same way.

@@ -373,6 +373,11 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     conn.execute("ALTER TABLE hosts DROP COLUMN host_uuid")
     conn.execute("ALTER TABLE hosts DROP COLUMN pool_uuid")
     conn.execute("DROP TABLE portal_sessions")  # _M_PORTAL_SESSIONS (the cloud portal)
+    for trigger in [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' "
+                                               "AND name LIKE 'auth_changes_%'")]:
+        conn.execute(f"DROP TRIGGER {trigger}")  # _M_CLOUD_AUTH's (one cloud auth, several clusters)
+    for table in ("registered_accounts", "controllers", "auth_changes", "auth_epoch", "cloud_auth_follow"):
+        conn.execute(f"DROP TABLE {table}")
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
     listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))

@@ -1,0 +1,226 @@
+"""One cloud auth and two controllers, three real `cloud-agent serve` processes on the
+loopback, each with its own database: one login used on both clusters, the visibility
+rules on a controller, accounts registered at cloud auth and listed there, a username
+another user holds on one cluster refused, revocations reaching a controller within
+`poll_seconds` and a request, and cloud auth stopped: tokens already seen go on working,
+an unknown token is 503 with Retry-After, never a 401.
+"""
+
+import configparser
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.agent import agent_call, agent_ok
+from tests.fixtures.server import free_port, sandbox_with_admin, start_server, stop_server
+
+PASSWORD = "Three-processes-1"
+
+
+def headers(login: dict) -> dict:
+    return {"X-Auth-Token": login["token"], "X-Auth-Cloudauth-Id": login["userid"]}
+
+
+def set_keys(config: Path, values: dict) -> None:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(config)
+    for section, keys in values.items():
+        if not parser.has_section(section):
+            parser.add_section(section)
+        for key, value in keys.items():
+            parser.set(section, key, str(value))
+    with open(config, "w") as f:
+        parser.write(f)
+
+
+@pytest.fixture
+def cloud(tmp_path):
+    """Cloud auth (a sandbox that is also controller 1) and controllers 2 and 3 following it."""
+    procs = []
+    try:
+        _, auth_config, admin = sandbox_with_admin("cc-auth-", PASSWORD)
+        auth_proc, auth = start_server(auth_config, tmp_path / "auth.log")
+        procs.append(auth_proc)
+        clusters = {}
+        for n in (2, 3):
+            port = free_port()
+            made = agent_ok(auth_config, "controller", "add", f"hpc{n}", "--id", str(n),
+                            "--url", f"http://127.0.0.1:{port}")
+            state = Path(tempfile.mkdtemp(prefix=f"cc-hpc{n}-"))
+            config = state / "controller.ini"
+            agent_ok(config, "init", "--sandbox", str(state / "sandbox"), timeout=120)
+            secret = state / "cloud-auth.secret"
+            secret.write_text(made["secret"] + "\n")
+            secret.chmod(0o600)
+            set_keys(config, {"controller": {"id": n, "name": f"hpc{n}"},
+                              "server": {"interfaces": "controller"},
+                              "cloud_auth": {"url": auth.base, "secret_file": secret, "poll_seconds": 0.5,
+                                             "timeout_seconds": 1, "offline_grace_seconds": 300}})
+            proc, http = start_server(config, tmp_path / f"hpc{n}.log", port=port)
+            procs.append(proc)
+            clusters[n] = {"http": http, "config": config, "proc": proc, "secret": made["secret"]}
+        yield {"auth": auth, "auth_proc": auth_proc, "auth_config": auth_config, "admin": admin,
+               "clusters": clusters, "logs": tmp_path}
+    finally:
+        for proc in procs:
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            stop_server(proc)
+
+
+def login(auth, email: str, password: str = PASSWORD) -> dict:
+    status, _, body = auth.call("POST", "/v1/auth/token", {"email": email, "password": password})
+    assert status == 200, body
+    return body["data"]
+
+
+def make_user(cloud, email: str, owner: str | None = None) -> dict:
+    admin = login(cloud["auth"], "admin@example.org")
+    body = {"email": email, "password": PASSWORD, **({"owner_userid": owner} if owner else {})}
+    status, _, made = cloud["auth"].call("POST", "/v1/user/create", body, headers=headers(admin))
+    assert status == 200, made
+    return {"email": email, "id": made["data"]["userid"]}
+
+
+def until(predicate, seconds: float, step: float = 0.05):
+    deadline = time.monotonic() + seconds
+    while True:
+        got = predicate()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(step)
+
+
+def test_one_login_on_two_clusters(cloud):
+    auth, (hpc2, hpc3) = cloud["auth"], (cloud["clusters"][2], cloud["clusters"][3])
+    alice = make_user(cloud, "alice@example.org")
+    bob = make_user(cloud, "bob@example.org", owner=alice["id"])
+    # The controllers learn the new users from the feed.
+    time.sleep(1.5)
+    token = login(auth, "alice@example.org")
+    for cluster in (hpc2, hpc3):
+        status, _, body = cluster["http"].call("GET", "/v1/server-instance", headers=headers(token))
+        assert (status, body["data"]) == (200, []), body
+        # A controller serves the controller interface alone: no user interface, no portal.
+        status, _, _ = cluster["http"].call("GET", "/v1/user/list", headers=headers(token))
+        assert status == 404
+    # A wrong token for alice: 401 on a controller (cloud auth said so).
+    status, _, body = hpc2["http"].call("GET", "/v1/server-instance",
+                                        headers={"X-Auth-Token": "x" * 43, "X-Auth-Cloudauth-Id": alice["id"]})
+    assert status == 401, body
+
+    # Accounts: registered at cloud auth first, listed there with their cluster.
+    agent_ok(hpc2["config"], "account", "enable", "alice@example.org", "--username", "alice")
+    agent_ok(hpc3["config"], "account", "enable", "bob@example.org", "--username", "alice")  # another cluster
+    agent_ok(hpc2["config"], "account", "enable", "bob@example.org", "--username", "bob")
+    status, _, body = auth.call("GET", f"/v1/user/view/{alice['id']}", headers=headers(token))
+    assert [(a["cloud_controller_id"], a["username"]) for a in body["data"]["user"]["system_accounts"]] == \
+        [(2, "alice")]
+    listed = {c["id"]: c for c in agent_ok(cloud["auth_config"], "controller", "list")["controllers"]}
+    assert (listed[2]["accounts"], listed[3]["accounts"]) == (2, 1)
+    assert listed[2]["last_seen"] and listed[3]["last_seen"]
+    # The username bob holds on cluster 3... is refused for carol there, at cloud auth or here.
+    carol = make_user(cloud, "carol@example.org")
+    time.sleep(1.5)
+    code, out = agent_call(hpc3["config"], "account", "enable", "carol@example.org", "--username", "alice")
+    assert code == 1 and "alice" in out["error"], out
+    code, out = agent_call(hpc2["config"], "account", "enable", "carol@example.org", "--username", "bob")
+    assert code == 1 and "bob" in out["error"], out
+    # A name cloud auth holds for another user on cluster 2 that cluster 2 has not recorded:
+    # refused by cloud auth, and nothing is made here (no account, no directory entry).
+    erin = make_user(cloud, "erin@example.org")
+    status, _, held = auth.call("PUT", "/v1/auth/accounts/2/dave",
+                                {"user_id": erin["id"], "uuid": "6f1c0b2e-7d0a-4c55-9b7e-2b8f0a7e1c99", "uid": 29999},
+                                headers={"Authorization": f"Controller 2:{hpc2['secret']}"})
+    assert status == 200, held
+    code, out = agent_call(hpc2["config"], "account", "enable", "carol@example.org", "--username", "dave")
+    assert code == 1 and "another user" in out["error"], out
+    listed = {u["email"]: u for u in agent_ok(hpc2["config"], "user", "list")["users"]}
+    assert listed["carol@example.org"]["system_accounts"] == []
+    code, out = agent_call(hpc2["config"], "account", "enable", "carol@example.org", "--username", "dave2")
+    assert code == 0, out  # the directory kept nothing of the refused try
+
+    # Visibility on a controller: alice sees what bob (hers) makes; bob does not see alice's.
+    bob_token = login(auth, "bob@example.org")
+    status, _, made = hpc2["http"].call("POST", "/v1/storage-volume",
+                                        {"volume-size": 1, "volume-type": {"visibility": "cluster"}},
+                                        headers=headers(bob_token))
+    assert status == 201, made
+    volume_id = made["data"][0]["volume-id"]
+    status, _, seen = hpc2["http"].call("GET", f"/v1/storage-volume/{volume_id}", headers=headers(token))
+    assert status == 200, seen
+    status, _, mine = hpc2["http"].call("POST", "/v1/storage-volume",
+                                        {"volume-size": 1, "volume-type": {"visibility": "cluster"}},
+                                        headers=headers(token))
+    assert status == 201, mine
+    status, _, _ = hpc2["http"].call("GET", f"/v1/storage-volume/{mine['data'][0]['volume-id']}",
+                                     headers=headers(bob_token))
+    assert status == 404
+    assert carol  # made for the refusal above
+
+
+def test_revocations_reach_the_controllers(cloud):
+    auth, hpc2 = cloud["auth"], cloud["clusters"][2]
+    admin = login(auth, "admin@example.org")
+    alice = make_user(cloud, "alice@example.org")
+    time.sleep(1.5)
+
+    def works(login_):
+        status, _, _ = hpc2["http"].call("GET", "/v1/server-instance", headers=headers(login_))
+        return status == 200
+
+    def ends_within(login_, change, seconds=2.0) -> float:
+        assert works(login_)
+        start = time.monotonic()
+        change()
+        assert until(lambda: not works(login_), seconds + 1), "still accepted"
+        took = time.monotonic() - start
+        assert took <= seconds, f"took {took:.2f} s"
+        return took
+
+    # A password set at cloud auth ends the password logins.
+    token = login(auth, "alice@example.org")
+    ends_within(token, lambda: auth.call("POST", f"/v1/user/set_password/{alice['id']}",
+                                         {"password": PASSWORD + "x"}, headers=headers(admin)))
+    # Deactivation ends them all.
+    token = login(auth, "alice@example.org", PASSWORD + "x")
+    ends_within(token, lambda: auth.call("POST", f"/v1/user/update/{alice['id']}", {"active": 0},
+                                         headers=headers(admin)))
+    status, _, body = hpc2["http"].call("GET", "/v1/server-instance", headers=headers(token))
+    assert status == 401, body
+
+
+def test_cloud_auth_stopped(cloud):
+    auth, hpc2 = cloud["auth"], cloud["clusters"][2]
+    make_user(cloud, "alice@example.org")
+    time.sleep(1.5)
+    seen = login(auth, "alice@example.org")
+    unseen = login(auth, "alice@example.org")
+    status, _, _ = hpc2["http"].call("GET", "/v1/server-instance", headers=headers(seen))
+    assert status == 200
+    os.kill(cloud["auth_proc"].pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # a poll or two fail
+        started = time.monotonic()
+        status, got_headers, body = hpc2["http"].call("GET", "/v1/server-instance", headers=headers(seen))
+        assert status == 200 and time.monotonic() - started < 1, body
+        started = time.monotonic()
+        status, got_headers, body = hpc2["http"].call("GET", "/v1/server-instance", headers=headers(unseen))
+        waited = time.monotonic() - started
+        assert status == 503 and "Retry-After" in got_headers, body
+        assert waited <= 1 + 0.5, waited  # timeout_seconds + 0.5
+        status, _, health = hpc2["http"].call("GET", "/healthz")
+        assert status == 200, health  # within the grace
+    finally:
+        os.kill(cloud["auth_proc"].pid, signal.SIGCONT)
+    # Cloud auth back: the unknown token is checked and works, with no restart.
+    assert until(lambda: hpc2["http"].call("GET", "/v1/server-instance", headers=headers(unseen))[0] == 200, 5)
+    log = (cloud["logs"] / "hpc2.log").read_text()
+    for secret in (seen["token"], unseen["token"], PASSWORD):
+        assert secret not in log
