@@ -69,6 +69,11 @@ def login(run: Run, url, api_key, email, keep, new_secret):
     token = session.login()
     saved = {"url": url, "userid": token.userid, "token": token.token, "expires_at": token.expires_at,
              "source": session.source}
+    # At a cloud auth serving several clusters, commands go to its default cluster's
+    # controller unless --cluster names another.
+    cluster_url = session.default_cluster_url()
+    if cluster_url:
+        saved["controller_url"] = cluster_url
     if api_key:
         saved.update({"api_key": api_key, **({"api_secret": creds["api_secret"]} if keep else {})})
     else:
@@ -200,3 +205,37 @@ def user_update(run: Run, name, email, new_name, active):
         raise ClientError("nothing to change: give --email, --new-name or --active/--inactive")
     u = run.client.update_user(names.user(run.client, name).id, email=email, name=new_name, active=active)
     run.emit(u.raw, lambda: _user_fields(run.client, u))
+
+
+@click.group("cluster")
+def cluster():
+    """The clusters your login reaches (a cloud auth serving several); pick one with
+    `cloud --cluster NAME` or CC_CLUSTER.
+
+    Example: cloud cluster list
+    """
+
+
+@cluster.command("list")
+@cloud_command
+def cluster_list(run: Run):
+    """Each cluster: id, name, URL, enabled, and your account there.
+
+    Example: cloud cluster list
+    """
+    client = run.client
+    catalog = client.catalog()
+    accounts = {a["cloud_controller_id"]: {"username": a["username"], "uuid": a["uuid"]}
+                for a in client.my_accounts()}
+    rows = [{"id": c["id"], "name": c["name"], "url": c["url"] or client.url, "enabled": c["enabled"],
+             "account": accounts.get(c["id"])} for c in catalog["controllers"]]
+
+    def human() -> str:
+        lines = [f"{'ID':<6} {'NAME':<20} {'ACCOUNT':<12} {'STATE':<9} URL"]
+        for r in rows:
+            mark = " (default)" if r["id"] == catalog.get("default") else ""
+            lines.append(f"{r['id']:<6} {r['name'] + mark:<20} {(r['account'] or {}).get('username', '-'):<12} "
+                         f"{'enabled' if r['enabled'] else 'disabled':<9} {r['url']}")
+        return "\n".join(lines)
+
+    run.emit(rows, human)

@@ -14,9 +14,11 @@ COMPLETE_VAR = "_CLOUD_COMPLETE"
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
 @click.option("--url", help="The service's base URL (default: $CC_URL, then the kept login's).")
+@click.option("--cluster", help="At a cloud auth serving several clusters: the cluster to act on, by name or id "
+                                "(default: $CC_CLUSTER, then the default cluster; `cloud cluster list`).")
 @click.version_option(conveniences.installed_version(), prog_name="cloud")
 @click.pass_context
-def cli(click_ctx, as_json, url):
+def cli(click_ctx, as_json, url, cluster):
     """Servers, your home volume, groups and your limits on the cloud controller.
 
     Configuration: `cloud login`, or CC_URL with CC_API_KEY and CC_API_SECRET
@@ -24,7 +26,7 @@ def cli(click_ctx, as_json, url):
 
     Example: cloud login --url http://head-node:8080 --api-key KEY --keep
     """
-    click_ctx.obj = {"as_json": as_json, "url": url}
+    click_ctx.obj = {"as_json": as_json, "url": url, "cluster": cluster}
 
 
 @cli.command("completion")
@@ -42,6 +44,7 @@ def completion(shell):
 
 
 for _command in (account_commands.login, account_commands.logout, account_commands.limits, account_commands.user,
+                 account_commands.cluster,
                  server_commands.server, resource_commands.volume, resource_commands.group,
                  resource_commands.image, resource_commands.flavor):
     cli.add_command(_command)

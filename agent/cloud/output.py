@@ -16,16 +16,18 @@ from common.client import ApiError, Client, ClientError
 class Run:
     """One command's run: whether it prints JSON, and the client (made on first use)."""
 
-    def __init__(self, as_json: bool, url: str | None = None, fmt: str = "table", columns: tuple[str, ...] = ()):
+    def __init__(self, as_json: bool, url: str | None = None, fmt: str = "table", columns: tuple[str, ...] = (),
+                 cluster: str | None = None):
         self.as_json = as_json or fmt == "json"
         self.url = url  # `cloud --url`
+        self.cluster = cluster  # `cloud --cluster`
         self.fmt, self.columns = fmt, columns  # -f and -c (agent/cloud/formats.py)
         self._client: Client | None = None
 
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = settings.client(self.url)
+            self._client = settings.client(self.url, self.cluster)
         return self._client
 
     def emit(self, document, human: Callable[[], str] | str) -> None:
@@ -65,7 +67,7 @@ def cloud_command(fn=None, *, formats_options: bool = True):
     @functools.wraps(fn)
     def wrapper(click_ctx, as_json, *args, fmt="table", columns=(), **kwargs):
         root = click_ctx.find_root().obj or {}
-        run = Run(as_json or root.get("as_json", False), root.get("url"), fmt, tuple(columns))
+        run = Run(as_json or root.get("as_json", False), root.get("url"), fmt, tuple(columns), root.get("cluster"))
         try:
             return fn(run, *args, **kwargs)
         except ApiError as e:

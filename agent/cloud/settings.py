@@ -23,7 +23,7 @@ from common.client import Client, ClientError, Token
 from common.client.urls import check_url, same_service
 
 FILE_NAME = "client.json"
-_KEPT = ("url", "userid", "token", "expires_at", "source", "email", "api_key", "api_secret")
+_KEPT = ("url", "userid", "token", "expires_at", "source", "email", "api_key", "api_secret", "controller_url")
 
 
 def folder() -> Path:
@@ -119,9 +119,11 @@ def source_of(client: Client) -> str:
     return f"{'env' if env_credentials() else 'kept'}:{client.source or 'unknown'}"
 
 
-def client(url: str | None = None) -> Client:
+def client(url: str | None = None, cluster: str | None = None) -> Client:
     """A Client from the environment, else from the kept login (whose token it keeps renewed).
-    `url` (the command's --url) goes before CC_URL, which goes before the kept URL."""
+    `url` (the command's --url) goes before CC_URL, which goes before the kept URL. `cluster`
+    (--cluster) goes before CC_CLUSTER, which goes before the default cluster the login kept."""
+    cluster = cluster or os.environ.get("CC_CLUSTER") or None
     kept = load()
     wanted = url or os.environ.get("CC_URL")
     target = check_url(wanted) if wanted else kept.get("url")
@@ -131,7 +133,8 @@ def client(url: str | None = None) -> Client:
     if given:
         if has_login(kept) and same_service(kept["url"], target):
             _note_override(given, kept)
-        return Client(target, **given, token_source="api_key" if "api_key" in given else "password")
+        return Client(target, **given, token_source="api_key" if "api_key" in given else "password",
+                      cluster=cluster)
     if not has_login(kept):
         raise ClientError(f"not logged in to {target}: run `cloud login --url {target}`")
     if not same_service(kept["url"], target):
@@ -145,5 +148,6 @@ def client(url: str | None = None) -> Client:
 
     made = Client(kept["url"], token=kept.get("token"), userid=kept.get("userid"),
                   expires_at=kept.get("expires_at"), api_key=kept.get("api_key"), api_secret=kept.get("api_secret"),
-                  token_source=kept.get("source"), on_token=keep, renew_hint=renew_hint(kept["url"], kept))
+                  token_source=kept.get("source"), on_token=keep, renew_hint=renew_hint(kept["url"], kept),
+                  cluster=cluster, controller_url=kept.get("controller_url"))
     return made

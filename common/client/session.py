@@ -72,14 +72,26 @@ def _next_cursor(resp: requests.Response) -> str | None:
     return found[0] if found else None
 
 
+# Served by cloud auth; every other path by a cluster's controller.
+_AUTH_PATHS = ("/v1/auth/", "/v1/user/")
+
+
 class Client:
     def __init__(self, url: str, *, token: str | None = None, userid: str | None = None,
                  expires_at: str | None = None, api_key: str | None = None, api_secret: str | None = None,
                  email: str | None = None, password: str | None = None,
                  on_token: Callable[[Token], None] | None = None, timeout: float = DEFAULT_TIMEOUT,
                  session: requests.Session | None = None, token_source: str | None = None,
-                 retry_seconds: float = DEFAULT_RETRY_SECONDS, renew_hint: str | None = None):
+                 retry_seconds: float = DEFAULT_RETRY_SECONDS, renew_hint: str | None = None,
+                 cluster: str | None = None, controller_url: str | None = None):
         self.url = check_url(url)
+        # A cloud auth serving several clusters: logins and users there (self.url); servers,
+        # volumes and groups at a cluster's controller: `controller_url` (the default cluster
+        # `cloud login` kept), or `cluster` (a name or id) looked up in the catalog at the
+        # first such call (controller_base), else this service itself.
+        self.cluster = cluster
+        self._controller_url: str | None = None if cluster else (check_url(controller_url) if controller_url
+                                                                  else self.url)
         self.token, self.userid, self.expires_at = token, userid, expires_at
         # How the token was issued: "api_key" or "password" (which of the user's changes end it).
         self.source = token_source
@@ -100,13 +112,14 @@ class Client:
     def _send_once(self, method: str, path: str, *, params=None, json=None, headers=None,
                    timeout: float | None = None) -> requests.Response:
         timeout = timeout or self.timeout
+        base = self.url if path.startswith(_AUTH_PATHS) else self.controller_base()
         try:
-            return self.http.request(method, self.url + path, params=params, json=json, headers=headers,
+            return self.http.request(method, base + path, params=params, json=json, headers=headers,
                                      timeout=timeout, allow_redirects=False)
         except requests.Timeout:
-            raise Unreachable(f"{self.url} did not answer within {timeout:g} s") from None
+            raise Unreachable(f"{base} did not answer within {timeout:g} s") from None
         except requests.RequestException as e:
-            raise Unreachable(f"cannot reach {self.url}: {describe(e)}") from None
+            raise Unreachable(f"cannot reach {base}: {describe(e)}") from None
 
     def _send(self, method: str, path: str, **kw) -> requests.Response:
         """One request; a 429 or 503 that says when to come back is sent again then, while that
@@ -379,6 +392,60 @@ class Client:
             body["active"] = int(active)
         self.call("POST", f"/v1/user/update/{_seg(userid)}", json=body)
         return self.get_user(userid)
+
+    def controller_base(self) -> str:
+        """The base URL of the chosen cluster's controller (see __init__)."""
+        if self._controller_url is None:
+            self._controller_url = self._choose_cluster()
+        return self._controller_url
+
+    def default_cluster_url(self) -> str | None:
+        """The URL of the catalog's default cluster (else the only one) when it is not this
+        service's own; None for a single node or a service with no catalog."""
+        try:
+            self.cluster = None
+            url = self._choose_cluster()
+        except (ApiError, ClientError):
+            return None
+        return None if url == self.url else url
+
+    def _choose_cluster(self) -> str:
+        """--cluster's controller (by name or id), else the catalog's default, else the only
+        one; this service itself when it lists no clusters or names no URL for the one chosen."""
+        try:
+            catalog = self.catalog()
+        except ApiError as e:
+            if e.status != 404 or self.cluster:
+                raise
+            return self.url
+        clusters = catalog.get("controllers") or []
+        if self.cluster:
+            wanted = [c for c in clusters if str(c["id"]) == self.cluster or c["name"] == self.cluster]
+            if not wanted:
+                known = ", ".join(f"{c['name']} ({c['id']})" for c in clusters) or "none"
+                raise ClientError(f"no cluster {self.cluster!r} at {self.url}; the clusters: {known}")
+        else:
+            wanted = [c for c in clusters if c["id"] == catalog.get("default")] or \
+                (clusters if len(clusters) == 1 else [])
+            if not wanted:
+                if not clusters:
+                    return self.url
+                raise ClientError("several clusters: choose one with --cluster NAME or CC_CLUSTER "
+                                  "(`cloud cluster list` shows them)")
+        chosen = wanted[0]
+        if not chosen["enabled"]:
+            raise ClientError(f"cluster {chosen['name']} ({chosen['id']}) is disabled at {self.url}")
+        return check_url(chosen["url"]) if chosen["url"] else self.url
+
+    def catalog(self) -> dict:
+        """The clusters this login reaches: {"controllers": [{"id", "name", "url", "enabled"}], "default"}."""
+        return self.call("GET", "/v1/auth/catalog")["data"]
+
+    def my_accounts(self) -> list[dict]:
+        """Your system accounts on every cluster, as the user view lists them
+        ({"id", "username", "uuid", "cloud_controller_id"})."""
+        self._ensure_token()
+        return self.call("GET", f"/v1/user/view/{_seg(self.userid)}")["data"]["user"].get("system_accounts", [])
 
     def me(self) -> User:
         self._ensure_token()

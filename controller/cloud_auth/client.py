@@ -9,7 +9,7 @@ import threading
 import requests
 
 from controller.config import Config
-from controller.errors import Conflict, Forbidden, InvalidInput, NotFound, ServerBusy
+from controller.errors import Conflict, InvalidInput, NotFound, ServerBusy
 
 SECRET_FILE_MODE_MASK = stat.S_IRWXG | stat.S_IRWXO
 

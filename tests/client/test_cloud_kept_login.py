@@ -258,10 +258,12 @@ def test_a_busy_login_is_retried(cloud):
         kept = json.loads(cloud.file.read_text())
         assert kept["token"] == "fresh" and kept["email"] == "alice@example.org" and kept["source"] == "password"
         assert "Alice-pass-2026" not in cloud.file.read_text()
-        # Two logins, then the look-up of who logged in (which this stand-in does not answer:
-        # the login stands, named by its id alone).
+        # Two logins, the catalog of clusters (a cloud auth serving several names its default
+        # cluster there), then the look-up of who logged in (neither of which this stand-in
+        # answers: the login stands, at this URL, named by its id alone).
         assert [r[:2] for r in stub.requests] == [("POST", "/v1/auth/token")] * 2 + [
-            ("GET", f"/v1/user/view/{USERID}")]
+            ("GET", "/v1/auth/catalog"), ("GET", f"/v1/user/view/{USERID}")]
+        assert "controller_url" not in kept
         assert (doc["email"], doc["username"]) == (None, None)
     finally:
         stub.close()

@@ -13,19 +13,6 @@ from controller.cloud_auth import registry
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
 
 
-@pytest.fixture
-def app_client(ctx):
-    from api.app import create_app
-
-    return testing.TestClient(create_app(ctx, interfaces=("controller", "user")))
-
-
-@pytest.fixture
-def hpc(ctx):
-    """Controller 2 (hpc1) and its secret, as `cloud-agent controller add` makes them."""
-    return registry.add_controller(ctx, controller_id=2, name="hpc1", url="https://hpc1.example.org:8080")
-
-
 def auth(made: dict, secret: str | None = None) -> dict:
     return {"Authorization": f"Controller {made['id']}:{secret or made['secret']}"}
 

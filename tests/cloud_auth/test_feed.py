@@ -8,25 +8,12 @@ import re
 import time
 
 import pytest
-from falcon import testing
 
 from controller.auth.tokens import issue_token
-from controller.cloud_auth import feed, registry
+from controller.cloud_auth import feed
 from controller.security.crypto import token_hash
 from controller.users import users
 from tests.fixtures.api import PASSWORD, make_caller, user_envelope
-
-
-@pytest.fixture
-def app_client(ctx):
-    from api.app import create_app
-
-    return testing.TestClient(create_app(ctx, interfaces=("controller", "user")))
-
-
-@pytest.fixture
-def hpc(ctx):
-    return registry.add_controller(ctx, controller_id=2, name="hpc1", url="https://hpc1.example.org")
 
 
 class Replica:

@@ -63,9 +63,12 @@ def cloud(tmp_path):
             proc, http = start_server(config, tmp_path / f"hpc{n}.log", port=port)
             procs.append(proc)
             clusters[n] = {"http": http, "config": config, "proc": proc, "secret": made["secret"]}
-        yield {"auth": auth, "auth_proc": auth_proc, "auth_config": auth_config, "admin": admin,
-               "clusters": clusters, "logs": tmp_path}
+        state = {"auth": auth, "auth_proc": auth_proc, "auth_config": auth_config, "admin": admin,
+                 "clusters": clusters, "logs": tmp_path}
+        yield state
     finally:
+        if "state" in locals() and state["auth_proc"] not in procs:
+            procs.append(state["auth_proc"])  # started again by the test
         for proc in procs:
             try:
                 os.kill(proc.pid, signal.SIGCONT)
@@ -100,7 +103,7 @@ def until(predicate, seconds: float, step: float = 0.05):
 def test_one_login_on_two_clusters(cloud):
     auth, (hpc2, hpc3) = cloud["auth"], (cloud["clusters"][2], cloud["clusters"][3])
     alice = make_user(cloud, "alice@example.org")
-    bob = make_user(cloud, "bob@example.org", owner=alice["id"])
+    make_user(cloud, "bob@example.org", owner=alice["id"])  # alice manages bob
     # The controllers learn the new users from the feed.
     time.sleep(1.5)
     token = login(auth, "alice@example.org")
@@ -221,6 +224,101 @@ def test_cloud_auth_stopped(cloud):
         os.kill(cloud["auth_proc"].pid, signal.SIGCONT)
     # Cloud auth back: the unknown token is checked and works, with no restart.
     assert until(lambda: hpc2["http"].call("GET", "/v1/server-instance", headers=headers(unseen))[0] == 200, 5)
+    # No raw token, password, password hash or API secret in the controller's log or database
+    # (only token hashes, and placeholders where cloud auth has a secret).
     log = (cloud["logs"] / "hpc2.log").read_text()
-    for secret in (seen["token"], unseen["token"], PASSWORD):
-        assert secret not in log
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(hpc2["config"])
+    database = Path(parser.get("database", "path"))
+    stored = b"".join(Path(f"{database}{suffix}").read_bytes() for suffix in ("", "-wal")
+                      if Path(f"{database}{suffix}").exists())
+    api_secret = cloud["admin"]["api_secret"]
+    for secret in (seen["token"], unseen["token"], PASSWORD, api_secret):
+        assert secret not in log and secret.encode() not in stored
+    assert b"$argon2" not in stored and b"$argon2" not in log.encode()
+    assert b"cloud-auth:" in stored  # the copy is there (its users' placeholder API keys)
+
+
+def test_a_flood_of_unknown_tokens_on_a_hung_cloud_auth_leaves_cached_tokens_fast(cloud):
+    from concurrent.futures import ThreadPoolExecutor
+
+    auth, hpc2 = cloud["auth"], cloud["clusters"][2]
+    alice = make_user(cloud, "alice@example.org")
+    time.sleep(1.5)
+    seen = login(auth, "alice@example.org")
+    assert hpc2["http"].call("GET", "/v1/server-instance", headers=headers(seen))[0] == 200
+    unknown = [{"token": f"{i:043d}", "userid": alice["id"]} for i in range(200)]
+    os.kill(cloud["auth_proc"].pid, signal.SIGSTOP)  # hung: connections open, no answer
+    try:
+        def unknown_call(login_):
+            return hpc2["http"].call("GET", "/v1/server-instance", headers=headers(login_), timeout=30)[0]
+
+        def cached_call(_):
+            started = time.monotonic()
+            status = hpc2["http"].call("GET", "/v1/server-instance", headers=headers(seen), timeout=30)[0]
+            return status, time.monotonic() - started
+
+        with ThreadPoolExecutor(max_workers=48) as pool:
+            flood = [pool.submit(unknown_call, u) for u in unknown]
+            cached = list(pool.map(cached_call, range(100)))
+            statuses = [f.result() for f in flood]
+    finally:
+        os.kill(cloud["auth_proc"].pid, signal.SIGCONT)
+    assert set(statuses) == {503}, sorted(set(statuses))  # never a 401, never a 500
+    times = sorted(t for _, t in cached)
+    assert {s for s, _ in cached} == {200}
+    assert times[98] < 0.1, times[-5:]  # p99
+
+
+def test_cloud_auth_killed_and_restored_from_an_older_backup(cloud, tmp_path):
+    auth, hpc2 = cloud["auth"], cloud["clusters"][2]
+    make_user(cloud, "alice@example.org")
+    time.sleep(1.5)
+    before = login(auth, "alice@example.org")
+    assert hpc2["http"].call("GET", "/v1/server-instance", headers=headers(before))[0] == 200
+    backup = tmp_path / "auth-backup.db"
+    agent_ok(cloud["auth_config"], "backup", str(backup))
+    after = login(auth, "alice@example.org")  # a token the backup does not hold
+    assert hpc2["http"].call("GET", "/v1/server-instance", headers=headers(after))[0] == 200
+    make_user(cloud, "bob@example.org")  # the feed moves on past the backup
+    time.sleep(1.5)
+    # SIGKILL, then the older database put back, then started again on the same address.
+    cloud["auth_proc"].send_signal(signal.SIGKILL)
+    cloud["auth_proc"].wait(timeout=10)
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(cloud["auth_config"])
+    database = Path(parser.get("database", "path"))
+    for suffix in ("-wal", "-shm"):
+        Path(f"{database}{suffix}").unlink(missing_ok=True)
+    database.write_bytes(backup.read_bytes())
+    port = int(auth.base.rsplit(":", 1)[1])
+    proc, _ = start_server(cloud["auth_config"], cloud["logs"] / "auth-again.log", port=port)
+    cloud["auth_proc"] = proc
+    # The controller reads a snapshot (its number is ahead of the restored feed): the token made
+    # after the backup is gone, the one before it works, bob is gone; no restart of the controller.
+    assert until(lambda: hpc2["http"].call("GET", "/v1/server-instance", headers=headers(after))[0] == 401, 5)
+    assert hpc2["http"].call("GET", "/v1/server-instance", headers=headers(before))[0] == 200
+    listed = {u["email"] for u in agent_ok(hpc2["config"], "user", "list")["users"]}
+    assert "bob@example.org" not in listed and "alice@example.org" in listed
+
+
+def test_the_cloud_command_on_several_clusters(cloud, tmp_path):
+    from tests.fixtures.cloud import Cloud
+
+    auth, hpc2 = cloud["auth"], cloud["clusters"][2]
+    make_user(cloud, "alice@example.org")
+    time.sleep(1.5)
+    agent_ok(hpc2["config"], "account", "enable", "alice@example.org", "--username", "alice")
+    alice = Cloud(tmp_path / "alice")
+    alice.ok("login", "--url", auth.base, "--email", "alice@example.org", stdin=PASSWORD + "\n")
+    listed = alice.ok("--json", "cluster", "list")
+    assert [(c["id"], c["name"], c["enabled"]) for c in listed] == [(1, "cluster-1", True), (2, "hpc2", True),
+                                                                    (3, "hpc3", True)]
+    assert listed[0]["url"] == auth.base and listed[1]["url"] == hpc2["http"].base
+    assert listed[1]["account"]["username"] == "alice" and listed[2]["account"] is None
+    # A volume made on cluster 2 by name, seen there by id, and not on cluster 3 (CC_CLUSTER).
+    made = alice.ok("--cluster", "hpc2", "--json", "volume", "create", "--size", "1")
+    assert [v["volume-id"] for v in alice.ok("--cluster", "2", "--json", "volume", "list")] == [made["volume-id"]]
+    assert alice.ok("--json", "volume", "list", env={"CC_CLUSTER": "hpc3"}) == []
+    message = alice.error("--cluster", "nope", "volume", "list")
+    assert "no cluster 'nope'" in message and "hpc2 (2)" in message
