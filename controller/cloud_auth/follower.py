@@ -80,22 +80,28 @@ class Follower:
                 return
 
     def _snapshot(self, first: dict) -> None:
-        users, page = [], first
+        users, accounts, page = [], [], first
         while True:
             users += page["users"]
+            accounts += self._own(page)
             if not page["more"]:
                 break
             page = self.client.changes(since=0, epoch=None, after=page["next"])
         with self._applied:
-            self.ctx.store.replace_replica(users)
+            self.ctx.store.replace_replica(users, accounts)
             self.epoch, self.seq = first["epoch"], first["seq"]
             self._applied.notify_all()
         log.info("cloud auth: copied %d users (epoch %s, change %d)", len(users), self.epoch, self.seq)
 
+    def _own(self, page: dict) -> list[dict]:
+        """The page's accounts of this cluster (the feed carries every cluster's)."""
+        me = self.ctx.config.controller.id
+        return [a for a in page.get("accounts", ()) if a["controller_id"] == me]
+
     def _apply(self, page: dict, seq: int) -> None:
         hashes = [r["token_hash"] for r in page["revocations"]]
         with self._applied:
-            self.ctx.store.apply_replica(page["users"], hashes)
+            self.ctx.store.apply_replica(page["users"], hashes, self._own(page))
             now = time.monotonic()
             for h in hashes:
                 self._recent[h] = (seq, now)

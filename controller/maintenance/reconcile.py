@@ -77,6 +77,8 @@ def reconcile(
     with host_changes(ctx, exclusive=fix):
         _intents(run)
         _accounts(run)
+        if ctx.config.cloud_auth.url:
+            _registry(run)
         _homes(run)
         _groups(run)
         if hypervisor:
@@ -218,6 +220,53 @@ def _recreate_account(run: _Run, account: dict, *, locked: bool) -> None:
     run.directory_uids[account["username"]] = posix.uid
     if locked:  # an inactive user's account comes back locked
         directory.lock_account(account["username"])
+
+
+# -- accounts registered at cloud auth --------------------------------------------------
+def _registry(run: _Run) -> None:
+    """A controller following a cloud auth: every account recorded here is registered there
+    under the same user, account id and uid, and no account is registered there for this
+    cluster that is not recorded here. Either is what an enable or disable leaves when cloud
+    auth stopped answering between its two steps; the repair finishes it."""
+    from controller.cloud_auth.client import CloudAuthDown
+    from controller.cloud_auth.follower import follower_for
+    from controller.users.accounts import cloud_auth_registry
+
+    ctx = run.ctx
+    run.progress("accounts registered at cloud auth")
+    try:
+        # The copy made current first (it is as old as the server's last read otherwise).
+        (ctx.cloud_auth or follower_for(ctx)).poll()
+    except CloudAuthDown as e:
+        run.found("check-failed", "cloud auth", f"could not read the accounts cloud auth lists: {e.message}")
+        return
+    registry = cloud_auth_registry(ctx)
+    listed = ctx.store.registry_copy()
+    recorded = {a["username"]: a for a in ctx.store.list_accounts()}
+    for username, account in recorded.items():
+        there = listed.get(username)
+        if account["state"] != "ready":
+            continue  # an enable or disable in flight, or one reconcile finishes above
+        if there is None:
+            run.found("account-unregistered", username,
+                      f"system account {username} is recorded here but cloud auth does not list it for this cluster",
+                      lambda a=account: registry.register(a["username"], user_id=a["user_id"], uuid=a["uuid"],
+                                                          uid=a["uid"]))
+        elif (there["user_id"], there["uuid"], there["uid"]) != (account["user_id"], account["uuid"], account["uid"]):
+            run.found("account-registration", username,
+                      f"cloud auth lists {username} for user {there['user_id']} (uid {there['uid']}), recorded "
+                      f"here for user {account['user_id']} (uid {account['uid']}); left for the admin")
+    for username in sorted(set(listed) - set(recorded)):
+        run.found("account-registered-only", username,
+                  f"cloud auth lists {username} for this cluster but no system account is recorded here",
+                  lambda u=username: _unregister(registry, u))
+
+
+def _unregister(registry, username: str) -> None:
+    try:
+        registry.unregister(username)
+    except NotFound:
+        pass  # gone already (a disable that finished after the copy was read)
 
 
 # -- home volumes ---------------------------------------------------------------------

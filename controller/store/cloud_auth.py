@@ -232,10 +232,12 @@ class FollowRows:
         with self.write() as conn:
             conn.execute("UPDATE cloud_auth_follow SET epoch = ?, seq = ?, last_good = ?", (epoch, seq, last_good))
 
-    def apply_replica(self, users: list[dict], revoked: list[str]) -> None:
+    def apply_replica(self, users: list[dict], revoked: list[str], accounts: list[dict] = ()) -> None:
         """One page of the feed, in one transaction: users made, changed or removed (a user
-        something here still names is kept, inactive), tokens revoked."""
+        something here still names is kept, inactive), tokens revoked, this cluster's
+        registered accounts made or removed."""
         with self.write() as conn:
+            self._apply_accounts(conn, accounts)
             # Removals first: an address a removed user held may be a new user's in this page.
             for u in users:
                 if u.get("deleted"):
@@ -244,16 +246,30 @@ class FollowRows:
             for chunk in _chunks(revoked):
                 conn.execute(f"DELETE FROM tokens WHERE token_hash IN ({','.join('?' * len(chunk))})", chunk)
 
-    def replace_replica(self, users: list[dict]) -> None:
-        """A snapshot: the copy becomes exactly these users, and no cached token is kept (one
-        revoked while this controller was away would otherwise live on)."""
+    def replace_replica(self, users: list[dict], accounts: list[dict] = ()) -> None:
+        """A snapshot: the copy becomes exactly these users and this cluster's registered
+        accounts, and no cached token is kept (one revoked while this controller was away would
+        otherwise live on)."""
         with self.write() as conn:
             conn.execute("DELETE FROM tokens")
+            conn.execute("DELETE FROM cloud_auth_accounts")
+            self._apply_accounts(conn, accounts)
             keep = {u["id"] for u in users}
             for (user_id,) in conn.execute("SELECT id FROM users").fetchall():
                 if user_id not in keep:
                     self._remove_user(conn, user_id)
             self._upsert_users(conn, users)
+
+    @staticmethod
+    def _apply_accounts(conn, accounts) -> None:
+        conn.executemany("DELETE FROM cloud_auth_accounts WHERE username = ?",
+                         [(a["username"],) for a in accounts if a.get("deleted")])
+        conn.executemany("INSERT OR REPLACE INTO cloud_auth_accounts (username, user_id, uuid, uid) "
+                         "VALUES (:username, :user_id, :uuid, :uid)", [a for a in accounts if not a.get("deleted")])
+
+    def registry_copy(self) -> dict[str, dict]:
+        """The accounts cloud auth lists for this cluster, as last read from the feed, by username."""
+        return {r["username"]: r for r in self._all("SELECT * FROM cloud_auth_accounts")}
 
     @staticmethod
     def _upsert_users(conn, users: list[dict]) -> None:

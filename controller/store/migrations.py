@@ -494,12 +494,23 @@ _M_CLOUD_AUTH = f"""
         END;
 """
 
+# A controller's copy of the accounts cloud auth lists for its own cluster, kept from the
+# feed, for reconcile to compare with the accounts recorded here.
+_M_CLOUD_AUTH_REGISTRY = """
+        CREATE TABLE cloud_auth_accounts (
+            username TEXT PRIMARY KEY,
+            user_id TEXT NOT NULL,
+            uuid TEXT NOT NULL,
+            uid INTEGER NOT NULL
+        );
+"""
+
 
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
     _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES, _M_INSTANCE_CLAIMS, _M_HOST_IDENTITY,
-    _M_PORTAL_SESSIONS, _M_CLOUD_AUTH,
+    _M_PORTAL_SESSIONS, _M_CLOUD_AUTH, _M_CLOUD_AUTH_REGISTRY,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -140,6 +140,32 @@ def test_a_snapshot_drops_cached_tokens_and_users_gone(pair):
     assert authenticate(controller, token=alice.token, user_id=alice.id).id == alice.id  # checked again
 
 
+def test_the_copy_holds_this_clusters_registered_accounts_only(pair):
+    """What reconcile compares with the accounts recorded here: kept from the feed's pages and
+    from a snapshot, removals included, another cluster's left out."""
+    from controller.cloud_auth import accounts
+
+    auth, controller, client = pair
+    alice, bob = make_caller(auth, "alice@example.org"), make_caller(auth, "bob@example.org")
+    registry.add_controller(auth, controller_id=3, name="hpc3", url="https://hpc3.example.org")
+    accounts.register(auth, ControllerCaller(2, "hpc2"), "2", "alice", user_id=alice.id,
+                      uuid="6f1c0b2e-7d0a-4c55-9b7e-2b8f0a7e1c21", uid=20001)
+    follower = controller.cloud_auth
+    follower.poll()  # the first read: a snapshot
+    assert list(controller.store.registry_copy()) == ["alice"]
+    accounts.register(auth, ControllerCaller(3, "hpc3"), "3", "bob", user_id=bob.id,
+                      uuid="6f1c0b2e-7d0a-4c55-9b7e-2b8f0a7e1c22", uid=20002)
+    accounts.register(auth, ControllerCaller(2, "hpc2"), "2", "bob2", user_id=bob.id,
+                      uuid="6f1c0b2e-7d0a-4c55-9b7e-2b8f0a7e1c23", uid=20003)
+    accounts.unregister(auth, ControllerCaller(2, "hpc2"), "2", "alice")
+    follower.poll()  # changes
+    copy = controller.store.registry_copy()
+    assert list(copy) == ["bob2"] and (copy["bob2"]["user_id"], copy["bob2"]["uid"]) == (bob.id, 20003)
+    follower.epoch = "another"
+    follower.poll()  # a snapshot again
+    assert list(controller.store.registry_copy()) == ["bob2"]
+
+
 def test_a_user_gone_at_cloud_auth_but_named_here_is_kept_inactive(pair):
     auth, controller, client = pair
     bob = make_caller(auth, "bob@example.org")

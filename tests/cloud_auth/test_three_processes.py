@@ -167,6 +167,26 @@ def test_one_login_on_two_clusters(cloud):
     assert status == 404
     assert carol  # made for the refusal above
 
+    # reconcile compares what cloud auth lists for this cluster with the accounts recorded
+    # here: dave (erin's at cloud auth, not recorded on cluster 2) and alice (recorded here,
+    # her registration lost at cloud auth) are found, then repaired.
+    as_hpc2 = {"Authorization": f"Controller 2:{hpc2['secret']}"}
+    status, _, _ = auth.call("DELETE", "/v1/auth/accounts/2/alice", headers=as_hpc2)
+    assert status == 200
+    code, out = agent_call(hpc2["config"], "reconcile")
+    assert code == 1, out
+    found = {(d["kind"], d["target"]) for d in out["drift"] if d["kind"].startswith("account-")}
+    assert found == {("account-unregistered", "alice"), ("account-registered-only", "dave")}, out
+    agent_ok(hpc2["config"], "reconcile", "--fix")
+    status, _, body = auth.call("GET", f"/v1/user/view/{alice['id']}", headers=headers(token))
+    assert [(a["cloud_controller_id"], a["username"]) for a in body["data"]["user"]["system_accounts"]] == \
+        [(2, "alice")]
+    status, _, body = auth.call("GET", f"/v1/user/view/{erin['id']}", headers=headers(login(auth, "admin@example.org")))
+    assert body["data"]["user"]["system_accounts"] == [], body
+    # hpc3, which lost nothing, finds no account drift.
+    code, out = agent_call(hpc3["config"], "reconcile")
+    assert not [d for d in out["drift"] if d["kind"].startswith("account")], out
+
 
 def test_revocations_reach_the_controllers(cloud):
     auth, hpc2 = cloud["auth"], cloud["clusters"][2]

@@ -376,7 +376,8 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     for trigger in [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' "
                                                "AND name LIKE 'auth_changes_%'")]:
         conn.execute(f"DROP TRIGGER {trigger}")  # _M_CLOUD_AUTH's (one cloud auth, several clusters)
-    for table in ("registered_accounts", "controllers", "auth_changes", "auth_epoch", "cloud_auth_follow"):
+    for table in ("registered_accounts", "controllers", "auth_changes", "auth_epoch", "cloud_auth_follow",
+                  "cloud_auth_accounts"):  # and _M_CLOUD_AUTH_REGISTRY's
         conn.execute(f"DROP TABLE {table}")
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
