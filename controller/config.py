@@ -232,9 +232,11 @@ DEFAULTS["cloud_auth"] = {
     "url": "",
     # The secret `cloud-agent controller add` printed at cloud auth, alone in a file of mode 0600.
     "secret_file": "",
-    # A CA bundle to verify cloud auth's certificate with (empty: the system's).
+    # A CA bundle to verify cloud auth's certificate with (empty: the system's); at cloud auth,
+    # the controllers' certificates its portal reaches.
     "ca_file": "",
     "poll_seconds": "1",
+    # A call to cloud auth; at cloud auth, a portal page's calls to one cluster's controller.
     "timeout_seconds": "2",
     # Tokens already seen keep working this long after the last good poll (0: not at all).
     "offline_grace_seconds": "300",

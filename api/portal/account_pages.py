@@ -8,7 +8,7 @@ from api.client_address import client_address
 from api.portal.guard import PREFIX, clear_session_cookie, set_session_cookie
 from api.portal.render import form_error, page, see_other
 from controller.auth import tokens as auth, credentials
-from controller.portal import sessions as portal_sessions, views as portal_views
+from controller.portal import clusters as portal_clusters, sessions as portal_sessions
 from controller.context import Context
 from controller.errors import ControllerError, InvalidInput, Unauthenticated
 from controller.permissions import Requester
@@ -86,7 +86,23 @@ class Logout(_Page):
 
 class Overview(_Page):
     def on_get(self, req, resp):
-        page(req, resp, "overview.html", **portal_views.overview(self.ctx, req.context.requester))
+        session = req.context.session
+        where = portal_clusters.default(self.ctx, session)
+        req.context.cluster = where  # the navigation's links go to this cluster's pages
+        if portal_clusters.several(self.ctx):
+            # Every cluster side by side, read at once, each bounded by [cloud_auth] timeout_seconds.
+            page(req, resp, "overview_clusters.html", cards=portal_clusters.overview_cards(self.ctx, session))
+            return
+        page(req, resp, "overview.html", overview=where.overview(req.context.requester))
+
+
+class ClusterOverview(_Page):
+    """/portal/c/ID: one cluster's overview."""
+
+    def on_get(self, req, resp, cid):
+        where = portal_clusters.cluster(self.ctx, req.context.session, cid)
+        req.context.cluster = where
+        page(req, resp, "overview.html", overview=where.overview(req.context.requester))
 
 
 def _origin(req, ctx: Context) -> str:
@@ -161,6 +177,7 @@ def add_routes(app, ctx: Context, *, clock=time.time) -> None:
     app.add_route("/portal/login", Login(ctx, clock=clock))
     app.add_route("/portal/logout", Logout(ctx))
     app.add_route("/portal", Overview(ctx))
+    app.add_route("/portal/c/{cid}", ClusterOverview(ctx))
     app.add_route("/portal/credentials", Credentials(ctx))
     app.add_route("/portal/credentials/rotate", CredentialsRotate(ctx, clock=clock))
     app.add_route("/portal/credentials/new", CredentialsNew(ctx, clock=clock))

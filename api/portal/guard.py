@@ -17,7 +17,7 @@ from urllib.parse import quote
 import falcon
 
 from api.portal.forms import read_form
-from controller.portal import sessions as portal_sessions
+from controller.portal import clusters as portal_clusters, sessions as portal_sessions
 from controller.context import Context
 from controller.errors import Forbidden
 
@@ -75,6 +75,7 @@ class PortalGuard:
         if session is not None:
             # Who acts: the audit trail and the pages read it as for a token.
             req.context.requester = session.requester
+            req.context.clusters = portal_clusters.navigation(self.ctx)
         anonymous = getattr(resource, "anonymous", False)
         if req.method == "POST":
             self._check_post(req, session, anonymous=anonymous)

@@ -20,12 +20,18 @@ _env = Environment(
 
 def _common(req) -> dict:
     session = req.context.get("session")
+    cluster = req.context.get("cluster")
     return {
         "session": session,
         "csrf": session.csrf if session is not None else "",
         "email": session.email if session is not None else "",
         "may_manage_users": bool(session and session.requester.has("create_user")),
         "path": req.path,
+        # The cluster a page shows (its links' prefix), and every cluster when there are several.
+        "base": cluster.base if cluster is not None else "/portal",
+        "cluster_name": cluster.name if cluster is not None else "",
+        "clusters": req.context.get("clusters") or [],
+        "several": bool(req.context.get("clusters")),
     }
 
 

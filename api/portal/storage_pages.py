@@ -1,23 +1,14 @@
-"""The home volume (create; delete once the username is typed) and groups (create, members, delete)."""
+"""The home volume (create; delete once the username is typed) and groups (create, members,
+delete), of this cluster under /portal/... and of any cluster the portal shows under
+/portal/c/ID/... (api/portal/where.py)."""
 
 import re
 
 from api import schemas
 from api.portal.render import form_error, page, see_other
+from api.portal.where import ClusterPage, cluster_routes
 from api.validation import validate
-from controller.users import groups
-from controller.portal import views as portal_views
-from controller.storage import volumes
-from controller.context import Context
 from controller.errors import ControllerError, InvalidInput
-
-
-class _Page:
-    public = True  # no API token: the portal's guard decides
-    host_work: tuple[str, ...] = ("POST",)
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
 
 
 def _size(text: str) -> int:
@@ -26,58 +17,64 @@ def _size(text: str) -> int:
     return int(text)
 
 
-class Volume(_Page):
-    def on_get(self, req, resp):
-        page(req, resp, "volume.html", error="", **portal_views.volume_page(self.ctx, req.context.requester))
+class Volume(ClusterPage):
+    def on_get(self, req, resp, cid=None):
+        where = self.cluster(req, cid)
+        page(req, resp, "volume.html", error="", **where.volume_page(req.context.requester))
 
-    def on_post(self, req, resp):
+    def on_post(self, req, resp, cid=None):
+        where = self.cluster(req, cid)
         form = req.context.form
         try:
             body = {"volume-size": _size(form.get("size")), "volume-type": {"visibility": "cluster"}}
             if form.get("name").strip():
                 body["volume-name"] = form.get("name").strip()
-            volumes.create_volume(self.ctx, req.context.requester, validate(body, schemas.VOLUME_CREATE))
+            where.create_volume(req.context.requester, validate(body, schemas.VOLUME_CREATE))
         except ControllerError as e:
-            form_error(req, resp, "volume.html", e, **portal_views.volume_page(self.ctx, req.context.requester))
+            form_error(req, resp, "volume.html", e, **where.volume_page(req.context.requester))
             return
-        see_other(resp, "/portal/volume")
+        see_other(resp, f"{where.base}/volume")
 
 
-class VolumeDelete(_Page):
-    def on_post(self, req, resp):
+class VolumeDelete(ClusterPage):
+    def on_post(self, req, resp, cid=None):
+        where = self.cluster(req, cid)
         requester = req.context.requester
-        shown = portal_views.volume_page(self.ctx, requester)
+        shown = where.volume_page(requester)
         try:
             if shown["volume"] is None:
                 raise InvalidInput("you have no home volume")
             # A confirmation, not a permission: the service decides who may delete.
             if shown["account"] is None or req.context.form.get("confirm") != shown["account"]["username"]:
                 raise InvalidInput("type your username to confirm: the home and every file in it are deleted")
-            volumes.delete_volume(self.ctx, requester, shown["volume"]["volume-id"])
+            where.delete_volume(requester, shown["volume"]["volume-id"])
         except ControllerError as e:
             form_error(req, resp, "volume.html", e, **shown)
             return
-        see_other(resp, "/portal/volume")
+        see_other(resp, f"{where.base}/volume")
 
 
-class Groups(_Page):
-    def on_get(self, req, resp):
-        page(req, resp, "groups.html", error="", **portal_views.groups_page(self.ctx, req.context.requester))
+class Groups(ClusterPage):
+    def on_get(self, req, resp, cid=None):
+        where = self.cluster(req, cid)
+        page(req, resp, "groups.html", error="", **where.groups_page(req.context.requester))
 
-    def on_post(self, req, resp):
+    def on_post(self, req, resp, cid=None):
+        where = self.cluster(req, cid)
         form = req.context.form
         members = [m.strip() for m in re.split(r"[\s,]+", form.get("members")) if m.strip()]
         try:
             body = validate({"group-name": form.get("name").strip(), "group-members": members}, schemas.GROUP_CREATE)
-            groups.create_group(self.ctx, req.context.requester, body)
+            where.create_group(req.context.requester, body)
         except ControllerError as e:
-            form_error(req, resp, "groups.html", e, **portal_views.groups_page(self.ctx, req.context.requester))
+            form_error(req, resp, "groups.html", e, **where.groups_page(req.context.requester))
             return
-        see_other(resp, "/portal/groups")
+        see_other(resp, f"{where.base}/groups")
 
 
-class GroupMembers(_Page):
-    def on_post(self, req, resp, id):
+class GroupMembers(ClusterPage):
+    def on_post(self, req, resp, id, cid=None):
+        where = self.cluster(req, cid)
         form = req.context.form
         action = form.get("action")
         if action not in ("add", "delete"):
@@ -86,19 +83,19 @@ class GroupMembers(_Page):
         if not members:
             raise InvalidInput("name at least one member (a username)")
         body = validate({"action": action, "group-members": members}, schemas.GROUP_UPDATE)
-        groups.update_group(self.ctx, req.context.requester, id, body)
-        see_other(resp, "/portal/groups")
+        where.update_group(req.context.requester, id, body)
+        see_other(resp, f"{where.base}/groups")
 
 
-class GroupDelete(_Page):
-    def on_post(self, req, resp, id):
-        groups.delete_group(self.ctx, req.context.requester, id)
-        see_other(resp, "/portal/groups")
+class GroupDelete(ClusterPage):
+    def on_post(self, req, resp, id, cid=None):
+        where = self.cluster(req, cid)
+        where.delete_group(req.context.requester, id)
+        see_other(resp, f"{where.base}/groups")
 
 
-def add_routes(app, ctx: Context) -> None:
-    app.add_route("/portal/volume", Volume(ctx))
-    app.add_route("/portal/volume/delete", VolumeDelete(ctx))
-    app.add_route("/portal/groups", Groups(ctx))
-    app.add_route("/portal/groups/{id}/members", GroupMembers(ctx))
-    app.add_route("/portal/groups/{id}/delete", GroupDelete(ctx))
+def add_routes(app, ctx) -> None:
+    cluster_routes(app, ctx, {
+        "/volume": Volume, "/volume/delete": VolumeDelete, "/groups": Groups,
+        "/groups/{id}/members": GroupMembers, "/groups/{id}/delete": GroupDelete,
+    })

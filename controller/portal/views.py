@@ -53,8 +53,13 @@ def overview(ctx: Context, requester: Requester) -> dict:
         "volume": _own_volume(ctx, requester),
         "by_status": sorted(counts.items()),
         "total": sum(counts.values()),
-        "limits": [{"kind": k, "label": _LIMIT_LABELS.get(k, k), **v} for k, v in usage.items() if isinstance(v, dict)],
+        "limits": limit_rows(usage),
     }
+
+
+def limit_rows(usage: dict) -> list[dict]:
+    """The limits object of the API (GET /v1/limits) as the overview's rows."""
+    return [{"kind": k, "label": _LIMIT_LABELS.get(k, k), **v} for k, v in usage.items() if isinstance(v, dict)]
 
 
 def servers(ctx: Context, requester: Requester) -> dict:
@@ -76,14 +81,15 @@ def _server(row: dict, names: dict, image_names: dict, flavor_names: dict) -> di
     }
 
 
-def grantable(ctx: Context, requester: Requester) -> list[dict]:
-    """The system accounts the requester may grant access to (its managed users'): the API's
-    own check (lookups.resolve_grantable) decides again on the create or the change."""
+def grantable(ctx: Context, requester: Requester, *, controller_id: int | None = None) -> list[dict]:
+    """The system accounts the requester may grant access to (its managed users') on this
+    cluster or, at cloud auth, on the cluster `controller_id`: the API's own check
+    (lookups.resolve_grantable) decides again on the create or the change."""
     if requester.is_superuser:
         found = users.list_users(ctx, requester, owner_userid=requester.id)
     else:
         found = [u for u in users.list_users(ctx, requester) if u["id"] != requester.id]
-    controller = ctx.config.controller_id
+    controller = ctx.config.controller_id if controller_id is None else controller_id
     return [{"uuid": a["uuid"], "username": a["username"], "email": u["email"]}
             for u in found for a in u["system_accounts"] if a["cloud_controller_id"] == controller]
 

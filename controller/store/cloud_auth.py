@@ -107,6 +107,17 @@ class CloudAuthRows:
             out[row["user_id"]].append(row)
         return out
 
+    def registered_usernames(self, controller_id: int, uuids: list[str]) -> dict[str, str]:
+        """Account id -> username, for the accounts a controller registered (the portal names
+        a server's users with it)."""
+        out: dict[str, str] = {}
+        for chunk in _chunks(uuids):
+            marks = ",".join("?" * len(chunk))
+            for row in self._all(f"SELECT uuid, username FROM registered_accounts WHERE controller_id = ? "
+                                 f"AND uuid IN ({marks})", [controller_id, *chunk]):
+                out[row["uuid"]] = row["username"]
+        return out
+
     # -- the changes feed -------------------------------------------------------------------------
     def feed_epoch(self) -> str:
         return self._one("SELECT epoch FROM auth_epoch")["epoch"]

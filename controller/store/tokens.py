@@ -55,13 +55,19 @@ class TokenRows:
             return conn.execute("DELETE FROM tokens WHERE expires_at <= ?", (now,)).rowcount
 
     def insert_portal_session(self, *, id_hash: str, user_id: str, now: int, purge_before: int,
-                              started_before: int) -> None:
-        """A new session; sessions idle since purge_before or started before started_before go."""
+                              started_before: int, token_hash: str, token_expires_at: int) -> None:
+        """A new session and its API token; sessions idle since purge_before or started before
+        started_before go, and their tokens with them."""
         with self.write() as conn:
+            gone = "SELECT token_hash FROM portal_sessions WHERE seen_at < ? OR created_at < ?"
+            conn.execute(f"DELETE FROM tokens WHERE token_hash IN ({gone})", (purge_before, started_before))
             conn.execute("DELETE FROM portal_sessions WHERE seen_at < ? OR created_at < ?",
                          (purge_before, started_before))
-            conn.execute("INSERT INTO portal_sessions (id_hash, user_id, created_at, seen_at) VALUES (?, ?, ?, ?)",
-                         (id_hash, user_id, now, now))
+            # A password login's token: a password set ends it with the session.
+            conn.execute("INSERT INTO tokens (token_hash, user_id, source, expires_at, created_at_utc) "
+                         "VALUES (?, ?, 'password', ?, ?)", (token_hash, user_id, token_expires_at, utc_now()))
+            conn.execute("INSERT INTO portal_sessions (id_hash, user_id, created_at, seen_at, token_hash) "
+                         "VALUES (?, ?, ?, ?, ?)", (id_hash, user_id, now, now, token_hash))
 
     def portal_session(self, id_hash: str) -> dict | None:
         """The session and its user's id, roles and email, while the user is active and may use
@@ -81,7 +87,10 @@ class TokenRows:
             conn.execute("UPDATE portal_sessions SET seen_at = ? WHERE id_hash = ?", (now, id_hash))
 
     def delete_portal_session(self, id_hash: str) -> None:
+        """The session and its API token (a revocation every cluster hears of)."""
         with self.write() as conn:
+            conn.execute("DELETE FROM tokens WHERE token_hash = (SELECT token_hash FROM portal_sessions "
+                         "WHERE id_hash = ?)", (id_hash,))
             conn.execute("DELETE FROM portal_sessions WHERE id_hash = ?", (id_hash,))
 
     def set_portal_reveal(self, id_hash: str, *, secret_hash: str, until: int) -> None:

@@ -9,14 +9,14 @@ an unknown token is 503 with Retry-After, never a 401.
 import configparser
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.agent import agent_call, agent_ok
-from tests.fixtures.server import free_port, sandbox_with_admin, start_server, stop_server
+from tests.fixtures.clouds import cloud_of
+from tests.fixtures.server import start_server
 
 PASSWORD = "Three-processes-1"
 
@@ -25,56 +25,11 @@ def headers(login: dict) -> dict:
     return {"X-Auth-Token": login["token"], "X-Auth-Cloudauth-Id": login["userid"]}
 
 
-def set_keys(config: Path, values: dict) -> None:
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.read(config)
-    for section, keys in values.items():
-        if not parser.has_section(section):
-            parser.add_section(section)
-        for key, value in keys.items():
-            parser.set(section, key, str(value))
-    with open(config, "w") as f:
-        parser.write(f)
-
-
 @pytest.fixture
 def cloud(tmp_path):
     """Cloud auth (a sandbox that is also controller 1) and controllers 2 and 3 following it."""
-    procs = []
-    try:
-        _, auth_config, admin = sandbox_with_admin("cc-auth-", PASSWORD)
-        auth_proc, auth = start_server(auth_config, tmp_path / "auth.log")
-        procs.append(auth_proc)
-        clusters = {}
-        for n in (2, 3):
-            port = free_port()
-            made = agent_ok(auth_config, "controller", "add", f"hpc{n}", "--id", str(n),
-                            "--url", f"http://127.0.0.1:{port}")
-            state = Path(tempfile.mkdtemp(prefix=f"cc-hpc{n}-"))
-            config = state / "controller.ini"
-            agent_ok(config, "init", "--sandbox", str(state / "sandbox"), timeout=120)
-            secret = state / "cloud-auth.secret"
-            secret.write_text(made["secret"] + "\n")
-            secret.chmod(0o600)
-            set_keys(config, {"controller": {"id": n, "name": f"hpc{n}"},
-                              "server": {"interfaces": "controller"},
-                              "cloud_auth": {"url": auth.base, "secret_file": secret, "poll_seconds": 0.5,
-                                             "timeout_seconds": 1, "offline_grace_seconds": 300}})
-            proc, http = start_server(config, tmp_path / f"hpc{n}.log", port=port)
-            procs.append(proc)
-            clusters[n] = {"http": http, "config": config, "proc": proc, "secret": made["secret"]}
-        state = {"auth": auth, "auth_proc": auth_proc, "auth_config": auth_config, "admin": admin,
-                 "clusters": clusters, "logs": tmp_path}
+    with cloud_of(tmp_path, PASSWORD) as state:
         yield state
-    finally:
-        if "state" in locals() and state["auth_proc"] not in procs:
-            procs.append(state["auth_proc"])  # started again by the test
-        for proc in procs:
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            stop_server(proc)
 
 
 def login(auth, email: str, password: str = PASSWORD) -> dict:

@@ -12,17 +12,15 @@ the folder; else the test's temporary folder) to look at."""
 
 import http.server
 import json
-import os
 import re
 import subprocess
 import threading
-from pathlib import Path
 
 import pytest
 import requests
 
 from tests.fixtures.agent import agent_ok
-from tests.fixtures.server import free_port, sandbox_with_admin, served
+from tests.fixtures.server import sandbox_with_admin, served
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
@@ -93,13 +91,6 @@ def portal():
             yield {"base": http_.base, "alice": made["data"]["userid"], "admin": auth}
     finally:
         subprocess.run(["rm", "-rf", str(state)], check=False)
-
-
-@pytest.fixture
-def shots(tmp_path):
-    folder = Path(os.environ.get("CC_PORTAL_SCREENSHOTS") or tmp_path / "screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_a_users_journey_in_chromium(portal, shots):
