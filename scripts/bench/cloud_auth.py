@@ -11,9 +11,12 @@ follows it with its real client. Printed, and written as JSON with --json-out:
 - revocations: for each kind (deactivation, deletion, secret reset, password set, role
   revoked), the time from the change at cloud auth until the controller refuses what it
   had accepted (the token, or the role's power), over TRIALS trials, with the feed read
-  every poll_seconds (1).
+  every poll_seconds (1);
+- get: at the end, a cached-token GET on a controller against the same GET on a single node,
+  real servers measured with wrk (following_get.py; --get-rounds 0 leaves it out).
 
-Usage: .venv/bin/python scripts/bench/cloud_auth.py [--users 10000] [--trials 20] [--json-out PATH]
+Usage: .venv/bin/python scripts/bench/cloud_auth.py [--users 10000] [--trials 20] [--get-rounds 5]
+       [--get-duration 5] [--json-out PATH]
 """
 
 import argparse
@@ -86,6 +89,8 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=10000)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--checks", type=int, default=5000)
+    parser.add_argument("--get-rounds", type=int, default=5, help="wrk rounds per side of the GET (0: none)")
+    parser.add_argument("--get-duration", type=int, default=5, help="seconds per wrk run of the GET")
     parser.add_argument("--json-out")
     args = parser.parse_args()
     from api.app import create_app
@@ -190,6 +195,11 @@ def main() -> int:
         follower.stop()
         out["revocation_seconds"] = kinds
         server.close()
+    if args.get_rounds > 0:
+        # After the in-process part, whose servers and threads are stopped: they would take CPU.
+        from following_get import measure
+
+        out["get"] = measure(rounds=args.get_rounds, duration=args.get_duration)
     print(json.dumps(out, indent=2))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")

@@ -11,9 +11,11 @@ headers hold, a POST without the session's CSRF value or from another origin cha
 nothing, and a forged cross-site form is refused. Logging out revokes the session's token
 on hpc2 within `poll_seconds` and a request."""
 
+import configparser
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -215,6 +217,16 @@ def test_one_portal_two_clusters_in_chromium(two, shots):
         assert time.monotonic() - ended < 2.5
         # The API token alice got by herself is another login: it works on.
         assert _api(hpc2_api, api_token, alice, "/v1/server-instance")[0] == 200
+
+        # Neither the session's cookie id nor its token, in hpc2's database or log, nor at cloud auth
+        # (which keeps their hashes only).
+        for config, log in ((hpc2["config"], two["logs"] / "hpc2.log"), (two["auth_config"], two["logs"] / "auth.log")):
+            parser = configparser.ConfigParser(interpolation=None)
+            parser.read(config)
+            database = Path(parser.get("database", "path"))
+            stored = b"".join(Path(f"{database}{suffix}").read_bytes() for suffix in ("", "-wal")
+                              if Path(f"{database}{suffix}").exists()) + log.read_bytes()
+            assert cookie.encode() not in stored and session_token.encode() not in stored, config
 
         violations = [e for e in logs if "Content Security Policy" in e.get("message", "")]
         assert violations == [], violations
