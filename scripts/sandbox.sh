@@ -51,6 +51,8 @@ print("  api_secret: %s" % a["api_secret"])
 print()
 print("Cloud portal (log in with an email and password, such as the admin's above):")
 print("  http://127.0.0.1:%s/portal/" % sys.argv[2])
+print("  (open it at 127.0.0.1 or localhost, through an ssh tunnel from another machine:")
+print("  over plain HTTP at any other name a browser does not keep the session; a site serves it over HTTPS)")
 print()
 print("For the README walk-through, in another shell:")
 # The config's absolute path: the walk-through's cloud-agent commands and paths follow it

@@ -5,7 +5,7 @@ import time
 from urllib.parse import urlsplit
 
 from api.client_address import client_address
-from api.portal.guard import PREFIX, clear_session_cookie, set_session_cookie
+from api.portal.guard import PREFIX, clear_session_cookie, cookie_cannot_stay, set_session_cookie
 from api.portal.render import form_error, page, see_other
 from controller.auth import tokens as auth, credentials
 from controller.portal import clusters as portal_clusters, sessions as portal_sessions
@@ -50,7 +50,8 @@ class Login(_Page):
 
     def on_get(self, req, resp):
         changed = req.get_param("changed") == "1"
-        page(req, resp, "login.html", next=safe_next(req.get_param("next")) or "", login_email="", changed=changed)
+        page(req, resp, "login.html", next=safe_next(req.get_param("next")) or "", login_email="", changed=changed,
+             insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
 
     def on_post(self, req, resp):
         form = req.context.form
@@ -62,10 +63,11 @@ class Login(_Page):
         except (Unauthenticated, InvalidInput):
             # Whatever failed, one message: nothing tells which part was wrong.
             form_error(req, resp, "login.html", Unauthenticated(LOGIN_FAILED), next=nxt, login_email=email,
-                       changed=False)
+                       changed=False, insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
             return
         except ControllerError as e:  # throttled (429, Retry-After), or the service cannot check
-            form_error(req, resp, "login.html", e, next=nxt, login_email=email, changed=False)
+            form_error(req, resp, "login.html", e, next=nxt, login_email=email, changed=False,
+                       insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
             return
         old = req.context.get("session")
         if old is not None:

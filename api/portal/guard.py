@@ -11,8 +11,9 @@ the CSRF checks, before any page resource runs.
   not the session's (the login form has no session yet; the header checks apply to it).
 """
 
+import ipaddress
 from datetime import datetime, timezone
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import falcon
 
@@ -34,6 +35,24 @@ HEADERS = {
 }
 _SAME_SITE = ("same-origin", "none")
 REFUSED = "refused: this form did not come from a page of the portal in this session; reload the page and try again"
+
+
+def cookie_cannot_stay(req, public_url: str) -> str:
+    """The portal's origin when a browser will not keep its session cookie there, else "".
+    Browsers keep a Secure cookie (and so a __Host- one) only from an https origin or a
+    loopback one (localhost, 127.0.0.0/8, ::1): over plain HTTP at any other name a good
+    login comes back to an empty login form, and the login page says why."""
+    origin = public_url or f"{req.scheme}://{req.netloc}"
+    parts = urlsplit(origin)
+    if parts.scheme == "https":
+        return ""
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return ""
+    try:
+        return "" if ipaddress.ip_address(host).is_loopback else origin
+    except ValueError:
+        return origin
 
 
 def is_portal(path: str) -> bool:

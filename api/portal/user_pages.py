@@ -25,9 +25,12 @@ class ManagedUsers(_Page):
         try:
             if form.get("password") != form.get("password_again"):
                 raise InvalidInput("the two passwords differ")
-            # users.create_user decides: create_user permission, and the new user is the requester's.
+            # users.create_user decides: create_user permission. The new user is the requester's, a
+            # superuser's too (the form says so, and `cloud user create` names the owner alike):
+            # unnamed, a superuser's new user would be nobody's and missing from this list.
             users.create_user(self.ctx, req.context.requester, email=entered["email"], password=form.get("password"),
-                              name=entered["name"], registration_source="portal")
+                              name=entered["name"], owner_userid=req.context.requester.id,
+                              registration_source="portal")
         except ControllerError as e:
             form_error(req, resp, "users.html", e, entered=entered,
                        **portal_views.managed_users(self.ctx, req.context.requester))

@@ -607,5 +607,34 @@ def test_managed_users_list_create_update(cctx, alice, browser):
     assert (cctx.store.get_user(dan["id"])["email"], cctx.store.get_user(dan["id"])["name"]) == ("daniel@example.org", "Daniel")
 
 
+def test_a_superusers_new_user_is_theirs_to_manage(client, cctx):
+    """Issue 41, defect 1: the form says "The new user is yours to manage"; a superuser's new
+    user was owned by nobody and missing from the list."""
+    root = make_caller(cctx, "root@example.org", roles=("superuser",))
+    b = Browser(client)
+    assert b.login(root.email).status_code == 303
+    b.get("/portal/users")
+    r = b.post("/portal/users", {"email": "erin@example.org", "name": "Erin", "password": NEW_PASSWORD,
+                                 "password_again": NEW_PASSWORD})
+    assert r.status_code == 303
+    assert cctx.store.get_user_by_email("erin@example.org")["owner_userid"] == root.id
+    assert "erin@example.org" in b.get("/portal/users").text
+
+
+@pytest.mark.parametrize("host, scheme, told", [
+    ("cluster.example.org", "http", True), ("10.1.2.3:8080", "http", True),
+    ("localhost:8080", "http", False), ("127.0.0.1:8080", "http", False), ("127.0.0.2", "http", False),
+    ("[::1]:8080", "http", False), ("portal.localhost", "http", False), ("cluster.example.org", "https", False)])
+def test_the_login_page_says_when_a_browser_will_not_keep_the_session(client, alice, host, scheme, told):
+    """Issue 41, defect 2: over plain HTTP at a name that is not loopback the browser drops the
+    __Host- cookie, and a good login looped back to an empty form without a word."""
+    r = client.simulate_get("/portal/login", headers={"Host": host}, protocol=scheme)
+    assert r.status_code == 200
+    assert ("This portal needs HTTPS, or localhost" in r.text) is told, r.text
+    r = client.simulate_post("/portal/login", headers={**FORM, "Host": host}, protocol=scheme,
+                             body="email=alice%40example.org&password=wrong")
+    assert r.status_code == 401 and ("This portal needs HTTPS, or localhost" in r.text) is told
+
+
 def test_console_text_keeps_newlines_and_tabs_only():
     assert console_text("a\tb\r\nc\x1b[1;31md\x1b]0;title\x07e\x9bf\x7f\u2066g\n") == "a\tb\ncdef" "g\n"
