@@ -83,7 +83,7 @@ class Logout(_Page):
     def on_post(self, req, resp):
         portal_sessions.end(self.ctx, req.context.session)
         clear_session_cookie(resp)
-        see_other(resp, PREFIX + "/login")
+        see_other(resp, PREFIX + "/login?done=logged-out")
 
 
 class Overview(_Page):

@@ -18,6 +18,19 @@ _env = Environment(
 )
 
 
+# The one-line confirmation a page shows after an action (its `done` parameter names one of
+# these: no text of the URL is ever shown).
+DONE = {
+    "server-created": "Server created: it is starting. This page follows it until it is ready.",
+    "server-started": "Server started.", "server-stopped": "Server stopped.", "server-rebooted": "Server rebooted.",
+    "server-deleted": "Server deleted.", "users-changed": "Who may log in was changed.",
+    "volume-created": "Home volume created.", "volume-deleted": "Home volume deleted.",
+    "group-created": "Group created.", "group-changed": "Group members changed.", "group-deleted": "Group deleted.",
+    "user-created": "User created: they can log in with the password you gave.", "user-saved": "User saved.",
+    "logged-out": "You are logged out.",
+}
+
+
 def _common(req) -> dict:
     session = req.context.get("session")
     cluster = req.context.get("cluster")
@@ -32,6 +45,7 @@ def _common(req) -> dict:
         "cluster_name": cluster.name if cluster is not None else "",
         "clusters": req.context.get("clusters") or [],
         "several": bool(req.context.get("clusters")),
+        "done": DONE.get(req.get_param("done") or "", "") if req.method == "GET" else "",
     }
 
 

@@ -2,12 +2,15 @@
 of this cluster under /portal/servers and of any cluster the portal shows under
 /portal/c/ID/servers (api/portal/where.py finds which)."""
 
+from datetime import datetime, timezone
+
 from api import schemas
 from api.portal.render import form_error, page, see_other
 from api.portal.text import console_text
 from api.portal.where import ClusterPage, cluster_routes
 from api.validation import validate
-from controller.errors import ControllerError, InvalidInput
+from controller.instances.console import SANDBOX_CONSOLE
+from controller.errors import Conflict, ControllerError, Forbidden, InvalidInput, ServerBusy, TooManyRequests
 
 # The power buttons' values and the API's task for each.
 TASKS = {"reboot": "reboot", "start": "power-on", "stop": "power-off"}
@@ -37,31 +40,60 @@ class ServerNew(ClusterPage):
         except ControllerError as e:
             form_error(req, resp, "server_new.html", e, chosen=body, **where.create_form(req.context.requester))
             return
-        see_other(resp, f"{where.base}/servers/{made}")
+        see_other(resp, f"{where.base}/servers/{made}?done=server-created")
+
+
+# The buttons a server's page offers in each status (the tasks the API accepts there).
+_BUTTONS = {"running": [("reboot", "Reboot"), ("stop", "Stop")], "paused": [("stop", "Stop")],
+            "shutoff": [("start", "Start")], "crashed": [("start", "Start")]}
+# Seconds between reloads of a server's page while it is being created or its guest is not
+# ready yet (a Refresh without script: the page works with JavaScript off).
+REFRESH_SECONDS = 5
+_DONE_OF_TASK = {"reboot": "server-rebooted", "start": "server-started", "stop": "server-stopped"}
+
+
+def _detail(where, req, id: str) -> dict:
+    shown = where.server_detail(req.context.requester, id)
+    status = shown["server"]["status"]
+    # The sandbox's test driver runs no guest: it never gets ready, and its note (which says
+    # "recorded as running") is shown only while the server is.
+    shown["sandbox"] = shown["console"] == SANDBOX_CONSOLE
+    if shown["sandbox"] and status != "running":
+        shown["console"] = ""
+    shown["console"] = console_text(shown["console"])
+    shown["tasks"] = _BUTTONS.get(status, [])
+    settling = status == "building" or (status == "running" and not shown["ready"] and not shown["sandbox"])
+    shown["refresh"] = REFRESH_SECONDS if settling else 0
+    shown["updated_at"] = datetime.now(timezone.utc).strftime("%H:%M:%S UTC")
+    return shown
 
 
 class ServerDetail(ClusterPage):
     host_work = ()
 
     def on_get(self, req, resp, id, cid=None):
-        shown = self.cluster(req, cid).server_detail(req.context.requester, id)
-        shown["console"] = console_text(shown["console"])
-        page(req, resp, "server.html", **shown)
+        page(req, resp, "server.html", **_detail(self.cluster(req, cid), req, id))
 
 
-def _task(where, req, resp, id: str, task: dict) -> None:
-    where.run_task(req.context.requester, id, validate({"task": task}, schemas.INSTANCE_TASK)["task"])
-    see_other(resp, f"{where.base}/servers/{id}")
+def _task(where, req, resp, id: str, task: dict, done: str) -> None:
+    """The task, then the server's page with its confirmation; a refusal (409 not in a state
+    for it, 403 not yours, 400) on the server's page itself, above its forms."""
+    try:
+        where.run_task(req.context.requester, id, validate({"task": task}, schemas.INSTANCE_TASK)["task"])
+    except (InvalidInput, Conflict, Forbidden, ServerBusy, TooManyRequests) as e:
+        form_error(req, resp, "server.html", e, **_detail(where, req, id))
+        return
+    see_other(resp, f"{where.base}/servers/{id}?done={done}")
 
 
 class ServerPower(ClusterPage):
     def on_post(self, req, resp, id, cid=None):
         where = self.cluster(req, cid)
-        what = TASKS.get(req.context.form.get("task"))
+        chosen = req.context.form.get("task")
+        what = TASKS.get(chosen)
         if what is None:
             raise InvalidInput(f"task must be one of {', '.join(TASKS)}")
-        # Refusals (404 unseen, 403 not yours, 409 not running) reach the error page as the API answers them.
-        _task(where, req, resp, id, {"what": what})
+        _task(where, req, resp, id, {"what": what}, _DONE_OF_TASK[chosen])
 
 
 class ServerUsers(ClusterPage):
@@ -73,8 +105,9 @@ class ServerUsers(ClusterPage):
             raise InvalidInput("how must be add or delete")
         users = form.all("users")
         if not users:
-            raise InvalidInput("choose at least one user")
-        _task(where, req, resp, id, {"what": "modify-users", "how": how, "users": users})
+            form_error(req, resp, "server.html", InvalidInput("choose at least one user"), **_detail(where, req, id))
+            return
+        _task(where, req, resp, id, {"what": "modify-users", "how": how, "users": users}, "users-changed")
 
 
 class ServerDelete(ClusterPage):
@@ -83,8 +116,12 @@ class ServerDelete(ClusterPage):
 
     def on_post(self, req, resp, id, cid=None):
         where = self.cluster(req, cid)
-        where.delete_server(req.context.requester, id)
-        see_other(resp, f"{where.base}/servers?deleted=1")
+        try:
+            where.delete_server(req.context.requester, id)
+        except (Conflict, Forbidden, ServerBusy, TooManyRequests) as e:
+            form_error(req, resp, "server_delete.html", e, **where.server_summary(req.context.requester, id))
+            return
+        see_other(resp, f"{where.base}/servers?done=server-deleted")
 
 
 def add_routes(app, ctx) -> None:

@@ -8,7 +8,7 @@ from api import schemas
 from api.portal.render import form_error, page, see_other
 from api.portal.where import ClusterPage, cluster_routes
 from api.validation import validate
-from controller.errors import ControllerError, InvalidInput
+from controller.errors import Conflict, ControllerError, Forbidden, InvalidInput, NotFound, ServerBusy, TooManyRequests
 
 
 def _size(text: str) -> int:
@@ -20,7 +20,7 @@ def _size(text: str) -> int:
 class Volume(ClusterPage):
     def on_get(self, req, resp, cid=None):
         where = self.cluster(req, cid)
-        page(req, resp, "volume.html", error="", **where.volume_page(req.context.requester))
+        page(req, resp, "volume.html", error="", entered={}, **where.volume_page(req.context.requester))
 
     def on_post(self, req, resp, cid=None):
         where = self.cluster(req, cid)
@@ -31,9 +31,10 @@ class Volume(ClusterPage):
                 body["volume-name"] = form.get("name").strip()
             where.create_volume(req.context.requester, validate(body, schemas.VOLUME_CREATE))
         except ControllerError as e:
-            form_error(req, resp, "volume.html", e, **where.volume_page(req.context.requester))
+            form_error(req, resp, "volume.html", e, entered={"size": form.get("size"), "name": form.get("name")},
+                       **where.volume_page(req.context.requester))
             return
-        see_other(resp, f"{where.base}/volume")
+        see_other(resp, f"{where.base}/volume?done=volume-created")
 
 
 class VolumeDelete(ClusterPage):
@@ -49,15 +50,15 @@ class VolumeDelete(ClusterPage):
                 raise InvalidInput("type your username to confirm: the home and every file in it are deleted")
             where.delete_volume(requester, shown["volume"]["volume-id"])
         except ControllerError as e:
-            form_error(req, resp, "volume.html", e, **shown)
+            form_error(req, resp, "volume.html", e, entered={}, **shown)
             return
-        see_other(resp, f"{where.base}/volume")
+        see_other(resp, f"{where.base}/volume?done=volume-deleted")
 
 
 class Groups(ClusterPage):
     def on_get(self, req, resp, cid=None):
         where = self.cluster(req, cid)
-        page(req, resp, "groups.html", error="", **where.groups_page(req.context.requester))
+        page(req, resp, "groups.html", error="", entered={}, typed={}, **where.groups_page(req.context.requester))
 
     def on_post(self, req, resp, cid=None):
         where = self.cluster(req, cid)
@@ -67,9 +68,11 @@ class Groups(ClusterPage):
             body = validate({"group-name": form.get("name").strip(), "group-members": members}, schemas.GROUP_CREATE)
             where.create_group(req.context.requester, body)
         except ControllerError as e:
-            form_error(req, resp, "groups.html", e, **where.groups_page(req.context.requester))
+            form_error(req, resp, "groups.html", e, typed={},
+                       entered={"name": form.get("name"), "members": form.get("members")},
+                       **where.groups_page(req.context.requester))
             return
-        see_other(resp, f"{where.base}/groups")
+        see_other(resp, f"{where.base}/groups?done=group-created")
 
 
 class GroupMembers(ClusterPage):
@@ -80,18 +83,41 @@ class GroupMembers(ClusterPage):
         if action not in ("add", "delete"):
             raise InvalidInput("action must be add or delete")
         members = [m.strip() for m in re.split(r"[\s,]+", form.get("members")) if m.strip()] + form.all("member")
-        if not members:
-            raise InvalidInput("name at least one member (a username)")
-        body = validate({"action": action, "group-members": members}, schemas.GROUP_UPDATE)
-        where.update_group(req.context.requester, id, body)
-        see_other(resp, f"{where.base}/groups")
+        try:
+            if not members:
+                raise InvalidInput("name at least one member (a username)")
+            body = validate({"action": action, "group-members": members}, schemas.GROUP_UPDATE)
+            where.update_group(req.context.requester, id, body)
+        except (InvalidInput, Conflict, Forbidden, ServerBusy, TooManyRequests) as e:
+            # On the groups page, above its forms, what was typed kept in the group's box.
+            form_error(req, resp, "groups.html", e, entered={}, typed={id: form.get("members")},
+                       **where.groups_page(req.context.requester))
+            return
+        see_other(resp, f"{where.base}/groups?done=group-changed")
 
 
 class GroupDelete(ClusterPage):
+    """A group's delete asks first: files on the cluster may belong to it (by its GID)."""
+
+    def on_get(self, req, resp, id, cid=None):
+        where = self.cluster(req, cid)
+        page(req, resp, "group_delete.html", group=_group(where, req, id))
+
     def on_post(self, req, resp, id, cid=None):
         where = self.cluster(req, cid)
-        where.delete_group(req.context.requester, id)
-        see_other(resp, f"{where.base}/groups")
+        try:
+            where.delete_group(req.context.requester, id)
+        except (Conflict, Forbidden, ServerBusy, TooManyRequests) as e:
+            form_error(req, resp, "group_delete.html", e, group=_group(where, req, id))
+            return
+        see_other(resp, f"{where.base}/groups?done=group-deleted")
+
+
+def _group(where, req, id: str) -> dict:
+    for g in where.groups_page(req.context.requester)["groups"]:
+        if g["group-id"] == id:
+            return g
+    raise NotFound(f"group {id[:64]} not found")
 
 
 def add_routes(app, ctx) -> None:

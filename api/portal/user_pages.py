@@ -35,7 +35,7 @@ class ManagedUsers(_Page):
             form_error(req, resp, "users.html", e, entered=entered,
                        **portal_views.managed_users(self.ctx, req.context.requester))
             return
-        see_other(resp, "/portal/users")
+        see_other(resp, "/portal/users?done=user-created")
 
 
 class ManagedUser(_Page):
@@ -50,7 +50,7 @@ class ManagedUser(_Page):
         except ControllerError as e:
             form_error(req, resp, "user_edit.html", e, user=users.view_user(self.ctx, req.context.requester, id))
             return
-        see_other(resp, "/portal/users")
+        see_other(resp, "/portal/users?done=user-saved")
 
 
 def add_routes(app, ctx: Context) -> None:

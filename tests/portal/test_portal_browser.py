@@ -193,15 +193,22 @@ def test_a_users_journey_in_chromium(portal, shots):
         settle("07-volume")
         visit("/portal/servers/new", "08-server-new")
         fill({}, "Create server")
-        assert re.fullmatch(re.escape(base) + r"/portal/servers/[0-9a-f-]{36}", driver.current_url)
-        server_url = driver.current_url
+        assert re.fullmatch(re.escape(base) + r"/portal/servers/[0-9a-f-]{36}\?done=server-created", driver.current_url)
+        server_url = driver.current_url.split("?")[0]
         settle("09-server")
         page = text()
+        assert "Server created" in page
         assert "Status" in page and "running" in page and "Ready" in page and "Console" in page
-        assert re.search(r"ssh alice@10\.213\.\d+\.\d+", page)
+        # The sandbox runs no guest: it says so, offers no ssh line and does not reload forever.
+        assert "never in the sandbox" in page and "nothing to log in to" in page
+        assert not driver.find_elements(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
         assert "create success" in page.replace("\n", " ")
         fill({}, "Stop", form="main form.inline")
-        assert "shutoff" in text()
+        assert "shutoff" in text() and "Server stopped." in text()
+        # Stopped: only Start (and the delete link) offered, no readiness, no ssh line.
+        assert [b.text for b in driver.find_elements(By.CSS_SELECTOR, "main form.inline button")] == ["Start"]
+        assert "Ready" not in text() and "ssh " not in text()
+        settle("09b-server-stopped")
         fill({}, "Start", form="main form.inline")
         assert "running" in text()
         visit("/portal/servers", "10-servers")
@@ -257,7 +264,7 @@ def test_a_users_journey_in_chromium(portal, shots):
         # Log out; the old cookie replayed opens nothing.
         old_cookie = driver.get_cookie(COOKIE)["value"]
         click(driver.find_element(By.CSS_SELECTOR, "form.logout button"))
-        assert driver.current_url == base + "/portal/login"
+        assert driver.current_url == base + "/portal/login?done=logged-out" and "You are logged out." in text()
         assert driver.get_cookie(COOKIE) is None
         settle(None)
         replay = requests.get(base + "/portal/", cookies={COOKIE: old_cookie}, allow_redirects=False, timeout=10)

@@ -136,7 +136,8 @@ def test_one_portal_two_clusters_in_chromium(two, shots):
             submit(f"/portal/c/{cid}/servers/new")
             errors = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "p.error")]
             assert f"/portal/c/{cid}/servers/" in driver.current_url and not errors, (driver.current_url, errors)
-            made[cid] = driver.current_url.rsplit("/", 1)[1]
+            assert driver.current_url.endswith("?done=server-created")
+            made[cid] = driver.current_url.split("?")[0].rsplit("/", 1)[1]
             assert "Server " in driver.find_element(By.TAG_NAME, "h1").text
             status, body = _api(http, api_token, alice, "/v1/server-instance")
             assert status == 200 and [s["id"] for s in body["data"]] == [made[cid]], body

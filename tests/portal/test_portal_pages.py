@@ -223,7 +223,7 @@ def test_next_within_the_portal_is_followed(client, alice):
 
 # -- without a session ---------------------------------------------------------------------
 GET_PAGES = ["/portal/", "/portal/servers", "/portal/servers/new", "/portal/servers/{id}", "/portal/servers/{id}/delete",
-             "/portal/volume", "/portal/groups", "/portal/credentials", "/portal/credentials/new", "/portal/password",
+             "/portal/volume", "/portal/groups", "/portal/groups/{group}/delete", "/portal/credentials", "/portal/credentials/new", "/portal/password",
              "/portal/users", "/portal/users/{user}"]
 POSTS = ["/portal/logout", "/portal/servers/new", "/portal/servers/{id}/power", "/portal/servers/{id}/users",
          "/portal/servers/{id}/delete", "/portal/volume", "/portal/volume/delete", "/portal/groups",
@@ -244,7 +244,8 @@ def world(cctx, alice, browser):
     browser.get("/portal/servers/new")
     r = browser.post("/portal/servers/new", {"image": catalog["image"]["id"], "flavor": catalog["flavor"]["id"]})
     assert r.status_code == 303, r.text
-    server_id = r.headers["location"].rsplit("/", 1)[1]
+    assert r.headers["location"].endswith("?done=server-created")
+    server_id = r.headers["location"].split("?")[0].rsplit("/", 1)[1]
     group_id = cctx.store.list_groups(visible_to=None)[0]["id"]
     return {"id": server_id, "group": group_id, "user": alice.id, **catalog}
 
@@ -345,7 +346,8 @@ def test_the_session_ends_with_the_user(client, cctx, alice, browser, how):
     old = browser.cookie
     if how == "logout":
         r = browser.post("/portal/logout")
-        assert r.status_code == 303 and r.headers["location"] == "/portal/login"
+        assert r.status_code == 303 and r.headers["location"] == "/portal/login?done=logged-out"
+        assert "You are logged out." in Browser(client).get(r.headers["location"]).text
         gone = r.headers["set-cookie"]
         assert gone.split(";")[0] in (f"{COOKIE}=", f'{COOKIE}=""') and "Path=/" in gone and "Secure" in gone and "1970" in gone
     elif how == "set_password":
@@ -499,6 +501,19 @@ def test_server_detail_console_readiness_ssh_and_history(cctx, browser, world):
     private_ip = cctx.store.get_instance(world["id"], visible_to=None)["private_ip"]
     assert f"ssh alice@{private_ip}" in r.text
     assert "<td>create</td><td>success</td>" in r.text
+    # Settled: no reload; "updated at" said.
+    assert 'http-equiv="refresh"' not in r.text and "Updated at " in r.text
+
+
+def test_a_server_page_reloads_itself_until_the_guest_is_ready(cctx, browser, world):
+    fake = cctx.adapters.hypervisor.instances[world["id"]]
+    fake.console = b"booting\n"  # running, its boot setup not finished
+    r = browser.get(f"/portal/servers/{world['id']}?done=server-created")
+    assert '<meta http-equiv="refresh" content="5">' in r.text and "reloads every 5 s until the server is ready" in r.text
+    assert "Server created: it is starting." in r.text and "not yet" in r.text
+    fake.console += f"cloud-controller: instance {world['id']} finished its boot setup\n".encode()
+    r = browser.get(f"/portal/servers/{world['id']}")
+    assert 'http-equiv="refresh"' not in r.text
 
 
 def test_power_users_and_delete(cctx, alice, browser, world):
@@ -508,16 +523,31 @@ def test_power_users_and_delete(cctx, alice, browser, world):
     base = f"/portal/servers/{world['id']}"
     page = browser.get(base).text
     assert f'value="{bob_account["uuid"]}"> bob' in page
-    for task, status in (("stop", "shutoff"), ("start", "running"), ("reboot", "running")):
+    buttons = re.compile(r'<button type="submit" name="task" value="([a-z]+)">')
+    # Running: Reboot and Stop, the ssh line; each action confirmed on the next page.
+    assert buttons.findall(page) == ["reboot", "stop"] and "ssh alice@" in page
+    for task, status, said in (("stop", "shutoff", "Server stopped."), ("start", "running", "Server started."),
+                               ("reboot", "running", "Server rebooted.")):
         r = browser.post(f"{base}/power", {"task": task})
-        assert r.status_code == 303 and r.headers["location"] == base
+        assert r.status_code == 303 and r.headers["location"] == f"{base}?done=server-{task}{'p' if task == 'stop' else ''}ed"
         assert fake.status == status
-    r = browser.post(f"{base}/power", {"task": "stop"})
+        assert said in browser.get(r.headers["location"]).text
+    browser.post(f"{base}/power", {"task": "stop"})
+    # Stopped: Start alone, no ssh line, no readiness, no reload.
+    page = browser.get(base).text
+    assert buttons.findall(page) == ["start"] and "ssh alice@" not in page and "<dt>Ready</dt>" not in page
+    assert 'http-equiv="refresh"' not in page and "The server is stopped" in page
+    # A refused task stays on the server's page, the API's message above its forms.
     r = browser.post(f"{base}/power", {"task": "reboot"})
     assert r.status_code == 409 and "reboot needs a running server-instance" in r.text  # the API's refusal
+    assert "<h1>Server " in r.text and buttons.findall(r.text) == ["start"]
     r = browser.post(f"{base}/power", {"task": "explode"})
     assert r.status_code == 400
-    assert browser.post(f"{base}/users", {"how": "add", "users": bob_account["uuid"]}).status_code == 303
+    r = browser.post(f"{base}/users", {"how": "add"})
+    assert r.status_code == 400 and "choose at least one user" in r.text and "<h1>Server " in r.text
+    assert "<h3>Who may log in</h3>" in r.text and "<h3>Who could be added</h3>" in r.text
+    r = browser.post(f"{base}/users", {"how": "add", "users": bob_account["uuid"]})
+    assert r.status_code == 303 and "Who may log in was changed." in browser.get(r.headers["location"]).text
     assert bob_account["uuid"] in cctx.store.get_instance(world["id"], visible_to=None)["users"]
     assert browser.post(f"{base}/users", {"how": "delete", "users": bob_account["uuid"]}).status_code == 303
     assert bob_account["uuid"] not in cctx.store.get_instance(world["id"], visible_to=None)["users"]
@@ -525,7 +555,8 @@ def test_power_users_and_delete(cctx, alice, browser, world):
     assert confirm.status_code == 200 and "Delete the server" in confirm.text
     assert cctx.store.get_instance(world["id"], visible_to=None) is not None  # a GET deletes nothing
     r = browser.post(f"{base}/delete")
-    assert r.status_code == 303 and r.headers["location"].startswith("/portal/servers")
+    assert r.status_code == 303 and r.headers["location"] == "/portal/servers?done=server-deleted"
+    assert "Server deleted." in browser.get(r.headers["location"]).text
     assert cctx.store.get_instance(world["id"], visible_to=None) is None and world["id"] not in cctx.adapters.hypervisor.instances
 
 
@@ -559,6 +590,7 @@ def test_volume_form_errors_and_delete_after_typing_the_username(cctx, alice, br
     for size, message in (("lots", "size must be a whole number of GB"), ("0", "volume-size")):
         r = browser.post("/portal/volume", {"size": size})
         assert r.status_code == 400 and message in r.text and 'name="size"' in r.text
+        assert f'value="{size}"' in r.text  # what was typed, kept
         assert cctx.store.volume_of_user(alice.id) is None
     assert browser.post("/portal/volume", {"size": "3", "name": "scratch"}).status_code == 303
     volume = cctx.store.volume_of_user(alice.id)
@@ -566,11 +598,12 @@ def test_volume_form_errors_and_delete_after_typing_the_username(cctx, alice, br
     assert "Delete the volume" in browser.get("/portal/volume").text
     r = browser.post("/portal/volume", {"size": "3"})
     assert r.status_code == 409 and "already has a storage volume" in r.text
+    assert "<h1>Home volume" in r.text  # on the page it was sent from
     r = browser.post("/portal/volume/delete", {"confirm": "alic"})
     assert r.status_code == 400 and "type your username" in r.text and 'name="confirm"' in r.text
     assert cctx.store.volume_of_user(alice.id) == volume
     r = browser.post("/portal/volume/delete", {"confirm": "alice"})
-    assert r.status_code == 303 and r.headers["location"] == "/portal/volume"
+    assert r.status_code == 303 and r.headers["location"] == "/portal/volume?done=volume-deleted"
     assert cctx.store.volume_of_user(alice.id) is None
 
 
@@ -584,9 +617,20 @@ def test_groups_members_and_delete(cctx, alice, browser, world):
     assert "> bob</label>" in browser.get("/portal/groups").text
     assert browser.post(f"{base}/members", [("action", "delete"), ("member", "alice")]).status_code == 303
     assert cctx.store.list_groups(visible_to=None)[0]["members"] == ["bob"]
-    r = browser.post("/portal/groups", {"name": "Bad Name", "members": ""})
+    r = browser.post("/portal/groups", {"name": "Bad Name", "members": "bob"})
     assert r.status_code == 400 and "group-name" in r.text and 'name="name"' in r.text
-    assert browser.post(f"{base}/delete").status_code == 303
+    assert 'value="Bad Name"' in r.text and 'name="members" value="bob"' in r.text  # what was typed, kept
+    # An unknown member: refused on the groups page, the typed names kept in that group's box.
+    r = browser.post(f"{base}/members", {"action": "add", "members": "nosuchuser"})
+    assert r.status_code == 400 and "<h1>Groups" in r.text and 'value="nosuchuser"' in r.text
+    assert cctx.store.list_groups(visible_to=None)[0]["members"] == ["bob"]
+    # Delete asks first (a GET changes nothing), then says it is done.
+    confirm = browser.get(f"{base}/delete")
+    assert confirm.status_code == 200 and "Delete group" in confirm.text and "GID" in confirm.text
+    assert cctx.store.list_groups(visible_to=None) != []
+    r = browser.post(f"{base}/delete")
+    assert r.status_code == 303 and r.headers["location"] == "/portal/groups?done=group-deleted"
+    assert "Group deleted." in browser.get(r.headers["location"]).text
     assert cctx.store.list_groups(visible_to=None) == []
 
 
@@ -595,7 +639,7 @@ def test_managed_users_list_create_update(cctx, alice, browser):
     assert page.status_code == 200 and "You manage no users yet." in page.text and ">Users</a>" in page.text
     r = browser.post("/portal/users", {"email": "dan@example.org", "name": "Dan", "password": NEW_PASSWORD,
                                        "password_again": NEW_PASSWORD})
-    assert r.status_code == 303 and r.headers["location"] == "/portal/users"
+    assert r.status_code == 303 and r.headers["location"] == "/portal/users?done=user-created"
     dan = cctx.store.get_user_by_email("dan@example.org")
     assert dan["owner_userid"] == alice.id and dan["registration_source"] == "portal"
     assert "dan@example.org" in browser.get("/portal/users").text
