@@ -99,7 +99,8 @@ class RemoteCluster:
             counts[s["status"]] = counts.get(s["status"], 0) + 1
         usage = self._call("GET", "/v1/limits", params={"cloudauth-id": requester.id})
         return {
-            "cluster": self.id, "account": self.account(requester), "volume": self._own_volume(requester),
+            "cluster": self.id, "cluster_name": self.name, "is_admin": requester.is_superuser,
+            "account": self.account(requester), "volume": self._own_volume(requester),
             "by_status": sorted(counts.items()), "total": len(mine),
             "limits": views.limit_rows(usage[0] if usage else {}),
         }
@@ -123,7 +124,8 @@ class RemoteCluster:
         rows = self._call("GET", "/v1/server-instance")
         images, flavors = self._names()
         names = self._usernames(u for r in rows for u in r["users"])
-        return {"servers": [self._server(r, names, images, flavors) for r in rows]}
+        shown = [self._server(r, names, images, flavors) for r in rows]
+        return {"servers": shown, **views.with_owners(self.ctx, requester, shown, key="owner_id")}
 
     def create_form(self, requester: Requester) -> dict:
         return {"images": [i for i in self._call("GET", "/v1/server-image") if i.get("active", True)],
@@ -156,7 +158,7 @@ class RemoteCluster:
             "server": self._server(row, self._usernames(row["users"]), images, flavors),
             "console": tail["console"], "ready": tail["ready"], "console_error": console_error,
             "ssh": f"ssh {mine['username']}@{row['private-ip']}" if mine and row.get("private-ip") else "",
-            "history": list(reversed(history)),
+            "history": views.with_requesters(self.ctx, list(reversed(history))),
             "grantable": [a for a in self.grantable(requester) if a["uuid"] not in granted],
         }
 
@@ -176,7 +178,11 @@ class RemoteCluster:
         self._call("DELETE", f"/v1/storage-volume/{quote(volume_id, safe='')}")
 
     def groups_page(self, requester: Requester) -> dict:
-        return {"groups": self._call("GET", "/v1/group"), "account": self.account(requester)}
+        found = self._call("GET", "/v1/group")
+        for g in found:
+            g["gid"] = None  # the controller's API does not give it
+        return {"groups": found, "account": self.account(requester),
+                **views.with_owners(self.ctx, requester, found, key="cloudauth-id")}
 
     def create_group(self, requester: Requester, body: dict) -> None:
         self._call("POST", "/v1/group", body=body)

@@ -15,7 +15,7 @@ from controller.storage import images, volumes
 from controller import limits
 from controller import permissions as perms
 from controller.context import Context
-from controller.errors import HostError
+from controller.errors import ControllerError, HostError
 from controller.lookups import account_of, instance_row
 from controller.permissions import Requester
 
@@ -49,6 +49,8 @@ def overview(ctx: Context, requester: Requester) -> dict:
     usage = limits.usage_object(ctx, requester)
     return {
         "cluster": ctx.config.controller_id,
+        "cluster_name": ctx.config.controller.name or f"cluster-{ctx.config.controller_id}",
+        "is_admin": requester.is_superuser,
         "account": _account(ctx, requester.id),
         "volume": _own_volume(ctx, requester),
         "by_status": sorted(counts.items()),
@@ -67,7 +69,23 @@ def servers(ctx: Context, requester: Requester) -> dict:
     names = _usernames(ctx, [u for r in rows for u in r["users"]])
     image_names = {i["id"]: i["name"] for i in images.list_images(ctx, requester)}
     flavor_names = {str(f["id"]): f["name"] for f in images.list_flavors(ctx, requester)}
-    return {"servers": [_server(r, names, image_names, flavor_names) for r in rows]}
+    shown = [_server(r, names, image_names, flavor_names) for r in rows]
+    return {"servers": shown, **with_owners(ctx, requester, shown, key="owner_id")}
+
+
+def with_owners(ctx: Context, requester: Requester, items: list[dict], *, key: str) -> dict:
+    """Each item's owner's email (as "owner"), and whether the list shows anyone else's (then
+    the page has an Owner column: an admin's or an owner's view)."""
+    emails = ctx.store.emails_of(i[key] for i in items)
+    for i in items:
+        i["owner"] = emails.get(i[key], i[key])
+    return {"show_owner": any(i[key] != requester.id for i in items)}
+
+
+def with_requesters(ctx: Context, history: list[dict]) -> list[dict]:
+    """Each history entry's requester as an email where it is a user here."""
+    emails = ctx.store.emails_of(h["requester"] for h in history)
+    return [{**h, "requester_email": emails.get(h["requester"], h["requester"])} for h in history]
 
 
 def _server(row: dict, names: dict, image_names: dict, flavor_names: dict) -> dict:
@@ -123,7 +141,7 @@ def server_detail(ctx: Context, requester: Requester, instance_id: str) -> dict:
         "ready": tail["ready"],
         "console_error": console_error,
         "ssh": ssh,
-        "history": list(reversed(history.list_actions(ctx, requester, row["id"]))),
+        "history": with_requesters(ctx, list(reversed(history.list_actions(ctx, requester, row["id"])))),
         "grantable": [a for a in grantable(ctx, requester) if a["uuid"] not in granted],
     }
 
@@ -134,7 +152,16 @@ def volume_page(ctx: Context, requester: Requester) -> dict:
 
 
 def groups_page(ctx: Context, requester: Requester) -> dict:
-    return {"groups": groups.list_groups(ctx, requester), "account": _account(ctx, requester.id)}
+    """The groups the requester sees, each with its owner and GID (read from the groups'
+    directory; None where it cannot say)."""
+    found = groups.list_groups(ctx, requester)
+    for g in found:
+        try:
+            g["gid"] = ctx.adapters.groups.gid(g["group-name"])
+        except ControllerError:
+            g["gid"] = None
+    return {"groups": found, "account": _account(ctx, requester.id),
+            **with_owners(ctx, requester, found, key="cloudauth-id")}
 
 
 def managed_users(ctx: Context, requester: Requester) -> dict:

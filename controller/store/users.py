@@ -47,6 +47,16 @@ class UserRows:
     def get_user(self, user_id: str) -> dict | None:
         return self._user_row(self._one("SELECT * FROM users WHERE id = ?", (user_id,)))
 
+    def emails_of(self, user_ids) -> dict[str, str]:
+        """User id -> email, for the ids that are users (the portal names owners with it)."""
+        ids = sorted(set(user_ids))
+        out: dict[str, str] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            rows = self._all(f"SELECT id, email FROM users WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+            out.update({r["id"]: r["email"] for r in rows})
+        return out
+
     def get_user_by_email(self, email: str) -> dict | None:
         return self._user_row(self._one("SELECT * FROM users WHERE email = ?", (email,)))
 

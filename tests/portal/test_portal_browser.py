@@ -202,7 +202,7 @@ def test_a_users_journey_in_chromium(portal, shots):
         # The sandbox runs no guest: it says so, offers no ssh line and does not reload forever.
         assert "never in the sandbox" in page and "nothing to log in to" in page
         assert not driver.find_elements(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
-        assert "create success" in page.replace("\n", " ")
+        assert "create alice@example.org success" in page.replace("\n", " ")
         fill({}, "Stop", form="main form.inline")
         assert "shutoff" in text() and "Server stopped." in text()
         # Stopped: only Start (and the delete link) offered, no readiness, no ssh line.

@@ -500,7 +500,7 @@ def test_server_detail_console_readiness_ssh_and_history(cctx, browser, world):
     assert "ready: the guest has started" in r.text
     private_ip = cctx.store.get_instance(world["id"], visible_to=None)["private_ip"]
     assert f"ssh alice@{private_ip}" in r.text
-    assert "<td>create</td><td>success</td>" in r.text
+    assert "<td>create</td><td>alice@example.org</td><td>success</td>" in r.text  # who did it, by email
     # Settled: no reload; "updated at" said.
     assert 'http-equiv="refresh"' not in r.text and "Updated at " in r.text
 
@@ -569,6 +569,8 @@ def test_another_users_objects_are_404_and_the_api_decides(client, cctx, world):
     for path in (f"/portal/servers/{world['id']}", f"/portal/servers/{world['id']}/delete", "/portal/servers/nope"):
         r = b.get(path)
         assert r.status_code == 404 and "not found" in r.text, path
+        # The error page says what to do, not a status number.
+        assert "It may have been deleted, or it is not yours to see" in r.text and "HTTP status" not in r.text
         assert_headers(r)
     for path, fields in ((f"/portal/servers/{world['id']}/power", {"task": "stop"}),
                          (f"/portal/servers/{world['id']}/delete", {}),
@@ -678,6 +680,25 @@ def test_the_login_page_says_when_a_browser_will_not_keep_the_session(client, al
     r = client.simulate_post("/portal/login", headers={**FORM, "Host": host}, protocol=scheme,
                              body="email=alice%40example.org&password=wrong")
     assert r.status_code == 401 and ("This portal needs HTTPS, or localhost" in r.text) is told
+
+
+def test_an_admin_sees_owners_gids_and_how_to_make_an_account(client, cctx, world, browser):
+    root = make_caller(cctx, "root@example.org", roles=("superuser",))
+    admin = Browser(client)
+    assert admin.login(root.email).status_code == 303
+    page = admin.get("/portal/").text
+    assert "cloud-agent account enable root@example.org --username NAME" in page
+    assert "Ask an administrator" not in page
+    servers = admin.get("/portal/servers").text
+    assert "<th>Owner</th>" in servers and "<td>alice@example.org</td>" in servers
+    groups = admin.get("/portal/groups").text
+    gid = cctx.adapters.groups.gid("proj")
+    assert "Owner: alice@example.org" in groups and gid is not None and f"GID {gid}" in groups
+    # Alice's own lists name no owner: they are all hers.
+    assert "<th>Owner</th>" not in browser.get("/portal/servers").text
+    assert "Owner:" not in browser.get("/portal/groups").text
+    # The overview names the cluster, not its number.
+    assert f"<dt>Cluster</dt><dd>cluster-{cctx.config.controller_id}</dd>" in browser.get("/portal/").text
 
 
 def test_console_text_keeps_newlines_and_tabs_only():
