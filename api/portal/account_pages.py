@@ -2,16 +2,18 @@
 
 import posixpath
 import time
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from api.client_address import client_address
-from api.portal.guard import PREFIX, clear_session_cookie, cookie_cannot_stay, set_session_cookie
+from api.portal.guard import (PREFIX, clear_session_cookie, cookie_cannot_stay, login_value, set_login_cookie,
+                              set_session_cookie)
 from api.portal.render import form_error, page, see_other
 from controller.auth import tokens as auth, credentials
 from controller.portal import clusters as portal_clusters, sessions as portal_sessions
 from controller.context import Context
 from controller.errors import ControllerError, InvalidInput, Unauthenticated
 from controller.permissions import Requester
+from controller.rules import PASSWORD_MAX, PASSWORD_MIN, PASSWORD_RULE, check_password
 
 LOGIN_FAILED = "Log in failed: wrong email or password, or the account cannot use the cloud."
 _NEXT_MAX = 2000
@@ -25,7 +27,19 @@ def safe_next(value: str | None) -> str | None:
     parts = urlsplit(value)
     if parts.scheme or parts.netloc or not parts.path.startswith("/") or parts.path.startswith("//"):
         return None
-    normal = posixpath.normpath(parts.path)
+    # Checked as the browser will read it: percent-escapes decoded first (a browser resolves
+    # /portal/%2e%2e/x to /x), and once more for a doubly escaped one.
+    path = parts.path
+    for _ in range(3):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    else:
+        return None
+    if any(c == "\\" or ord(c) < 0x21 or ord(c) == 0x7F for c in path) or path.startswith("//"):
+        return None
+    normal = posixpath.normpath(path)
     if normal != PREFIX and not normal.startswith(PREFIX + "/"):
         return None
     return value
@@ -50,8 +64,10 @@ class Login(_Page):
 
     def on_get(self, req, resp):
         changed = req.get_param("changed") == "1"
+        value = login_value(req)
+        set_login_cookie(resp, value)
         page(req, resp, "login.html", next=safe_next(req.get_param("next")) or "", login_email="", changed=changed,
-             insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
+             login_csrf=value, insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
 
     def on_post(self, req, resp):
         form = req.context.form
@@ -63,10 +79,12 @@ class Login(_Page):
         except (Unauthenticated, InvalidInput):
             # Whatever failed, one message: nothing tells which part was wrong.
             form_error(req, resp, "login.html", Unauthenticated(LOGIN_FAILED), next=nxt, login_email=email,
-                       changed=False, insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
+                       changed=False, login_csrf=form.get("csrf") or "",
+                       insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
             return
         except ControllerError as e:  # throttled (429, Retry-After), or the service cannot check
             form_error(req, resp, "login.html", e, next=nxt, login_email=email, changed=False,
+                       login_csrf=form.get("csrf") or "",
                        insecure_origin=cookie_cannot_stay(req, self.ctx.config.portal.public_url))
             return
         old = req.context.get("session")
@@ -157,22 +175,41 @@ class Password(_Page):
         self.trusted_proxies = ctx.config.server.trusted_proxies
 
     def on_get(self, req, resp):
-        page(req, resp, "password.html", error="")
+        page(req, resp, "password.html", error="", **_password_rule(rotate=False))
 
     def on_post(self, req, resp):
         form = req.context.form
-        new, again = form.get("new_password"), form.get("new_password_again")
+        new, again, old = form.get("new_password"), form.get("new_password_again"), form.get("password") or None
+        rotate = form.get("rotate_secret") == "1"
+        client = client_address(req, self.trusted_proxies)
+        made = None
         try:
             if new != again:
                 raise InvalidInput("the two new passwords differ")
-            credentials.change_password(self.ctx, req.context.requester, password=form.get("password") or None,
-                                        new_password=new, client=client_address(req, self.trusted_proxies))
+            if rotate:
+                # The new password's rule first, so a refusal changes nothing; then the secret
+                # (proven by the current password), then the password.
+                check_password(new)
+                if new == old:
+                    raise InvalidInput("the new password must differ from the current one")
+                made = credentials.rotate_api_secret(self.ctx, req.context.requester, password=old, client=client)
+            credentials.change_password(self.ctx, req.context.requester, password=old, new_password=new,
+                                        client=client)
         except ControllerError as e:
-            form_error(req, resp, "password.html", e)
+            form_error(req, resp, "password.html", e, **_password_rule(rotate=rotate))
             return
         # The change ended every portal session of the user, this one too: log in again.
         clear_session_cookie(resp)
-        see_other(resp, PREFIX + "/login?changed=1")
+        if made is None:
+            see_other(resp, PREFIX + "/login?changed=1")
+            return
+        # The new secret in this answer alone (a POST's, no-store): no session is left to show it later.
+        req.context.session = None
+        page(req, resp, "password_changed.html", secret=made["api_secret"], api_key=made["api_key"])
+
+
+def _password_rule(*, rotate: bool) -> dict:
+    return {"rule": PASSWORD_RULE, "min_length": PASSWORD_MIN, "max_length": PASSWORD_MAX, "rotate": rotate}
 
 
 def add_routes(app, ctx: Context, *, clock=time.time) -> None:

@@ -11,7 +11,9 @@ the CSRF checks, before any page resource runs.
   not the session's (the login form has no session yet; the header checks apply to it).
 """
 
+import hmac
 import ipaddress
+import secrets
 from datetime import datetime, timezone
 from urllib.parse import quote, urlsplit
 
@@ -24,6 +26,7 @@ from controller.errors import Forbidden
 
 PREFIX = "/portal"
 COOKIE = "__Host-cc_portal"
+LOGIN_COOKIE = "__Host-cc_login"
 
 HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -35,6 +38,7 @@ HEADERS = {
 }
 _SAME_SITE = ("same-origin", "none")
 REFUSED = "refused: this form did not come from a page of the portal in this session; reload the page and try again"
+REFUSED_LOGIN = "refused: this login did not come from the portal's login page in this browser; reload it and try again"
 
 
 def cookie_cannot_stay(req, public_url: str) -> str:
@@ -57,6 +61,20 @@ def cookie_cannot_stay(req, public_url: str) -> str:
 
 def is_portal(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def set_login_cookie(resp, value: str) -> None:
+    """The login form's own CSRF value (a double submit: no session exists yet), held by the
+    browser for the login page's POST alone."""
+    resp.set_cookie(LOGIN_COOKIE, value, path="/", secure=True, http_only=True, same_site="Strict")
+
+
+def login_value(req) -> str:
+    """The login form's CSRF value: the browser's, when it holds a well-formed one, else new."""
+    held = req.get_cookie_values(LOGIN_COOKIE)
+    if held and len(held[0]) == 32 and held[0].replace("-", "").replace("_", "").isalnum():
+        return held[0]
+    return secrets.token_urlsafe(24)
 
 
 def set_session_cookie(resp, session_id: str) -> None:
@@ -113,6 +131,15 @@ class PortalGuard:
             raise Forbidden(REFUSED)
         req.context.form = read_form(req, limit=self.limit)
         if anonymous:
+            # The login form: its csrf field must be the value its page set in the browser's
+            # cookie (a form posted from elsewhere has neither). Where the browser cannot keep a
+            # Secure cookie at all (plain HTTP, not loopback), no session can start either, and
+            # the page says why instead.
+            if not cookie_cannot_stay(req, self.public_origin):
+                held = req.get_cookie_values(LOGIN_COOKIE)
+                given = req.context.form.get("csrf") or ""
+                if not held or not given or not hmac.compare_digest(held[0].encode(), given.encode()):
+                    raise Forbidden(REFUSED_LOGIN)
             return
         if session is None:
             raise Forbidden("your portal session has ended: log in again")

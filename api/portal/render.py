@@ -1,10 +1,12 @@
 """Pages from Jinja2 templates (autoescaping on for every template, never `|safe`), and the
 portal's error page: the status and message the service decided, in the site's layout."""
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import falcon
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup, escape
 
 from api.error_responses import status_of
 from controller.errors import ControllerError, ServerBusy, TooManyRequests
@@ -29,6 +31,31 @@ DONE = {
     "user-created": "User created: they can log in with the password you gave.", "user-saved": "User saved.",
     "logged-out": "You are logged out.",
 }
+
+
+def ago(value: str | None, now: datetime | None = None) -> Markup:
+    """An RFC 3339 UTC time as "5 minutes ago", the exact time on hover (its title) and in its
+    datetime attribute; a value that is not such a time is shown as it is."""
+    if not value:
+        return Markup("")
+    try:
+        at = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except (TypeError, ValueError):
+        return escape(value)
+    seconds = max(0, int(((now or datetime.now(timezone.utc)) - at).total_seconds()))
+    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
+        if seconds >= size:
+            n = seconds // size
+            said = f"{n} {unit}{'s' if n != 1 else ''} ago"
+            break
+    else:
+        said = "just now"
+    if seconds >= 30 * 86400:
+        said = at.strftime("%Y-%m-%d")
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(value, said)
+
+
+_env.filters["ago"] = ago
 
 
 def _common(req) -> dict:

@@ -45,6 +45,7 @@ import requests
 from run import AGENT, REPO, agent, free_port, http, stop, wait_ready
 
 COOKIE = "__Host-cc_portal"
+LOGIN_COOKIE = "__Host-cc_login"
 PAGE_TARGET_MS = 150.0
 LOGIN_TARGET_MS = 400.0
 _CSRF = re.compile(r'name="csrf" value="([^"]*)"')
@@ -74,10 +75,15 @@ class Browser:
         self.base = base.rstrip("/")
         self.http = requests.Session()
         self.cookie: str | None = None
+        self.login_cookie: str | None = None  # the login form's double-submit value
 
     def request(self, method: str, path: str, **kw) -> requests.Response:
-        headers = {"Cookie": f"{COOKIE}={self.cookie}"} if self.cookie else {}
+        jar = [f"{name}={value}" for name, value in ((COOKIE, self.cookie), (LOGIN_COOKIE, self.login_cookie))
+               if value]
+        headers = {"Cookie": "; ".join(jar)} if jar else {}
         r = self.http.request(method, self.base + path, headers=headers, allow_redirects=False, timeout=30, **kw)
+        if LOGIN_COOKIE in r.cookies:
+            self.login_cookie = r.cookies[LOGIN_COOKIE]
         self.http.cookies.clear()
         return r
 

@@ -29,14 +29,14 @@ PASSWORD = "Alice-pass-2026"
 COOKIE = "__Host-cc_portal"
 
 
-def _browser():
+def _browser(*extra: str):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
+                "--window-size=1280,1000", "--disable-extensions", "--no-first-run", *extra):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # The driver's path given: Selenium Manager is never asked to fetch one.
@@ -278,3 +278,81 @@ def test_a_users_journey_in_chromium(portal, shots):
     assert violations == []
     assert sorted(p.name for p in shots.glob("*.png"))[:3] == ["01-login.png", "02-login-failed.png",
                                                                 "03-overview-empty.png"]
+
+
+# Every page a user can reach, as paths from what test_every_page_fits_a_phone_and_a_laptop makes.
+PAGES = ["/portal/", "/portal/servers", "/portal/servers/new", "/portal/servers/{server}",
+         "/portal/servers/{server}/delete", "/portal/volume", "/portal/groups", "/portal/groups/{group}/delete",
+         "/portal/users", "/portal/users/{user}", "/portal/credentials", "/portal/password",
+         "/portal/servers/no-such-server"]
+
+
+def test_every_page_fits_a_phone_and_a_laptop(portal, shots):
+    """At 390x844 (a phone) no page is wider than the screen; a screenshot of each page at
+    1280 and at 390 pixels is saved to look at."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    base = portal["base"]
+    login = requests.post(base + "/v1/auth/token", json={"email": "alice@example.org", "password": PASSWORD},
+                          timeout=10).json()["data"]
+    alice = {"X-Auth-Token": login["token"], "X-Auth-Cloudauth-Id": login["userid"]}
+
+    def api(method, path, body=None):
+        return requests.request(method, base + path, json=body, headers=alice, timeout=30).json()["data"]
+
+    if not api("GET", "/v1/storage-volume"):
+        api("POST", "/v1/storage-volume", {"volume-size": 1, "volume-type": {"visibility": "cluster"}})
+    image = api("GET", "/v1/server-image")[0]["id"]
+    flavor = api("GET", "/v1/server-flavor")[0]["id"]
+    server = api("POST", "/v1/server-instance", {"server-image": image, "server-flavor": flavor})[0]["id"]
+    group = api("POST", "/v1/group", {"group-name": "phones", "group-members": ["alice"]})[0]["group-id"]
+    managed = requests.post(base + "/v1/user/create", headers=alice, timeout=10, json={
+        "email": "mo@example.org", "password": PASSWORD, "owner_userid": login["userid"]}).json()["data"]["userid"]
+    driver = _browser()
+    try:
+        driver.get(base + "/portal/login")
+        driver.find_element(By.NAME, "email").send_keys("alice@example.org")
+        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
+        WebDriverWait(driver, 10).until(lambda d: not d.current_url.endswith("/login"))
+        too_wide = {}
+        for path in ["/portal/login?x"] + PAGES:
+            path = path.format(server=server, group=group, user=managed)
+            name = re.sub(r"[^a-z0-9]+", "-", path.split("?")[0].replace(server, "server").replace(
+                group, "group").replace(managed, "user")).strip("-")
+            for width, height in ((1280, 900), (390, 844)):
+                driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+                    "width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 600})
+                driver.get(base + path)
+                wide = driver.execute_script("return document.documentElement.scrollWidth")
+                if width == 390 and wide > 390:
+                    too_wide[path] = wide
+                driver.save_screenshot(str(shots / f"width-{width}-{name}.png"))
+        assert too_wide == {}, too_wide
+    finally:
+        driver.quit()
+
+
+def test_a_plain_http_login_at_a_host_name_says_why_it_cannot_stay(portal, shots):
+    """Over plain HTTP at a name that is not loopback the browser drops the __Host- cookie: the
+    login page says so, before and after a good login. The name is mapped to 127.0.0.1 inside
+    the browser alone (no traffic leaves the machine)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = portal["base"].rsplit(":", 1)[1]
+    driver = _browser("--host-resolver-rules=MAP cluster.test 127.0.0.1")
+    try:
+        driver.get(f"http://cluster.test:{port}/portal/login")
+        notice = driver.find_element(By.CSS_SELECTOR, "main p.error").text
+        assert "This portal needs HTTPS, or localhost" in notice and "cluster.test" in notice
+        driver.find_element(By.NAME, "email").send_keys("alice@example.org")
+        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
+        WebDriverWait(driver, 10).until(lambda d: "next=" in d.current_url)  # back at the login page
+        assert driver.get_cookie(COOKIE) is None
+        assert "This portal needs HTTPS, or localhost" in driver.find_element(By.CSS_SELECTOR, "main p.error").text
+        driver.save_screenshot(str(shots / "plain-http-login.png"))
+    finally:
+        driver.quit()

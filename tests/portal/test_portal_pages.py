@@ -12,7 +12,7 @@ from falcon import testing
 
 from api.app import create_app
 from api.portal import render
-from api.portal.guard import COOKIE, HEADERS
+from api.portal.guard import COOKIE, HEADERS, LOGIN_COOKIE
 from api.portal.text import console_text
 from controller.storage import images
 from controller.users import users
@@ -41,12 +41,15 @@ class Browser:
     def __init__(self, client: testing.TestClient):
         self.client = client
         self.cookie: str | None = None
+        self.login_cookie: str | None = None  # the login form's double-submit value
         self.csrf = ""
 
     def headers(self, extra=None) -> dict:
         sent = dict(extra or {})
-        if self.cookie:
-            sent["Cookie"] = f"{COOKIE}={self.cookie}"
+        jar = [f"{name}={value}" for name, value in ((COOKIE, self.cookie), (LOGIN_COOKIE, self.login_cookie))
+               if value]
+        if jar:
+            sent["Cookie"] = "; ".join(jar)
         return sent
 
     def get(self, path: str, **kw):
@@ -63,7 +66,11 @@ class Browser:
         return self.client.simulate_post(path, body=urlencode(pairs), headers=self.headers({**FORM, **(headers or {})}))
 
     def login(self, email: str, password: str = PASSWORD, **fields):
-        r = self.post("/portal/login", {"email": email, "password": password, **fields}, csrf=False)
+        """As a browser logs in: the login page first (its cookie and csrf field), then its form."""
+        form = self.get("/portal/login")
+        if LOGIN_COOKIE in form.cookies:
+            self.login_cookie = form.cookies[LOGIN_COOKIE].value
+        r = self.post("/portal/login", {"email": email, "password": password, **fields}, csrf=True)
         if r.status_code == 303:
             self.cookie = r.cookies[COOKIE].value
         return r
@@ -440,6 +447,25 @@ def test_change_password_ends_the_sessions_and_the_new_one_logs_in(client, cctx,
     assert Browser(client).login(alice.email, NEW_PASSWORD).status_code == 303
 
 
+def test_a_password_change_can_make_a_new_api_secret_in_the_same_step(client, cctx, alice, browser, caplog):
+    page = browser.get("/portal/password").text
+    assert "A password is 14 to 24 characters long and mixes at least two of" in page  # before any try
+    assert 'minlength="14" maxlength="24"' in page and 'name="rotate_secret"' in page
+    old_secret = secret_of(cctx, alice.id)
+    # A refused new password changes neither.
+    r = browser.post("/portal/password", {"password": PASSWORD, "new_password": "short", "new_password_again": "short",
+                                          "rotate_secret": "1"})
+    assert r.status_code == 400 and secret_of(cctx, alice.id) == old_secret and 'name="rotate_secret" value="1" checked' in r.text
+    r = browser.post("/portal/password", {"password": PASSWORD, "new_password": NEW_PASSWORD,
+                                          "new_password_again": NEW_PASSWORD, "rotate_secret": "1"})
+    new_secret = secret_of(cctx, alice.id)
+    assert r.status_code == 200 and new_secret != old_secret and new_secret in r.text
+    assert "Password changed" in r.text and r.headers["Cache-Control"] == "no-store"
+    assert new_secret not in caplog.text
+    assert browser.get("/portal/").status_code == 303  # the session ended with the password
+    assert Browser(client).login(alice.email, NEW_PASSWORD).status_code == 303
+
+
 # -- pages ---------------------------------------------------------------------------------
 def test_every_page_renders_with_the_headers(browser, world):
     for path in GET_PAGES + ["/portal/static/portal.css"]:
@@ -539,7 +565,7 @@ def test_power_users_and_delete(cctx, alice, browser, world):
     assert 'http-equiv="refresh"' not in page and "The server is stopped" in page
     # A refused task stays on the server's page, the API's message above its forms.
     r = browser.post(f"{base}/power", {"task": "reboot"})
-    assert r.status_code == 409 and "reboot needs a running server-instance" in r.text  # the API's refusal
+    assert r.status_code == 409 and "reboot needs a running server (this one is stopped)" in r.text  # the API's refusal
     assert "<h1>Server " in r.text and buttons.findall(r.text) == ["start"]
     r = browser.post(f"{base}/power", {"task": "explode"})
     assert r.status_code == 400
@@ -599,7 +625,7 @@ def test_volume_form_errors_and_delete_after_typing_the_username(cctx, alice, br
     assert volume["size_gb"] == 3 and volume["name"] == "scratch"
     assert "Delete the volume" in browser.get("/portal/volume").text
     r = browser.post("/portal/volume", {"size": "3"})
-    assert r.status_code == 409 and "already has a storage volume" in r.text
+    assert r.status_code == 409 and "you already have a home volume" in r.text
     assert "<h1>Home volume" in r.text  # on the page it was sent from
     r = browser.post("/portal/volume/delete", {"confirm": "alic"})
     assert r.status_code == 400 and "type your username" in r.text and 'name="confirm"' in r.text
@@ -677,8 +703,10 @@ def test_the_login_page_says_when_a_browser_will_not_keep_the_session(client, al
     r = client.simulate_get("/portal/login", headers={"Host": host}, protocol=scheme)
     assert r.status_code == 200
     assert ("This portal needs HTTPS, or localhost" in r.text) is told, r.text
-    r = client.simulate_post("/portal/login", headers={**FORM, "Host": host}, protocol=scheme,
-                             body="email=alice%40example.org&password=wrong")
+    value = re.search(r'name="csrf" value="([^"]+)"', r.text)[1]
+    assert r.cookies[LOGIN_COOKIE].value == value
+    r = client.simulate_post("/portal/login", headers={**FORM, "Host": host, "Cookie": f"{LOGIN_COOKIE}={value}"},
+                             protocol=scheme, body=f"email=alice%40example.org&password=wrong&csrf={value}")
     assert r.status_code == 401 and ("This portal needs HTTPS, or localhost" in r.text) is told
 
 
@@ -699,6 +727,37 @@ def test_an_admin_sees_owners_gids_and_how_to_make_an_account(client, cctx, worl
     assert "Owner:" not in browser.get("/portal/groups").text
     # The overview names the cluster, not its number.
     assert f"<dt>Cluster</dt><dd>cluster-{cctx.config.controller_id}</dd>" in browser.get("/portal/").text
+
+
+def test_the_login_form_carries_a_csrf_value_of_its_own(client, alice, cctx):
+    """A login posted without the value its page set in the browser's cookie is refused, and
+    nobody is logged in: a site cannot log a visitor in as the attacker's account."""
+    b = Browser(client)
+    page = b.get("/portal/login")
+    value = page.cookies[LOGIN_COOKIE].value
+    assert f'name="csrf" value="{value}"' in page.text and len(value) == 32
+    cookie = page.cookies[LOGIN_COOKIE]
+    assert cookie.secure and cookie.http_only and cookie.same_site == "Strict" and cookie.path == "/"
+    fields = {"email": alice.email, "password": PASSWORD}
+    # At a name where the browser keeps cookies (the test client's own name is not one: there
+    # the page says no session can stay, and no value is asked).
+    for jar, given in ((None, value), (value, None), (value, "x" * 32), ("y" * 32, value)):
+        headers = {**FORM, "Host": "localhost", **({"Cookie": f"{LOGIN_COOKIE}={jar}"} if jar else {})}
+        body = urlencode({**fields, **({"csrf": given} if given else {})})
+        r = client.simulate_post("/portal/login", body=body, headers=headers)
+        assert r.status_code == 403 and COOKIE not in r.cookies, (jar, given)
+    r = client.simulate_post("/portal/login", body=urlencode({**fields, "csrf": value}),
+                             headers={**FORM, "Host": "localhost", "Cookie": f"{LOGIN_COOKIE}={value}"})
+    assert r.status_code == 303 and COOKIE in r.cookies  # the page's value, in the page's cookie
+
+
+@pytest.mark.parametrize("given", ["/portal/%2e%2e/v1/user/list", "/portal/%252e%252e/healthz",
+                                   "/portal/..%5c..%5cx", "%2f%2fevil.example/portal/"])
+def test_next_is_decoded_before_it_is_checked(given):
+    from api.portal.account_pages import safe_next
+
+    assert safe_next(given) is None
+    assert safe_next("/portal/servers%3Fx") == "/portal/servers%3Fx"
 
 
 def test_console_text_keeps_newlines_and_tabs_only():
