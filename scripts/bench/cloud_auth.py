@@ -15,8 +15,8 @@ follows it with its real client. Printed, and written as JSON with --json-out:
 - get: at the end, a cached-token GET on a controller against the same GET on a single node,
   real servers measured with wrk (following_get.py; --get-rounds 0 leaves it out).
 
-Usage: .venv/bin/python scripts/bench/cloud_auth.py [--users 10000] [--trials 20] [--get-rounds 5]
-       [--get-duration 5] [--json-out PATH]
+Usage: .venv/bin/python scripts/bench/cloud_auth.py [--users 10000] [--trials 20] [--get-rounds 9]
+       [--get-duration 3] [--json-out PATH]
 """
 
 import argparse
@@ -89,8 +89,8 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=10000)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--checks", type=int, default=5000)
-    parser.add_argument("--get-rounds", type=int, default=5, help="wrk rounds per side of the GET (0: none)")
-    parser.add_argument("--get-duration", type=int, default=5, help="seconds per wrk run of the GET")
+    parser.add_argument("--get-rounds", type=int, default=9, help="wrk rounds per side of the GET (0: none)")
+    parser.add_argument("--get-duration", type=int, default=3, help="seconds per wrk run of the GET")
     parser.add_argument("--json-out")
     args = parser.parse_args()
     from api.app import create_app
