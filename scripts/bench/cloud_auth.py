@@ -40,6 +40,7 @@ from controller.config import config_from_dict, sandbox_values  # noqa: E402
 from controller.context import build_context  # noqa: E402
 from controller.errors import Unauthenticated  # noqa: E402
 from controller.security.crypto import generate_key_file  # noqa: E402
+from controller.portal import sessions as portal_sessions  # noqa: E402
 from controller.store import Store, utc_now  # noqa: E402
 from controller.users import users  # noqa: E402
 
@@ -156,8 +157,14 @@ def main() -> int:
             roles = ("view_user",) if kind == "role revoked" else ()
             user, sec = users.insert_user(auth, email=email, password=PASSWORD, roles=roles)
             via = "password" if kind == "password set" else "api_key"
-            token = (issue_token(auth, email=email, password=PASSWORD) if via == "password"
-                     else issue_token(auth, api_key=user["api_key"], api_secret=sec))["token"]
+            session_id = None
+            if kind == "portal logout":
+                # A portal session's own token, as cloud auth's portal sends it to a cluster.
+                session_id = portal_sessions.start(auth, user["id"], now=int(time.time()))
+                token = portal_sessions.token_of(session_id)
+            else:
+                token = (issue_token(auth, email=email, password=PASSWORD) if via == "password"
+                         else issue_token(auth, api_key=user["api_key"], api_secret=sec))["token"]
             deadline = time.monotonic() + 10
             while True:  # the controller has the user and the token
                 try:
@@ -174,6 +181,8 @@ def main() -> int:
                 "password set": lambda: users.admin_set_password(auth, auth.store.get_user(user["id"]),
                                                                  PASSWORD + "x"),
                 "role revoked": lambda: users.change_role(auth, email, "view_user", grant=False),
+                "portal logout": lambda: portal_sessions.end(
+                    auth, portal_sessions.find(auth, session_id, now=int(time.time()))),
             }
             started = time.perf_counter()
             changes[kind]()
@@ -189,7 +198,7 @@ def main() -> int:
                 time.sleep(0.01)
             return time.perf_counter() - started
 
-        for kind in ("deactivation", "deletion", "secret reset", "password set", "role revoked"):
+        for kind in ("deactivation", "deletion", "secret reset", "password set", "portal logout", "role revoked"):
             took = [trial(kind) for _ in range(args.trials)]
             kinds[kind] = {"p50": statistics.median(took), "p99": pct(took, .99), "max": max(took)}
         follower.stop()
