@@ -7,8 +7,13 @@ import click
 
 from agent.cloud import names, settings
 from agent.cloud.output import Run, cloud_command, fail, fields, list_command, read_new_password, read_secret, table
-from common.client import Client, ClientError, Limits, User
-from common.client.urls import check_url
+from common.client import ApiError, Client, ClientError, Limits, NotTheApi, User
+from common.client.urls import check_url, plain_http_host
+
+# A refused login says what the portal's login page says (api/portal/account_pages.py
+# LOGIN_FAILED), in the same words: nothing tells which part was wrong.
+LOGIN_FAILED = "Log in failed: wrong email or password, or the account cannot use the cloud."
+KEY_LOGIN_FAILED = "Log in failed: wrong API key or secret, or the account cannot use the cloud."
 
 
 @click.command("login")
@@ -25,6 +30,9 @@ from common.client.urls import check_url
 def login(run: Run, url, api_key, email, keep, new_secret):
     """Log in and keep the service URL and a token in ~/.config/cloud-controller/ (mode 0600).
 
+    Without --api-key or --email it asks for the API key; an email typed there (it has an @)
+    logs in with the password, asked next. The URL is the API's, not the portal's (/portal).
+
     The kept login is used only with that URL. With --keep the API key and secret are
     kept too, and every command renews an expired token by itself. A password is never
     kept: --email --keep is refused unless --new-secret asks for a new API secret to keep.
@@ -33,21 +41,32 @@ def login(run: Run, url, api_key, email, keep, new_secret):
     """
     if new_secret and not keep:
         fail(run, "--new-secret goes with --email and --keep", code=2)
+    if api_key is not None and "@" in api_key:
+        fail(run, "--api-key was given an email: log in with `cloud login --email EMAIL` (the password is "
+                  "asked next)", code=2)
     kept = settings.load()
     url = url or run.url or os.environ.get("CC_URL") or kept.get("url")
     if not url:
         url = click.prompt("Service URL", err=True) if sys.stdin.isatty() else None
     if not url:
         raise ClientError("no service URL: give --url or set CC_URL")
-    url = check_url(url)
+    url = check_url(url)  # a portal's URL is refused here, before anything is asked or sent
+    plain = plain_http_host(url)
+    if plain:
+        settings.warn_plain_http(plain)  # before the secret is typed, not only when it is sent
     env = settings.env_credentials()
     if api_key is None and email is None:
         if env:
             api_key, email = env.get("api_key"), env.get("email")
         elif sys.stdin.isatty():
-            api_key = click.prompt("API key (empty: log in with email and password)", default="",
-                                   show_default=False, err=True) or None
-            email = None if api_key else click.prompt("Email", err=True)
+            typed = click.prompt("API key, or your email to log in with a password", default="",
+                                 show_default=False, err=True).strip()
+            # An API key never holds an @: what has one is an email, and the password is asked next.
+            if "@" in typed:
+                api_key, email = None, typed
+            else:
+                api_key = typed or None
+                email = None if api_key else click.prompt("Email", err=True).strip()
         else:
             raise ClientError("give --api-key or --email (the secret or password comes on stdin)")
     if new_secret and api_key:
@@ -65,8 +84,17 @@ def login(run: Run, url, api_key, email, keep, new_secret):
     else:
         password = os.environ.get("CC_PASSWORD") if env.get("email") == email else None
         creds = {"email": email, "password": password or read_secret("Password")}
-    session = Client(url, **creds)
-    token = session.login()
+    session = Client(url, **creds, on_plain_http=settings.warn_plain_http)
+    try:
+        token = session.login()
+    except NotTheApi:
+        raise
+    except ApiError as e:
+        if e.status in (400, 401):
+            # The portal's words: whether the email, the password or the account was wrong is not told.
+            raise ApiError(e.status, KEY_LOGIN_FAILED if api_key else LOGIN_FAILED,
+                           request_id=e.request_id) from None
+        raise
     saved = {"url": url, "userid": token.userid, "token": token.token, "expires_at": token.expires_at,
              "source": session.source}
     # At a cloud auth serving several clusters, commands go to its default cluster's

@@ -5,7 +5,8 @@ import os
 import click
 from click.shell_completion import get_completion_class
 
-from agent.cloud import account_commands, conveniences, credential_commands, resource_commands, server_commands, settings
+from agent.cloud import (account_commands, conveniences, credential_commands, formats, output, resource_commands,
+                         server_commands, settings)
 from agent.entry import run
 
 COMPLETE_VAR = "_CLOUD_COMPLETE"
@@ -13,12 +14,17 @@ COMPLETE_VAR = "_CLOUD_COMPLETE"
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print exactly one JSON document.")
+@click.option("-f", "--format", "fmt", type=click.Choice(formats.FORMATS), default=None,
+              help="Output format: the API's document as json, yaml, csv or bare values (also after the "
+                   "command name; default table).")
+@click.option("-c", "--column", "columns", multiple=True, metavar="FIELD",
+              help="With -f: only this field of the API's document (repeatable; also after the command name).")
 @click.option("--url", help="The service's base URL (default: $CC_URL, then the kept login's).")
 @click.option("--cluster", help="At a cloud auth serving several clusters: the cluster to act on, by name or id "
                                 "(default: $CC_CLUSTER, then the default cluster; `cloud cluster list`).")
 @click.version_option(conveniences.installed_version(), prog_name="cloud")
 @click.pass_context
-def cli(click_ctx, as_json, url, cluster):
+def cli(click_ctx, as_json, fmt, columns, url, cluster):
     """Servers, your home volume, groups and your limits on the cloud controller.
 
     Configuration: `cloud login`, or CC_URL with CC_API_KEY and CC_API_SECRET
@@ -26,7 +32,7 @@ def cli(click_ctx, as_json, url, cluster):
 
     Example: cloud login --url http://head-node:8080 --api-key KEY --keep
     """
-    click_ctx.obj = {"as_json": as_json, "url": url, "cluster": cluster}
+    click_ctx.obj = {"as_json": as_json, "fmt": fmt, "columns": tuple(columns), "url": url, "cluster": cluster}
 
 
 @cli.command("completion")
@@ -39,6 +45,7 @@ def completion(shell):
     Example: eval "$(cloud completion bash)"   (in ~/.bashrc; zsh: in ~/.zshrc)
     Example: cloud completion fish > ~/.config/fish/completions/cloud.fish
     """
+    output.no_document_options(click.get_current_context())
     cls = get_completion_class(shell)
     click.echo(cls(cli, {}, "cloud", COMPLETE_VAR).source())
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 import click
+from click.core import ParameterSource
 
 from agent.cloud import formats, settings
 from agent.cloud.tables import fields, printable, table  # noqa: F401 - the commands' one table style
@@ -57,16 +58,36 @@ def fail(run: Run, message: str, *, status: int | None = None, code: int = 1, ex
     sys.exit(code)
 
 
+def no_document_options(click_ctx: click.Context) -> None:
+    """A command that prints no document (`server ssh` runs ssh, `completion` a script) takes
+    no -f or -c: given before its name they are a usage error, not silently ignored."""
+    root = click_ctx.find_root().obj or {}
+    if root.get("fmt") or root.get("columns"):
+        raise click.UsageError(f"-f/--format and -c/--column do not apply to `{click_ctx.command_path}`: "
+                               "it prints no document", ctx=click_ctx)
+
+
+def _format_of(click_ctx: click.Context, fmt: str, columns: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """-f and -c given after the command name, else before it (`cloud -f value server list`)."""
+    root = click_ctx.find_root().obj or {}
+    given_here = click_ctx.get_parameter_source("fmt") not in (None, ParameterSource.DEFAULT)
+    return (fmt if given_here else root.get("fmt") or fmt), (tuple(columns) or tuple(root.get("columns") or ()))
+
+
 def cloud_command(fn=None, *, formats_options: bool = True):
-    """Adds --json (also accepted before the command name), and -f/-c unless told not to
-    (`server ssh` passes its own options on to ssh), and turns every failure into one line
-    on stderr and a non-zero exit."""
+    """Adds --json (also accepted before the command name), and -f/-c (also accepted before
+    it) unless told not to (`server ssh` prints no document and passes its own options on to
+    ssh), and turns every failure into one line on stderr and a non-zero exit."""
     if fn is None:
         return functools.partial(cloud_command, formats_options=formats_options)
 
     @functools.wraps(fn)
     def wrapper(click_ctx, as_json, *args, fmt="table", columns=(), **kwargs):
         root = click_ctx.find_root().obj or {}
+        if formats_options:
+            fmt, columns = _format_of(click_ctx, fmt, columns)
+        else:
+            no_document_options(click_ctx)
         run = Run(as_json or root.get("as_json", False), root.get("url"), fmt, tuple(columns), root.get("cluster"))
         try:
             return fn(run, *args, **kwargs)

@@ -12,6 +12,9 @@ named on stderr once.
 A kept login belongs to the URL it was made for: when CC_URL or `--url` names
 another service and the environment gives no credentials, nothing kept is
 sent anywhere and the command fails "not logged in to URL".
+
+A token, secret or password sent over plain http:// to a host that is not
+loopback is warned about on stderr, once per command and host.
 """
 
 import json
@@ -19,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+from agent.cloud.tables import printable
 from common.client import Client, ClientError, Token
 from common.client.urls import check_url, same_service
 
@@ -99,6 +103,17 @@ def renew_hint(url: str, kept: dict) -> str:
     return f"cloud login --url {url}"
 
 
+_warned: set[str] = set()
+
+
+def warn_plain_http(host: str) -> None:
+    """Once per run and host: credentials are about to cross the network unencrypted."""
+    if host in _warned:
+        return
+    _warned.add(host)
+    print(f"warning: sending credentials over plain HTTP to {printable(host)}; use https://", file=sys.stderr)
+
+
 _noted = False
 
 
@@ -134,7 +149,7 @@ def client(url: str | None = None, cluster: str | None = None) -> Client:
         if has_login(kept) and same_service(kept["url"], target):
             _note_override(given, kept)
         return Client(target, **given, token_source="api_key" if "api_key" in given else "password",
-                      cluster=cluster)
+                      cluster=cluster, on_plain_http=warn_plain_http)
     if not has_login(kept):
         raise ClientError(f"not logged in to {target}: run `cloud login --url {target}`")
     if not same_service(kept["url"], target):
@@ -149,5 +164,5 @@ def client(url: str | None = None, cluster: str | None = None) -> Client:
     made = Client(kept["url"], token=kept.get("token"), userid=kept.get("userid"),
                   expires_at=kept.get("expires_at"), api_key=kept.get("api_key"), api_secret=kept.get("api_secret"),
                   token_source=kept.get("source"), on_token=keep, renew_hint=renew_hint(kept["url"], kept),
-                  cluster=cluster, controller_url=kept.get("controller_url"))
+                  cluster=cluster, controller_url=kept.get("controller_url"), on_plain_http=warn_plain_http)
     return made

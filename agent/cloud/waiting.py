@@ -71,7 +71,9 @@ class WaitTimeout(ClientError):
 SANDBOX_PROBE_BYTES = 256
 
 
-def _on_sandbox(client: Client, server_id: str) -> bool:
+def on_sandbox(client: Client, server_id: str) -> bool:
+    """Whether the server runs on the sandbox's test driver (its console says so): no guest
+    there boots or answers at its address."""
     try:
         return client.console(server_id, size=SANDBOX_PROBE_BYTES).text.startswith(SANDBOX_CONSOLE)
     except ApiError:
@@ -91,7 +93,7 @@ def wait_for_guest(client: Client, server: Server, *, timeout: float,
             raise ClientError(f"server {server.id} is in status {server.status}")
         if server.status == "running" and not asked_sandbox:
             asked_sandbox = True  # once: a real guest's console never starts so
-            if _on_sandbox(client, server.id):
+            if on_sandbox(client, server.id):
                 raise NoGuestHere(server)
         if server.status == "running" and address:
             reach = ssh_answers(address)

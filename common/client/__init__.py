@@ -9,12 +9,12 @@
 It needs `requests` and nothing else of the project (docs/client.md).
 """
 
-from common.client.errors import ApiError, ClientError, LoginEnded, Unreachable
+from common.client.errors import ApiError, ClientError, LoginEnded, NotTheApi, Unreachable
 from common.client.models import (Action, ActionPage, Console, Flavor, Group, Image, Limit, Limits, Server, Token,
                                   User, Volume)
 from common.client.session import Client
 
 __all__ = [
     "Action", "ActionPage", "ApiError", "Client", "ClientError", "Console", "Flavor", "Group", "Image", "Limit",
-    "Limits", "LoginEnded", "Server", "Token", "Unreachable", "User", "Volume",
+    "Limits", "LoginEnded", "NotTheApi", "Server", "Token", "Unreachable", "User", "Volume",
 ]

@@ -32,3 +32,7 @@ class LoginEnded(ApiError):
 
     def __init__(self, message: str):
         super().__init__(401, message)
+
+
+class NotTheApi(ApiError):
+    """What answered is a web page (the portal, a web site), not the API: the URL is wrong."""

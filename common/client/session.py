@@ -17,10 +17,10 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import requests
 
-from common.client.errors import ApiError, ClientError, LoginEnded, Unreachable
+from common.client.errors import ApiError, ClientError, LoginEnded, NotTheApi, Unreachable
 from common.client.models import (Action, ActionPage, Console, Flavor, Group, Image, Limits, Server, Token, User,
                                   Volume)
-from common.client.urls import check_url, describe
+from common.client.urls import check_url, describe, origin_of, plain_http_host
 
 DEFAULT_TIMEOUT = 60.0
 # A power task's answer waits for the guest's clean shutdown: the service's [guest]
@@ -74,6 +74,29 @@ def _next_cursor(resp: requests.Response) -> str | None:
 
 # Served by cloud auth; every other path by a cluster's controller.
 _AUTH_PATHS = ("/v1/auth/", "/v1/user/")
+# The fields of a request body that hold a secret (a login, a rotation, a password change,
+# a new user's password).
+_SECRET_FIELDS = ("password", "new_password", "api_secret")
+
+
+def _carries_secret(headers: dict | None, body) -> bool:
+    return bool((headers or {}).get("X-Auth-Token")) or (
+        isinstance(body, dict) and any(body.get(k) for k in _SECRET_FIELDS))
+
+
+def _web_page(resp: requests.Response) -> bool:
+    """An answer for a web browser (the portal's pages, a web site), never the API's JSON."""
+    return resp.headers.get("Content-Type", "").split(";")[0].strip().lower() in ("text/html",
+                                                                                   "application/xhtml+xml")
+
+
+def _web_page_message(base: str) -> str:
+    origin = origin_of(base)
+    if origin != base:
+        return (f"{base} answers with a web page, not the API: that is the portal or another web site; "
+                f"is the API at {origin}?")
+    return (f"{base} answers with a web page, not the API: that is the portal or another web site; give "
+            "the API's URL (the portal's Credentials page shows the `cloud login` line)")
 
 
 class Client:
@@ -83,7 +106,8 @@ class Client:
                  on_token: Callable[[Token], None] | None = None, timeout: float = DEFAULT_TIMEOUT,
                  session: requests.Session | None = None, token_source: str | None = None,
                  retry_seconds: float = DEFAULT_RETRY_SECONDS, renew_hint: str | None = None,
-                 cluster: str | None = None, controller_url: str | None = None):
+                 cluster: str | None = None, controller_url: str | None = None,
+                 on_plain_http: Callable[[str], None] | None = None):
         self.url = check_url(url)
         # A cloud auth serving several clusters: logins and users there (self.url); servers,
         # volumes and groups at a cluster's controller: `controller_url` (the default cluster
@@ -103,6 +127,9 @@ class Client:
         self.renew_hint = renew_hint or f"cloud login --url {self.url}"
         self.http = session or requests.Session()
         self._lock = threading.Lock()
+        # Called with the host before each request that carries a token, a secret or a password
+        # over plain http:// to a host that is not loopback (the command warns; see urls.py).
+        self.on_plain_http = on_plain_http
 
     @property
     def can_renew(self) -> bool:
@@ -113,13 +140,20 @@ class Client:
                    timeout: float | None = None) -> requests.Response:
         timeout = timeout or self.timeout
         base = self.url if path.startswith(_AUTH_PATHS) else self.controller_base()
+        if self.on_plain_http is not None and _carries_secret(headers, json):
+            host = plain_http_host(base)
+            if host:
+                self.on_plain_http(host)
         try:
-            return self.http.request(method, base + path, params=params, json=json, headers=headers,
+            resp = self.http.request(method, base + path, params=params, json=json, headers=headers,
                                      timeout=timeout, allow_redirects=False)
         except requests.Timeout:
             raise Unreachable(f"{base} did not answer within {timeout:g} s") from None
         except requests.RequestException as e:
             raise Unreachable(f"cannot reach {base}: {describe(e)}") from None
+        if _web_page(resp):
+            raise NotTheApi(resp.status_code, _web_page_message(base), request_id=resp.headers.get("X-Request-Id"))
+        return resp
 
     def _send(self, method: str, path: str, **kw) -> requests.Response:
         """One request; a 429 or 503 that says when to come back is sent again then, while that

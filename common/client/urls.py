@@ -3,6 +3,7 @@ login was made for, and what went wrong on the way to it said in words, never as
 exception's name."""
 
 import errno
+import ipaddress
 import socket
 import ssl
 from urllib.parse import urlsplit
@@ -33,7 +34,54 @@ def check_url(url: str) -> str:
         raise ClientError(f"the URL's port is not valid: {url}")
     if parts.query or parts.fragment:
         raise ClientError(f"the URL must be the service's base URL, without ? or #: {url}")
+    api = api_of_portal(url)
+    if api:
+        # The portal's pages are for a web browser; nothing is sent there, nor to the API's URL
+        # guessed from it: the person says which service they mean.
+        raise ClientError(f"that is the portal; the API is at {api}")
     return url.rstrip("/")
+
+
+# The service's pages for a web browser (api/portal/guard.py PREFIX): never the API's base URL.
+PORTAL_PATH = "/portal"
+
+
+def api_of_portal(url: str) -> str | None:
+    """The API's URL (the same scheme, host and port) when `url` is the portal's: its path is
+    /portal or under it. None for any other URL."""
+    parts = urlsplit(url.strip())
+    if parts.path == PORTAL_PATH or parts.path.startswith(PORTAL_PATH + "/"):
+        return origin_of(url.strip())
+    return None
+
+
+def origin_of(url: str) -> str:
+    """SCHEME://HOST[:PORT] of a URL (never a user or password it may hold)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a host name or address is this machine's loopback: localhost (and names under
+    .localhost), 127.0.0.0/8, ::1. A name is not resolved: any other name may be anywhere."""
+    host = (host or "").strip().lower().rstrip(".").strip("[]")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return (mapped or address).is_loopback
+
+
+def plain_http_host(url: str) -> str | None:
+    """The host when `url` is plain http:// to a host that is not loopback (what is sent there
+    can be read on the way), else None."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "http" or is_loopback(parts.hostname or ""):
+        return None
+    return parts.hostname or None
 
 
 def service_of(url: str) -> tuple[str, str, int, str]:
