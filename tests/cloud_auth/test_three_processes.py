@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.agent import agent_call, agent_ok
-from tests.fixtures.clouds import cloud_of
+from tests.fixtures.clouds import cloud_of, until
 from tests.fixtures.server import start_server
 
 PASSWORD = "Three-processes-1"
@@ -44,15 +44,6 @@ def make_user(cloud, email: str, owner: str | None = None) -> dict:
     status, _, made = cloud["auth"].call("POST", "/v1/user/create", body, headers=headers(admin))
     assert status == 200, made
     return {"email": email, "id": made["data"]["userid"]}
-
-
-def until(predicate, seconds: float, step: float = 0.05):
-    deadline = time.monotonic() + seconds
-    while True:
-        got = predicate()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(step)
 
 
 def test_one_login_on_two_clusters(cloud):

@@ -22,7 +22,7 @@ import requests
 
 from controller.portal.sessions import token_of
 from tests.fixtures.agent import agent_ok
-from tests.fixtures.clouds import cloud_of
+from tests.fixtures.clouds import cloud_of, until
 from tests.portal.test_portal_browser import COOKIE, Forger, _browser
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
@@ -35,15 +35,6 @@ HEADERS = {
     "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
 }
-
-
-def _until(predicate, seconds: float, step: float = 0.1):
-    deadline = time.monotonic() + seconds
-    while True:
-        got = predicate()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(step)
 
 
 @pytest.fixture
@@ -64,7 +55,7 @@ def two(tmp_path):
                      "--os-minor", "7", "--min-disk", "1", "--min-ram", "256")
             agent_ok(config, "flavor", "add", "--name", "small", "--memory", "512", "--disk", "2", "--vcpu", "1")
         # hpc2 learns alice from the feed before its account is made there.
-        assert _until(lambda: any(u["email"] == "alice@example.org"
+        assert until(lambda: any(u["email"] == "alice@example.org"
                                   for u in agent_ok(hpc2["config"], "user", "list")["users"]), 10)
         agent_ok(cloud["auth_config"], "account", "enable", "alice@example.org", "--username", "alice")
         agent_ok(hpc2["config"], "account", "enable", "alice@example.org", "--username", "alice")
@@ -214,7 +205,7 @@ def test_one_portal_two_clusters_in_chromium(two, shots):
         assert _api(hpc2_api, session_token, alice, "/v1/server-instance")[0] == 200
         driver.find_element(By.CSS_SELECTOR, 'form[action="/portal/logout"] button').click()
         ended = time.monotonic()
-        assert _until(lambda: _api(hpc2_api, session_token, alice, "/v1/server-instance")[0] == 401, 5)
+        assert until(lambda: _api(hpc2_api, session_token, alice, "/v1/server-instance")[0] == 401, 5)
         assert time.monotonic() - ended < 2.5
         # The API token alice got by herself is another login: it works on.
         assert _api(hpc2_api, api_token, alice, "/v1/server-instance")[0] == 200
