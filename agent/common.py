@@ -94,7 +94,7 @@ def command_options(fn):
 
 # Commands that change nothing leave no audit row.
 _READ_ONLY_COMMANDS = {"serve", "check", "backup", "host list", "server list", "image list", "flavor list",
-                       "user list", "controller list"}
+                       "user list", "controller list", "volume list"}
 
 
 def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:

@@ -20,7 +20,8 @@ def account():
 
 @account.command("enable")
 @user_argument
-@click.option("--username", required=True, help="System username (^[a-z_][a-z0-9_-]{0,31}$).")
+@click.option("--username", required=True, help="System username: 1 to 32 characters: lowercase letters, "
+              "digits, - and _, starting with a letter or _.")
 @click.option("--uid", type=int, default=None, help="uid to use; default: the directory allocates one.")
 @command_options
 def account_enable(opts: Options, email, userid, username, uid):
@@ -296,14 +297,42 @@ def volume():
     """Administer storage volumes."""
 
 
+def _gb(size_bytes) -> str | None:
+    """Bytes as GB (GiB) with one decimal, for a table; None (shown "-") when not known."""
+    return None if size_bytes is None else f"{size_bytes / (1 << 30):.1f}"
+
+
+@volume.command("list")
+@command_options
+def volume_list(opts: Options):
+    """List every home volume: its owner, account, size, what it uses (where the quota
+    backend can tell: btrfs, xfs, setquota), mount point and creation date.
+
+    Example: cloud-agent volume list --json
+    """
+    ctx = opts.context(adapters=True)
+    found = volumes.list_all_volumes(ctx)
+    columns = [("ID", lambda v: v["volume-id"]), ("OWNER", lambda v: v["owner"]),
+               ("USERNAME", lambda v: v["username"]), ("SIZE-GB", lambda v: v["volume-size"])]
+    if ctx.adapters.homes.reports_usage:
+        columns.append(("USED-GB", lambda v: _gb(v["used-bytes"])))
+    columns += [("MOUNT-POINT", lambda v: v["volume-type"]["mount-point"]), ("CREATED", lambda v: v["creation-date"])]
+    emit(opts, {"volumes": found}, table(found, columns))
+
+
 @volume.command("resize")
-@click.argument("volume_id")
-@click.argument("size_gb", type=int)
+@click.argument("volume_id", metavar="EMAIL|ID")
+@click.argument("size_gb", metavar="SIZE", type=int)
 @command_options
 def volume_resize(opts: Options, volume_id, size_gb):
-    """Change the quota of a home volume.
+    """Grow or shrink a home volume's quota to SIZE GB (1 to [volumes] max_size_gb), the
+    volume named by its owner's EMAIL or its ID. Shrinking below what the home uses is
+    refused where the quota backend can tell (btrfs, xfs, setquota).
 
-    Example: cloud-agent volume resize 9b1e... 200
+    \b
+    Examples:
+      cloud-agent volume resize alice@example.org 200
+      cloud-agent volume resize 9b1e... 50
     """
     ctx = opts.context(adapters=True)
     obj = volumes.resize_volume(ctx, volume_id, size_gb)

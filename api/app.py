@@ -18,6 +18,17 @@ from controller.context import Context, build_context
 DEFAULT_INTERFACES = ("controller", "user")
 
 
+class ToThePortal:
+    """`GET /` where the cloud portal is served: a browser opened at the service's address is
+    sent to the portal (303). Without the portal, `/` is no resource: 404 in the envelope."""
+
+    public = True
+
+    def on_get(self, req, resp):
+        resp.status = 303
+        resp.location = "/portal/"
+
+
 def create_app(ctx: Context, *, interfaces: tuple[str, ...] = DEFAULT_INTERFACES, portal_clock=time.time) -> falcon.App:
     """`portal_clock` is the cloud portal's clock for its sessions' timeouts (tests give another)."""
     host_gate, other_gate = gates_from(ctx.config)
@@ -55,6 +66,7 @@ def create_app(ctx: Context, *, interfaces: tuple[str, ...] = DEFAULT_INTERFACES
         controller_resources.add_routes(app, ctx)
     if portal:
         portal.add_routes(app, ctx, clock=portal_clock)
+        app.add_route("/", ToThePortal())
     return app
 
 

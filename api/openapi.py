@@ -1,6 +1,7 @@
 """The OpenAPI 3 document served at /v1/openapi.json, built from the same schemas the code validates with."""
 
 from api import schemas
+from common.words import REQUEST_ID_RULE
 from controller.audit import request_ids
 
 # Both headers go on every authenticated request; they are security schemes so that
@@ -19,9 +20,10 @@ _PUBLIC = {"security": []}
 # its own, kept when it is a safe token.
 _REQUEST_ID = {
     "description": "The request's id, shared by the service's logs, audit rows and instance history: the "
-                   "request's own X-Request-Id when it is 1 to 64 characters of [A-Za-z0-9._-], else a new one",
+                   "request's own X-Request-Id when it is 1 to 64 characters: letters, digits, ., - and _; "
+                   "else a new one",
     "required": True,
-    "schema": {"type": "string", "pattern": request_ids.PATTERN},
+    "schema": {"type": "string", "pattern": request_ids.PATTERN, "description": REQUEST_ID_RULE},
 }
 
 
@@ -202,8 +204,9 @@ def _user_paths() -> dict:
 
 def _cloud_auth_paths() -> dict:
     """The calls of the controllers this cloud auth serves, and the catalog users read."""
-    controller_id, username = _path("controller_id", {"type": "string", "pattern": "^[1-9][0-9]{0,9}$"}), \
-        _path("username", schemas.USERNAME)
+    controller_id = _path("controller_id", {"type": "string", "pattern": "^[1-9][0-9]{0,9}$",
+                                            "description": "a cluster's number: 1 to 10 digits, not starting with 0"})
+    username = _path("username", schemas.USERNAME)
     account_data = {"type": "object", "properties": {
         "controller_id": {"type": "integer"}, "username": {"type": "string"},
         "user_id": {"type": "string", "format": "uuid"}, "uuid": {"type": "string", "format": "uuid"},
@@ -217,7 +220,8 @@ def _cloud_auth_paths() -> dict:
                           errors=(400, 401, 403))
     changes = _user_op("What changed after `since`: users, every cluster's accounts, revoked tokens (by hash); "
                        "a paged snapshot when `reset`",
-                       params={"since": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                       params={"since": {"type": "string", "pattern": "^[0-9]{1,19}$",
+                                         "description": "1 to 19 digits"},
                                "epoch": {"type": "string"}, "after": {"type": "string"}},
                        data={"type": "object", "required": ["epoch", "seq", "reset", "more", "users", "accounts",
                                                             "revocations"]},

@@ -4,6 +4,7 @@ The same dictionaries feed jsonschema validation and /v1/openapi.json, so the
 document cannot drift from what the code accepts.
 """
 
+from common.words import GROUP_NAME_RULE, REQUEST_ID_RULE
 from controller.audit import request_ids
 from controller.audit.history import ACTIONS, MAX_LIMIT, RESULTS
 from controller.rules import EMAIL_MAX, NAME_MAX, SHORT_TEXT_MAX, USERNAME_MAX
@@ -18,7 +19,7 @@ SYSTEM_ACCOUNT = {
     "properties": {
         "id": {"type": "integer"},
         "username": {"type": "string"},
-        "uuid": UUID,
+        "uuid": {**UUID, "description": "the account id: what a server-instance's `users` takes"},
         "cloud_controller_id": {"type": "integer"},
     },
 }
@@ -85,7 +86,11 @@ REGISTRATION_SOURCE = {"type": "string", "maxLength": SHORT_TEXT_MAX}
 USERNAME = {"type": "string", "maxLength": USERNAME_MAX}
 
 # -- controller request bodies -------------------------------------------------
-_USER_IDS = {"type": "array", "items": {"type": "string"}}
+# A server-instance's users are system accounts, named by account id: the `uuid` of the
+# user's system account on this cluster (in the user's `system_accounts`), never the user's id.
+ACCOUNT_IDS_WORDS = ("account ids: the `uuid` of each user's system account on this cluster (a user's "
+                     "`system_accounts`), not the user's id")
+_USER_IDS = {"type": "array", "items": {"type": "string"}, "description": ACCOUNT_IDS_WORDS}
 
 INSTANCE_CREATE = {
     "type": "object",
@@ -142,7 +147,8 @@ VOLUME_CREATE = {
     },
 }
 
-GROUP_NAME = {"type": "string", "pattern": "^[a-z_][a-z0-9_-]{0,31}$"}
+# A schema's pattern is never shown to a client: its description says it in words (api/validation.py).
+GROUP_NAME = {"type": "string", "pattern": "^[a-z_][a-z0-9_-]{0,31}$", "description": GROUP_NAME_RULE}
 _MEMBERS = {"type": "array", "items": {"type": "string"}}
 
 GROUP_CREATE = {
@@ -167,7 +173,8 @@ INSTANCE_OBJECT = {
     "properties": {
         "id": UUID,
         "cloudauth-id": UUID,
-        "users": {"type": "array", "items": {"type": "string"}},
+        "users": {"type": "array", "items": {"type": "string"},
+                  "description": ACCOUNT_IDS_WORDS + "; the owner's is always there"},
         "server-image": {"type": "string"},
         "server-flavor": {"type": "string"},
         "creation-date": DATE_TIME,
@@ -288,7 +295,8 @@ CONSOLE_BYTES = {"type": "integer", "minimum": 1, "maximum": 1024 * 1024, "defau
 ACTIONS_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": MAX_LIMIT}
 
 # The history's `before`: a cursor an earlier answer gave, opaque (controller/audit/history.py).
-ACTIONS_CURSOR = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,40}$"}
+ACTIONS_CURSOR = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,40}$",
+                  "description": "1 to 40 characters: letters, digits, - and _, as an earlier answer gave it"}
 
 # One entry of an instance's history (controller/audit/history.py).
 ACTION_OBJECT = {
@@ -298,7 +306,7 @@ ACTION_OBJECT = {
     "properties": {
         "action": {"type": "string", "enum": list(ACTIONS)},
         "requester": {"anyOf": [UUID, {"type": "null"}]},  # null: an admin command
-        "request-id": {"type": "string", "pattern": request_ids.PATTERN},
+        "request-id": {"type": "string", "pattern": request_ids.PATTERN, "description": REQUEST_ID_RULE},
         "result": {"type": "string", "enum": list(RESULTS)},
         "message": {"type": "string"},
         "time": DATE_TIME,

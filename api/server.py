@@ -11,10 +11,16 @@ it trickles in (waitress's own idle timeout restarts at every byte).
 See docs/decisions.md, "Slow and idle clients".
 """
 
+import json
 import logging
 import resource
 import time
 
+from waitress.channel import HTTPChannel
+from waitress.task import ErrorTask
+
+from api.envelopes import controller_body, is_user_interface, user_body
+from controller.audit import request_ids
 from controller.config import Config
 
 log = logging.getLogger(__name__)
@@ -24,6 +30,11 @@ log = logging.getLogger(__name__)
 DESCRIPTORS_PER_CONNECTION = 3
 # Descriptors beside the connections: the database, libvirt, LDAP, logs, command pipes.
 DESCRIPTORS_RESERVED = 256
+
+
+# waitress refuses a body over this many times [server] max_body_bytes itself, before
+# buffering it; the app refuses smaller ones over the limit.
+WAITRESS_BODY_FACTOR = 4
 
 
 def waitress_settings(config: Config, *, connection_limit: int) -> dict:
@@ -36,9 +47,9 @@ def waitress_settings(config: Config, *, connection_limit: int) -> dict:
         "backlog": config.server.backlog,
         "max_request_header_size": config.server.max_header_bytes,
         # Bodies a little over the limit reach the app, which refuses them with 413 in
-        # the interface's envelope; waitress refuses far larger ones itself (plain 413)
-        # before buffering them.
-        "max_request_body_size": 4 * max_body + 1,
+        # the interface's envelope; waitress refuses far larger ones itself before
+        # buffering them, in the envelope too (EnvelopedErrorTask).
+        "max_request_body_size": WAITRESS_BODY_FACTOR * max_body + 1,
         # select() cannot watch a descriptor numbered 1024 or more (FD_SETSIZE): with
         # more connections than that waitress's loop would fail. poll() has no such bound.
         "asyncore_use_poll": True,
@@ -87,10 +98,13 @@ class RequestDeadline:
     @classmethod
     def attach(cls, server, seconds: float, *, clock=time.time) -> None:
         """One deadline in the maintenance of each listening socket of a waitress server
-        (each has its own channels, so each keeps its own clocks)."""
+        (each has its own channels, so each keeps its own clocks). `serve` calls this once for
+        its server, so each listener's refusals are put in the envelope here too
+        (answer_refusals_in_envelopes)."""
         for listener in _listeners(server):
             deadline = cls(seconds, clock=clock)
             listener.maintenance = deadline._wrap(listener)
+        answer_refusals_in_envelopes(server)
 
     def _wrap(self, listener):
         original = listener.maintenance
@@ -129,3 +143,39 @@ def _listeners(server) -> list:
     if hasattr(server, "active_channels"):
         return [server]
     return [d for d in server.map.values() if hasattr(d, "active_channels")]
+
+
+# -- waitress's own refusals, in the API's envelope ------------------------------------------------
+class EnvelopedErrorTask(ErrorTask):
+    """What waitress answers itself, never asking the app (a body far over the limit: 413;
+    header fields too large: 431; a request it cannot parse: 400), as the app answers every
+    error: JSON in the envelope of the interface the path belongs to, with an X-Request-Id."""
+
+    def execute(self):
+        error = self.request.error
+        path = self.request.path or ""
+        if error.code == 413:
+            # The app's own limit, as its 413 says it (waitress's is a multiple of it).
+            limit = (self.channel.server.adj.max_request_body_size - 1) // WAITRESS_BODY_FACTOR
+            message = f"request body over {limit} bytes"
+        else:
+            message = f"{error.reason.lower()}: {error.body}"
+        envelope = (user_body(message=message, success=False) if is_user_interface(path)
+                    else controller_body([], msg=message, success=False))
+        body = json.dumps(envelope).encode()
+        self.status = f"{error.code} {error.reason}"
+        self.response_headers.extend([("Content-Type", "application/json"), ("X-Request-Id", request_ids.new())])
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
+
+
+class EnvelopedChannel(HTTPChannel):
+    error_task_class = EnvelopedErrorTask
+
+
+def answer_refusals_in_envelopes(server) -> None:
+    """Each listener of a waitress server answers waitress's own refusals in the envelope
+    (EnvelopedErrorTask)."""
+    for listener in _listeners(server):
+        listener.channel_class = EnvelopedChannel

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
+from common.words import HOST_NAME_RULE
 from controller.errors import InvalidInput
 from controller.limits import (SANDBOX_CAPACITY, SANDBOX_LIMITS, number_or_none, parse_limit, parse_ratio,
                                parse_reserved_mb)
@@ -145,6 +146,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
     "groups": {
         "name_prefix": "",
         "name_pattern": "",
+        # name_pattern in words, for the refusal users read (never the pattern itself).
+        "name_rule": "",
         "refused_names": "",
         # Apart from the accounts' uids and private gids (local and LDAP: 10000-60000),
         # from Debian's reserved 60000-64999 and from systemd's dynamic users (61184-65519).
@@ -273,7 +276,7 @@ def _parsed(parse):
 
 def _host_name(text: str, where: str) -> str:
     if not HOST_NAME.fullmatch(text):
-        raise InvalidInput(f"{where} must match " + HOST_NAME.pattern)
+        raise InvalidInput(f"{where} is not a host name: {HOST_NAME_RULE}")
     return text
 
 
@@ -500,6 +503,7 @@ class ControllerConfig:
 class GroupsConfig:
     name_prefix: str = _parsed(_name_prefix)
     name_pattern: str = _parsed(_pattern)
+    name_rule: str
     refused_names: tuple[str, ...] = _parsed(_names)
     gid_min: int
     gid_max: int

@@ -11,6 +11,7 @@ from controller.errors import Conflict, InvalidInput, NotFound
 from controller.permissions import Requester
 from controller.rules import as_decimal, as_uuid, find_or_404
 from common.client.image_names import ImageNameError, pick
+from common.words import quoted, shown
 from host_adapters.names import check_username
 
 
@@ -22,7 +23,7 @@ def user_or_404(ctx: Context, userid: str) -> dict:
 def user_by_email_or_404(ctx: Context, email: str) -> dict:
     user = ctx.store.get_user_by_email(email)
     if user is None:
-        raise NotFound(f"no user with email {email}")
+        raise NotFound(f"no user with email {shown(email)}")
     return user
 
 
@@ -41,7 +42,7 @@ def requester_account(ctx: Context, user_id: str) -> dict:
     """The requester's system account; a requester without one cannot own what needs it (409)."""
     account = account_of(ctx, user_id)
     if account is None:
-        raise Conflict("the requester has no system account on this cluster")
+        raise Conflict("you have no system account on this cluster yet: ask the cluster's administrators")
     return account
 
 
@@ -105,16 +106,15 @@ def image_named(ctx: Context, given: str, requester: Requester | None = None) ->
     here. NotFound when none matches, InvalidInput listing the candidates when several do."""
     rows = ctx.store.list_images(usable_by=None if requester is None else usable_scope(requester))
     by_id = {r["id"]: r for r in rows}
-    shown = [{"id": r["id"], "name": r["name"], "active": bool(r["active"]),
-              "operating-system": {"name": r["os_name"], "major_version": r["os_major"],
-                                   "minor_version": r["os_minor"]}} for r in rows]
+    listed = [{"id": r["id"], "name": r["name"], "active": bool(r["active"]),
+               "operating-system": {"name": r["os_name"], "major_version": r["os_major"],
+                                    "minor_version": r["os_minor"]}} for r in rows]
     try:
-        return by_id[pick(shown, given)["id"]]
+        return by_id[pick(listed, given)["id"]]
     except ImageNameError as e:
         if e.ambiguous:
             raise InvalidInput(e.message) from None
-        shown = given if len(given) <= 64 else given[:64] + "..."
-        raise NotFound(f"server-image {shown} not found (no image has that id or name)") from None
+        raise NotFound(f"server-image {shown(given)} not found (no image has that id or name)") from None
 
 
 def flavor_named(ctx: Context, given: str) -> dict:
@@ -123,17 +123,36 @@ def flavor_named(ctx: Context, given: str) -> dict:
     row = ctx.store.get_flavor(fid) if fid is not None else None
     row = row or next((r for r in ctx.store.list_flavors() if r["name"] == given), None)
     if row is None:
-        raise NotFound(f"no server-flavor with id or name {given!r}")
+        raise NotFound(f"no server-flavor with id or name {quoted(given)}")
     return row
 
 
 # -- accounts a requester may name ----------------------------------------------------------
 def account_uuids(given: list) -> list[str]:
-    """Controller user ids (account uuids) as sent, canonical; any that is not a UUID is 400."""
+    """Account ids (the `uuid` of a system account) as sent, canonical; any that is not a
+    UUID is 400."""
     bad = [u for u in given if as_uuid(u) is None]
     if bad:
-        raise InvalidInput(f"unknown user ids: {', '.join(map(str, bad[:5]))}")
+        raise InvalidInput(f"unknown account ids: {', '.join(shown(u) for u in bad[:5])}")
     return [as_uuid(u) for u in given]
+
+
+def refuse_user_ids(ctx: Context, requester: Requester, uuids: list[str]) -> None:
+    """400 for the first of `uuids` that is a user's id where an account id is taken (an
+    instance's `users`), naming the account id to send instead: that user's account on this
+    cluster, when the requester may name that user (else the rule that says whom it may)."""
+    for given in uuids:
+        user = ctx.store.get_user(given)
+        if user is None:
+            continue
+        head = f"{given} is a user id; `users` takes account ids"
+        if not (requester.is_superuser or perms.manages(requester, user)):
+            raise InvalidInput(f"{head} (the `uuid` of a user's system account), and {OWNERSHIP_RULE}")
+        account = account_of(ctx, user["id"])
+        if account is None:
+            raise InvalidInput(f"{head}: that user has no account on this cluster")
+        raise InvalidInput(f"{head}: that user's account on this cluster is {account['uuid']} "
+                           f"(username {account['username']})")
 
 
 def _with_authority(ctx: Context, requester: Requester, key: str, wanted: list[str], *, unknown: str,
@@ -143,6 +162,8 @@ def _with_authority(ctx: Context, requester: Requester, key: str, wanted: list[s
     found = {a[key]: a for a in ctx.store.accounts_with_owners(**{f"{key}s": wanted})}
     missing = [w for w in wanted if w not in found]
     if missing:
+        if key == "uuid":
+            refuse_user_ids(ctx, requester, missing)
         raise InvalidInput(f"{unknown}: {', '.join(missing[:5])}")
     for account in found.values():
         perms.require_account_authority(requester, account, refused(account))
@@ -155,11 +176,11 @@ OWNERSHIP_RULE = ("you may name only yourself and the users you own (that hold n
 
 
 def resolve_grantable(ctx: Context, requester: Requester, uuids: list[str]) -> list[dict]:
-    """The accounts named by controller user ids, checked for the requester's authority to grant them."""
+    """The accounts named by account ids, checked for the requester's authority to grant them."""
     wanted = list(dict.fromkeys(account_uuids(uuids)))
-    found = _with_authority(ctx, requester, "uuid", wanted, unknown="unknown user ids",
-                            refused=lambda a: f"you may not grant access to {a['username']} (user id {a['uuid']}): "
-                                              f"{OWNERSHIP_RULE}")
+    found = _with_authority(ctx, requester, "uuid", wanted, unknown="unknown account ids",
+                            refused=lambda a: f"you may not grant access to {a['username']} (account id "
+                                              f"{a['uuid']}): {OWNERSHIP_RULE}")
     return [found[u] for u in wanted]
 
 

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
+from common.words import quoted, shown
 from controller.errors import InvalidInput, NotFound
 
 T = TypeVar("T")
@@ -54,7 +55,7 @@ def check_name(field: str, value: object, maximum: int = NAME_MAX) -> object:
 def check_email(value: object) -> str:
     check_length("email", value, EMAIL_MAX)
     if not isinstance(value, str) or not _EMAIL.fullmatch(value) or len(value.rsplit("@", 1)[0]) > 64:
-        raise InvalidInput(f"email is not a valid address: {str(value)[:80]!r}")
+        raise InvalidInput(f"email is not a valid address: {quoted(value)}")
     return value
 
 
@@ -115,10 +116,6 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
-# A 404 names the id the client sent; this much of it is enough to recognise it.
-_SHOWN_ID_CHARS = 64
-
-
 def find_or_404(kind: str, given: object, fetch: Callable[[str], T | None],
                 *, parse: Callable[[object], str | None] = as_uuid) -> T:
     """The one "parse the id, fetch, 404" of every resource.
@@ -131,8 +128,6 @@ def find_or_404(kind: str, given: object, fetch: Callable[[str], T | None],
     parsed = parse(given)
     found = fetch(parsed) if parsed is not None else None
     if found is None:
-        shown = str(given)
-        if len(shown) > _SHOWN_ID_CHARS:
-            shown = shown[:_SHOWN_ID_CHARS] + "..."
-        raise NotFound(f"{kind} {shown} not found")
+        # The id as sent, cut short: enough of it to recognise it.
+        raise NotFound(f"{kind} {shown(given)} not found")
     return found

@@ -118,7 +118,7 @@ def build_directory(config: AdapterConfig) -> Directory:
     if config.directory.backend == "ldap":
         from host_adapters.accounts.ldap_directory import ldap_directory_from_config
 
-        return ldap_directory_from_config(config.raw_section("directory"))
+        return ldap_directory_from_config(config.raw_section("directory"), system_root=config.unix.root or None)
     from host_adapters.accounts.local_directory import LocalDirectory
 
     return LocalDirectory(config.unix.root or None, shell=config.directory.default_shell)

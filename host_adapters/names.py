@@ -9,25 +9,27 @@ import re
 import uuid
 
 from common.errors import InvalidInput
+from common.words import GROUP_NAME_RULE, ID_RULE, PREFIX_RULE, USERNAME_RULE, VOLUME_NAME_RULE, quoted
 
 # POSIX portable user and group names: a lower-case letter or underscore, then up to 31
 # lower-case letters, digits, underscores or hyphens.
 _POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
-def check_pattern(value: object, pattern: re.Pattern, what: str, hint: str = "") -> str:
-    """`value`, a string `pattern` matches whole; else InvalidInput naming `what` (and `hint`)."""
+def check_pattern(value: object, pattern: re.Pattern, what: str, rule: str = "") -> str:
+    """`value`, a string `pattern` matches whole; else InvalidInput naming `what`, the value
+    (cut short) and `rule`: the pattern in words (common/words.py), never the pattern."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise InvalidInput(f"invalid {what} {value!r}{hint}")
+        raise InvalidInput(f"invalid {what} {quoted(value)}" + (f": {rule}" if rule else ""))
     return value
 
 
 def check_group_name(name: object) -> str:
-    return check_pattern(name, _POSIX_NAME, "group name", ": must match ^[a-z_][a-z0-9_-]{0,31}$")
+    return check_pattern(name, _POSIX_NAME, "group name", GROUP_NAME_RULE)
 
 
 def check_username(name: object) -> str:
-    return check_pattern(name, _POSIX_NAME, "username", ": must match ^[a-z_][a-z0-9_-]{0,31}$")
+    return check_pattern(name, _POSIX_NAME, "username", USERNAME_RULE)
 
 
 # Group names an API client may never take (issue 8, finding 1). Membership in
@@ -79,18 +81,18 @@ _TOKEN = re.compile(r"^[0-9a-f]{8}-$")
 
 
 def check_id(value: object, what: str) -> str:
-    return check_pattern(value, _ID, what)
+    return check_pattern(value, _ID, what, f"{what[:1].upper()}{what[1:]}s are {ID_RULE}")
 
 
 def check_volume_name(value: object) -> str:
-    return check_pattern(value, _VOLUME, "base image volume name")
+    return check_pattern(value, _VOLUME, "base image volume name", VOLUME_NAME_RULE)
 
 
 class Names:
     """Domain and volume names of one deployment (one prefix)."""
 
     def __init__(self, prefix: str):
-        check_pattern(prefix, _PREFIX, "domain prefix")
+        check_pattern(prefix, _PREFIX, "domain prefix", PREFIX_RULE)
         self.prefix = prefix
 
     def domain(self, instance_id: str) -> str:

@@ -8,6 +8,7 @@ docs/decisions.md.
 import logging
 import time
 
+from common.words import HOST_NAME_RULE, quoted
 from controller.config import HOST_NAME
 from controller.context import Context
 from controller.errors import Conflict, ControllerError, HostError, HostUnavailable, InvalidInput, NotFound
@@ -105,7 +106,7 @@ def check_distinct(ctx: Context, name: str) -> HostIdentity:
 # -- the admin's commands (cloud-agent host ...) ----------------------------------------------
 def check_host_name(name: object) -> str:
     if not isinstance(name, str) or not HOST_NAME.fullmatch(name):
-        raise InvalidInput(f"invalid host name {name!r}: must match {HOST_NAME.pattern}")
+        raise InvalidInput(f"invalid host name {quoted(name)}: {HOST_NAME_RULE}")
     return name
 
 

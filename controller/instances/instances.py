@@ -4,6 +4,7 @@ import json
 import logging
 from collections.abc import Iterator
 
+from common.words import shown
 from controller.audit import history
 from controller.instances import instance_claims, power_tasks
 from controller import limits
@@ -17,7 +18,7 @@ from controller.hosts.host_routing import hypervisor_of_instance
 from controller.hosts.image_copy import ensure_image_on_host
 from controller.locks import host_changes, one_at_a_time
 from controller.lookups import (account_of, account_uuids, flavor_row, instance_row, require_mutate,
-                                requester_account, resolve_grantable)
+                                refuse_user_ids, requester_account, resolve_grantable)
 from controller.permissions import Requester
 from controller.hosts.placement import placement
 from controller.rules import as_uuid, find_or_404, new_id
@@ -88,12 +89,12 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         or image["public"]
         or ctx.store.list_images(usable_by=requester.id, image_id=image["id"])
     ):
-        raise InvalidInput(f"server-image {body['server-image']} does not exist or is not available to you")
+        raise InvalidInput(f"server-image {shown(body['server-image'])} does not exist or is not available to you")
     if not image["active"]:
         raise InvalidInput(f"server-image {image['id']} is not active; new instances cannot boot from it")
     flavor = flavor_row(ctx, requester, body["server-flavor"])
     if flavor is None:
-        raise InvalidInput(f"server-flavor {body['server-flavor']} does not exist or is not available to you")
+        raise InvalidInput(f"server-flavor {shown(body['server-flavor'])} does not exist or is not available to you")
     if flavor["memory"] < image["min_ram"] or flavor["disk"] < image["min_disk"]:
         raise InvalidInput(
             f"server-flavor {flavor['id']} is too small for the image "
@@ -101,7 +102,7 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         )
     owner_account = requester_account(ctx, requester.id)
     if ctx.store.volume_of_user(requester.id) is None:
-        raise Conflict("the requester has no storage volume: create one first")
+        raise Conflict("you have no home volume yet: create one first")
     granted = resolve_grantable(ctx, requester, body.get("users", []))
     uuids = list(dict.fromkeys([owner_account["uuid"], *(a["uuid"] for a in granted)]))
 
@@ -340,6 +341,8 @@ def _modify_users(ctx: Context, requester: Requester, row: dict, *, how: str, uu
     owner_uuid = owner_account["uuid"] if owner_account else None
     if how == "delete":
         drop = set(account_uuids(uuids))
+        # A user's id where its account id belongs would delete nothing, silently.
+        refuse_user_ids(ctx, requester, sorted(drop - set(current)))
         new = [u for u in current if u not in drop]
     else:
         granted = [a["uuid"] for a in resolve_grantable(ctx, requester, uuids)]

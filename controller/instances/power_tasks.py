@@ -22,6 +22,9 @@ from controller.errors import Conflict
 from controller.hosts.host_routing import hypervisor_of_instance
 
 POWER_TASKS = ("reboot", "power-on", "power-off")
+# A status in a refusal, in words (a status not here is said as it is).
+STATE_WORDS = {"shutoff": "stopped", "building": "still being created", "paused": "paused", "crashed": "crashed",
+               "error": "in error"}
 # Statuses in which a guest runs (QEMU is there): a power-off shuts it down.
 _ACTIVE = ("running", "paused", "building")
 
@@ -43,7 +46,7 @@ def run(ctx: Context, row: dict, what: str) -> str:
         clean = hypervisor.shut_down(instance_id, wait_seconds=wait)
         return outcome(clean, status=status, wait=wait, took=time.monotonic() - started)
     if status != "running":
-        raise Conflict("reboot needs a running server-instance")
+        raise Conflict(f"reboot needs a running server (this one is {STATE_WORDS.get(status, status)})")
     # Where the console ended: a hypervisor whose reboot kept the run would answer what follows.
     mark = hypervisor.console(instance_id, max_bytes=0).mark
     started = time.monotonic()

@@ -20,7 +20,7 @@ class VolumeRows:
                 conn.execute(INSERT_VOLUME, {"state": "creating", **volume})
         except sqlite3.IntegrityError as e:
             if "volumes.owner_id" in str(e):
-                raise Conflict("this user already has a storage volume (one per user)") from None
+                raise Conflict("you already have a home volume (one per user)") from None
             raise
 
     def list_volumes(self, *, visible_to: str | None, owner_id: str | None = None,
@@ -62,9 +62,24 @@ class VolumeRows:
                 f"SELECT owner_id, mount_point FROM volumes WHERE owner_id IN ({marks}) AND state = 'ready'", user_ids)
         }
 
-    def set_volume_size(self, volume_id: str, size_gb: int) -> None:
+    def list_volumes_with_owners(self, controller_id: int) -> list[dict]:
+        """Every ready volume, oldest first (those of one second in the order made), with its
+        owner's email (`owner_email`) and the username and uid of the owner's account on this
+        controller (`username`, `account_uid`; None without one)."""
+        return self._all(
+            """SELECT v.*, u.email AS owner_email, a.username AS username, a.uid AS account_uid
+               FROM volumes v
+               LEFT JOIN users u ON u.id = v.owner_id
+               LEFT JOIN system_accounts a ON a.user_id = v.owner_id AND a.cloud_controller_id = ?
+               WHERE v.state = 'ready'
+               ORDER BY v.creation_date, v.rowid""", (controller_id,))
+
+    def set_volume_size(self, volume_id: str, size_gb: int) -> bool:
+        """Record a ready volume's new size; False (nothing changed) when it is not ready
+        (being deleted, or gone)."""
         with self.write() as conn:
-            conn.execute("UPDATE volumes SET size_gb = ? WHERE id = ?", (size_gb, volume_id))
+            cur = conn.execute("UPDATE volumes SET size_gb = ? WHERE id = ? AND state = 'ready'", (size_gb, volume_id))
+        return cur.rowcount == 1
 
     def delete_volume(self, volume_id: str) -> None:
         with self.write() as conn:

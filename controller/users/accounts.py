@@ -5,21 +5,52 @@ import os
 from collections.abc import Callable
 
 from controller.context import Context
-from controller.errors import Conflict, NotFound
+from controller.errors import Conflict, InvalidInput, NotFound
 from controller.users.groups import check_account_username, drop_member_everywhere
 from controller.instances.guests import drop_account_everywhere
 from controller.locks import host_changes
 from controller.lookups import account_of, find_user, user_account
 from controller.rules import new_id
 from controller.store import utc_now
-from host_adapters.names import check_username
+from host_adapters.names import check_username, privileged_group_name
 
 log = logging.getLogger(__name__)
+
+# Usernames no user's account may take, whether or not the host has them (yet): a package
+# or a cluster node may make them later, and files, sudoers rules and services trust them.
+# Debian's base-passwd accounts (passwd.master, Debian 12), then the service accounts
+# that common packages, other distributions and HPC stacks make. An account's private
+# group takes its name too, so every name reserved for groups (host_adapters/names.py,
+# plus `[groups] refused_names`) is refused as well. Any other name the host's directory
+# already holds below its first uid is refused by asking the directory (system_account).
+SYSTEM_USERNAMES = frozenset({
+    # base-passwd's passwd.master
+    "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
+    "www-data", "backup", "list", "irc", "gnats", "_gnats", "nobody",
+    # other distributions' and common packages' system accounts
+    "adm", "operator", "halt", "shutdown", "ftp", "toor", "nfsnobody", "_apt", "messagebus", "sshd",
+    "systemd-network", "systemd-resolve", "systemd-timesync", "systemd-coredump", "polkitd", "avahi",
+    "colord", "dnsmasq", "libvirt-qemu", "libvirt-dnsmasq", "qemu", "postfix", "postgres", "mysql",
+    "openldap", "nslcd", "sssd", "chrony", "_chrony", "ntp", "tss", "uuidd", "tcpdump", "statd", "rpc",
+    "rpcuser", "_rpc", "usbmux", "pulse", "rtkit", "syslog", "ldap", "nscd", "dbus",
+    # HPC services whose account can act for every user
+    "slurm", "munge", "pbs", "torque", "lsfadmin",
+})
+
+
+def check_not_system_username(ctx: Context, username: str) -> None:
+    """Refuse (400) the name of one of the system's own accounts: a reserved name
+    (SYSTEM_USERNAMES, a group name reserved for its privileges) or a name the directory
+    already holds below its first uid."""
+    if (username in SYSTEM_USERNAMES or privileged_group_name(username, frozenset(ctx.config.groups.refused_names))
+            or ctx.adapters.directory.system_account(username)):
+        raise InvalidInput(f"{username} is a system account name; choose another")
 
 
 def enable_account(ctx: Context, who: str, *, username: str, uid: int | None = None) -> dict:
     """Create the directory account of the user `who` (email or id) and record it; all or nothing."""
     check_username(username)
+    check_not_system_username(ctx, username)
     check_account_username(ctx, username)
     user = find_user(ctx, who)
     email = user["email"]

@@ -59,7 +59,12 @@ def check_new_group_name(ctx: Context, name: object) -> str:
         raise InvalidInput(f"group name {name} must start with {prefix!r} ([groups] name_prefix)")
     pattern = ctx.config.groups.name_pattern
     if pattern and not re.fullmatch(pattern, name):
-        raise InvalidInput(f"group name {name} must match {pattern} ([groups] name_pattern)")
+        # The site's pattern in the admin's words ([groups] name_rule), never the pattern.
+        rule = ctx.config.groups.name_rule
+        raise InvalidInput(f"group name {name} does not follow this cluster's rule for group names: {rule}"
+                           if rule else
+                           f"group name {name} does not follow this cluster's rule for group names "
+                           "([groups] name_pattern): ask the admin which names are allowed")
     return name
 
 

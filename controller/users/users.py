@@ -5,6 +5,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from common.words import quoted, shown
 from controller import limits
 from controller import permissions as perms
 from controller.users.accounts import follow_active
@@ -97,14 +98,15 @@ def admin_target(ctx: Context, *, holder: str, email: str | None = None, userid:
     if userid is not None:
         canonical = as_uuid(userid)
         if canonical is None:
-            raise InvalidInput(f"user id {userid} is not a UUID")
+            raise InvalidInput(f"user id {shown(userid)} is not a UUID")
     reservation = new_id()
     user = ctx.store.reserve_user_email(
         reservation_id=reservation, holder=holder, expires_at=int(time.time()) + RESERVATION_SECONDS,
         user_id=canonical, email=email,
     )
     if user is None:
-        raise NotFound(f"no user with email {email}" if email is not None else f"user {userid} does not exist")
+        raise NotFound(f"no user with email {shown(email)}" if email is not None
+                       else f"user {shown(userid)} does not exist")
     try:
         yield user
     finally:
@@ -373,7 +375,7 @@ def change_role(ctx: Context, who: str, role: str, *, grant: bool) -> tuple[dict
     """
     users_live_here(ctx)
     if role not in perms.ROLES:
-        raise InvalidInput(f"unknown role {role!r}; roles are {', '.join(perms.ROLES)}")
+        raise InvalidInput(f"unknown role {quoted(role)}; roles are {', '.join(perms.ROLES)}")
     user = find_user(ctx, who)
     roles = set(user["roles"])
     roles = roles | {role} if grant else roles - {role}

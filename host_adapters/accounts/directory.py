@@ -57,6 +57,13 @@ class Directory:
         """The account with that uid, or None."""
         raise NotImplementedError
 
+    def system_account(self, username: str) -> bool:
+        """Whether username names one of the system's own accounts: an account the host's
+        directory already holds with a uid below the first uid this backend gives out
+        (local: login.defs' UID_MIN; LDAP: `uid_min`, in the directory and in the head
+        node's own account files). Changes nothing."""
+        raise NotImplementedError
+
     def delete_account(self, username: str) -> None:
         """Remove the account and its private group. Succeeds when they are already gone."""
         raise NotImplementedError
@@ -144,6 +151,12 @@ class FakeDirectory(FailOn, Directory):
             raise InvalidInput("uid must be given")
         self._maybe_fail("get_account_by_uid")
         return next((a for a in self.accounts.values() if a.uid == uid), None)
+
+    def system_account(self, username: str) -> bool:
+        check_username(username)
+        self._maybe_fail("system_account")
+        account = self.accounts.get(username)
+        return account is not None and account.uid < self.first_uid
 
     def delete_account(self, username: str) -> None:
         check_username(username)

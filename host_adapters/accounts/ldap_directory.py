@@ -23,6 +23,11 @@ Configuration, section `[directory]` with `backend = ldap`:
     starttls            yes/no (default no): STARTTLS on an ldap:// URI
     timeout             seconds for connecting and for each operation (default 10)
 
+`system_account(name)` is true for a posixAccount below base_dn whose uidNumber
+is below uid_min, and for an account of the head node's own account files
+(`[unix] root`, or the host's passwd and NSS when that is empty) below uid_min:
+names an LDAP account must not take.
+
 `ldap_directory_from_config(section)` turns such a section into an
 `LdapDirectory`; both OUs must exist already (`check()` says so if not).
 
@@ -71,6 +76,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
+import pwd
+
 import ldap
 import ldap.dn
 import ldap.filter
@@ -78,6 +85,7 @@ import ldap.modlist
 from ldap.controls import SimplePagedResultsControl
 
 from common.errors import Conflict, HostError, HostUnavailable, InvalidInput, NotFound
+from host_adapters.accounts import sysroot
 from host_adapters.accounts.directory import LOCKED_EXPIRE_DAY, Directory, PosixAccount, check_home, check_uid
 from host_adapters.names import check_username
 
@@ -122,8 +130,9 @@ def read_bind_password(path: str) -> str:
     return text
 
 
-def ldap_directory_from_config(section: Mapping[str, str]) -> "LdapDirectory":
-    """An LdapDirectory from the `[directory]` config section (see the module docstring)."""
+def ldap_directory_from_config(section: Mapping[str, str], *, system_root: str | None = None) -> "LdapDirectory":
+    """An LdapDirectory from the `[directory]` config section (see the module docstring);
+    system_root is `[unix] root` (None: the host's own account files)."""
 
     def required(key: str) -> str:
         value = (section.get(key) or "").strip()
@@ -160,6 +169,7 @@ def ldap_directory_from_config(section: Mapping[str, str]) -> "LdapDirectory":
         tls_ca_file=(section.get("tls_ca_file") or "").strip() or None,
         starttls=raw_starttls in ("yes", "true", "on", "1"),
         timeout=timeout,
+        system_root=system_root,
     )
 
 
@@ -204,6 +214,7 @@ class LdapDirectory(Directory):
         tls_ca_file: str | None = None,
         starttls: bool = False,
         timeout: float = 10,
+        system_root: str | None = None,
     ):
         for key, dn in (("base_dn", base_dn), ("bind_dn", bind_dn),
                         ("people_ou", people_ou), ("groups_ou", groups_ou)):
@@ -230,6 +241,8 @@ class LdapDirectory(Directory):
         self._tls_ca_file = tls_ca_file
         self._starttls = starttls
         self._timeout = timeout
+        # The head node's own account files (a scratch system root; None: the host's).
+        self._system_root = sysroot.normalize_root(system_root)
         self._conn = None
         # One connection; an RLock because public methods hold it across calls.
         self._lock = threading.RLock()
@@ -287,6 +300,26 @@ class LdapDirectory(Directory):
         with self._lock, self._errors(f"lookup of uid {uid}"):
             found = self._search(self._people_dn, ldap.SCOPE_SUBTREE, flt, _ACCOUNT_ATTRS)
         return self._to_account(found)
+
+    def system_account(self, username: str) -> bool:
+        check_username(username)
+        local = sysroot.find_user(self._system_root, username)
+        if local is not None and local.uid < self._uid_min:
+            return True
+        if local is None and self._system_root is None:
+            try:
+                if pwd.getpwnam(username).pw_uid < self._uid_min:
+                    return True
+            except KeyError:
+                pass
+        flt = f"(&(objectClass=posixAccount)(uid={ldap.filter.escape_filter_chars(username)}))"
+        with self._lock, self._errors(f"lookup of account {username}"):
+            found = self._search(self._base_dn, ldap.SCOPE_SUBTREE, flt, ["uidNumber"])
+        for _dn, attrs in found:
+            number = _first(attrs, "uidNumber") or ""
+            if number.isdigit() and int(number) < self._uid_min:
+                return True
+        return False
 
     def delete_account(self, username: str) -> None:
         check_username(username)

@@ -133,6 +133,20 @@ class LocalDirectory(Directory):
         entry = next((u for u in sysroot.read_passwd(self.root) if u.uid == uid), None)
         return None if entry is None else _account(entry, sysroot.find_shadow(self.root, entry.name))
 
+    def system_account(self, username: str) -> bool:
+        check_username(username)
+        first, _last = self._uid_range()
+        entry = sysroot.find_user(self.root, username)
+        if entry is not None:
+            return entry.uid < first
+        if self.root is None:
+            # On the host, NSS may know it from elsewhere (a directory's service accounts).
+            try:
+                return pwd.getpwnam(username).pw_uid < first
+            except KeyError:
+                return False
+        return False
+
     def _uid_range(self) -> tuple[int, int]:
         defs = sysroot.login_defs(self.root)
         try:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from common.errors import InvalidInput
+from common.words import HOSTNAME_RULE, MAC_RULE
 from host_adapters.names import check_group_name, check_pattern, check_username
 
 _MAC = re.compile(r"^52:54:00(:[0-9a-f]{2}){3}$")
@@ -20,12 +21,12 @@ _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 def check_mac(value: object) -> str:
     """A locally administered QEMU-range MAC, lower case (52:54:00:xx:xx:xx)."""
-    return check_pattern(value, _MAC, "MAC address")
+    return check_pattern(value, _MAC, "MAC address", MAC_RULE)
 
 
 def check_hostname(value: object) -> str:
     """One RFC 1123 label, lower case."""
-    return check_pattern(value, _HOSTNAME, "hostname")
+    return check_pattern(value, _HOSTNAME, "hostname", HOSTNAME_RULE)
 
 
 def _check_path(value: object, what: str) -> str:

@@ -104,22 +104,27 @@ def _open_beneath(root_fd: int, relpath: str) -> int | None:
             os.close(fd)
 
 
-def parse_qgroups(text: str) -> dict[str, int | None]:
-    """`btrfs qgroup show -re --raw` -> {qgroupid: max referenced bytes or None}.
+def parse_qgroup_rows(text: str) -> dict[str, tuple[int, int | None]]:
+    """`btrfs qgroup show -re --raw` -> {qgroupid: (referenced bytes, max referenced bytes or None)}.
 
     The last column holds subvolume paths, which users name: a path with a
     newline could forge a row, so a qgroup id seen twice is an error.
     """
-    table: dict[str, int | None] = {}
+    table: dict[str, tuple[int, int | None]] = {}
     for line in text.splitlines():
         m = _QGROUP_ROW.match(line)
         if not m:
             continue
-        qgroupid, limit = m.group(1), m.group(4)
+        qgroupid, referenced, limit = m.group(1), m.group(2), m.group(4)
         if qgroupid in table:
             raise HostError(f"ambiguous btrfs qgroup listing: {qgroupid} appears twice")
-        table[qgroupid] = None if limit == "none" else int(limit)
+        table[qgroupid] = (int(referenced), None if limit == "none" else int(limit))
     return table
+
+
+def parse_qgroups(text: str) -> dict[str, int | None]:
+    """`btrfs qgroup show -re --raw` -> {qgroupid: max referenced bytes or None}."""
+    return {qgroupid: limit for qgroupid, (_used, limit) in parse_qgroup_rows(text).items()}
 
 
 class BtrfsQuota(QuotaBackend):
@@ -136,6 +141,7 @@ class BtrfsQuota(QuotaBackend):
     """
 
     name = "btrfs"
+    reports_usage = True
 
     def __init__(self, *, sync_timeout: float = 600):
         self.sync_timeout = sync_timeout
@@ -176,15 +182,20 @@ class BtrfsQuota(QuotaBackend):
         finally:
             os.close(fd)
 
-    def _qgroups(self, path: str) -> dict[str, int | None] | None:
-        """The qgroup table of the filesystem holding path, or None while quotas are disabled."""
+    def _qgroup_rows(self, path: str) -> dict[str, tuple[int, int | None]] | None:
+        """The qgroup rows of the filesystem holding path, or None while quotas are disabled."""
         argv = ["btrfs", "qgroup", "show", "-re", "--raw", path]
         proc = subp.run(argv, ok_codes=(0, 1))
         if proc.returncode == 1:
             if "not enabled" in proc.stderr:
                 return None
             raise CommandError(argv, proc.returncode, proc.stderr)
-        return parse_qgroups(proc.stdout)
+        return parse_qgroup_rows(proc.stdout)
+
+    def _qgroups(self, path: str) -> dict[str, int | None] | None:
+        """The qgroup limits of the filesystem holding path, or None while quotas are disabled."""
+        rows = self._qgroup_rows(path)
+        return None if rows is None else {qgroupid: limit for qgroupid, (_used, limit) in rows.items()}
 
     def set_limit(self, path: str, *, uid: int, size_gb: int) -> None:
         check_id("uid", uid)
@@ -204,6 +215,33 @@ class BtrfsQuota(QuotaBackend):
         sid = self._subvolume_id(path)
         table = self._qgroups(path)
         return None if table is None else table.get(f"0/{sid}")
+
+    def _home_qgroup(self, path: str) -> str | None:
+        """`0/<id>` of the subvolume at path; None when nothing is there or it is no subvolume."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(st.st_mode) or st.st_ino != _SUBVOL_ROOT_INO:
+            return None
+        return f"0/{self._subvolume_id(path)}"
+
+    def get_usage(self, path: str, *, uid: int) -> int | None:
+        return self.get_usages([(path, uid)])[path]
+
+    def get_usages(self, homes: list[tuple[str, int]]) -> dict[str, int | None]:
+        # One listing of the filesystem's qgroups serves every home: reading it per home
+        # would read the whole table once for each.
+        qgroups = {path: self._home_qgroup(path) for path, uid in homes if check_id("uid", uid) is not None}
+        rows = None
+        if any(q is not None for q in qgroups.values()):
+            first = next(path for path, q in qgroups.items() if q is not None)
+            rows = self._qgroup_rows(first)
+        found: dict[str, int | None] = {}
+        for path, qgroupid in qgroups.items():
+            row = None if rows is None or qgroupid is None else rows.get(qgroupid)
+            found[path] = None if row is None else row[0]
+        return found
 
     def remove(self, path: str, *, uid: int | None) -> None:
         # A qgroup belongs to the subvolume, not to a uid: whoever owns the tree, only

@@ -16,9 +16,11 @@ class FakeQuota(NoQuota):
 
     name = "fake"
     enforces_limits = True
+    reports_usage = True
 
     def __init__(self):
         self.limits: dict[str, int] = {}
+        self.used: dict[str, int] = {}  # path -> bytes the limit counts (tests set it; 0 when unset)
         self.nested: dict[str, tuple[str, ...]] = {}
         self.fail_on: dict[str, Exception] = {}
 
@@ -47,10 +49,16 @@ class FakeQuota(NoQuota):
         self._maybe_fail("get_limit")
         return self.limits.get(path)
 
+    def get_usage(self, path: str, *, uid: int) -> int | None:
+        check_id("uid", uid)
+        self._maybe_fail("get_usage")
+        return self.used.get(path, 0) if os.path.isdir(path) else None
+
     def remove(self, path: str, *, uid: int | None) -> None:
         self._maybe_fail("remove")
         remove_tree(path)
         self.limits.pop(path, None)
+        self.used.pop(path, None)
         self.nested.pop(path, None)
 
     def nested_subvolumes(self, path: str) -> tuple[str, ...]:

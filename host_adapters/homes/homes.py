@@ -111,6 +111,22 @@ class HomeVolumes:
         """Set the hard limit of an existing home to size_gb GiB. NotFound if there is no home."""
         raise NotImplementedError
 
+    @property
+    def reports_usage(self) -> bool:
+        """Whether usage() can tell what a home uses (the quota backend keeps it: btrfs, xfs,
+        setquota); False where it never can (quota backend none or command)."""
+        raise NotImplementedError
+
+    def usage(self, username: str, *, uid: int) -> int | None:
+        """The bytes the home's limit counts now; None when reports_usage is False, there is
+        no home, or the backend keeps no figure for it. Changes nothing."""
+        raise NotImplementedError
+
+    def usages(self, homes: list[tuple[str, int]]) -> dict[str, int | None]:
+        """usage() of each (username, uid), keyed by username, read at once where the backend
+        can (btrfs: one qgroup listing for every home)."""
+        raise NotImplementedError
+
     def delete(self, username: str, *, uid: int) -> None:
         """Remove the home's whole tree and its quota. Succeeds when they are already gone.
 
@@ -223,6 +239,23 @@ class DirectoryHomeVolumes(HomeVolumes):
             raise NotFound(f"no home volume at {path}")
         self.quota.set_limit(path, uid=uid, size_gb=size_gb)
 
+    @property
+    def reports_usage(self) -> bool:
+        return self.quota.reports_usage
+
+    def usage(self, username: str, *, uid: int) -> int | None:
+        return self.usages([(username, uid)])[username]
+
+    def usages(self, homes: list[tuple[str, int]]) -> dict[str, int | None]:
+        paths = {username: self.path(username) for username, uid in homes if check_id("uid", uid) is not None}
+        found: dict[str, int | None] = dict.fromkeys(paths)
+        if not self.reports_usage:
+            return found
+        # Only real directories: never a symlink a user left at the path.
+        present = [(paths[u], uid) for u, uid in homes if not os.path.islink(paths[u]) and os.path.isdir(paths[u])]
+        used = self.quota.get_usages(present) if present else {}
+        return {username: used.get(path) for username, path in paths.items()}
+
     def delete(self, username: str, *, uid: int) -> None:
         path = self.path(username)
         check_id("uid", uid)
@@ -297,13 +330,14 @@ class FakeHome:
     size_gb: int
     mode: int = 0o700
     nested_subvolumes: tuple[str, ...] = ()
+    used_bytes: int = 0  # what the limit counts (tests set it)
 
 
 class FakeHomeVolumes(FailOn, HomeVolumes):
     """In-memory homes under a notional home_root; nothing touches the disk.
 
     `homes` maps username -> FakeHome(uid, gid, size_gb, mode,
-    nested_subvolumes); tests may change those to simulate drift. Set
+    nested_subvolumes, used_bytes); tests may change those to simulate drift. Set
     `fail_on[method_name] = exception` to make that method raise it (after
     validating its arguments, before changing anything).
     """
@@ -333,6 +367,21 @@ class FakeHomeVolumes(FailOn, HomeVolumes):
         if username not in self.homes:
             raise NotFound(f"no home volume at {path}")
         self.homes[username].size_gb = size_gb
+
+    @property
+    def reports_usage(self) -> bool:
+        return True
+
+    def usage(self, username: str, *, uid: int) -> int | None:
+        return self.usages([(username, uid)])[username]
+
+    def usages(self, homes: list[tuple[str, int]]) -> dict[str, int | None]:
+        for username, uid in homes:
+            self.path(username)
+            check_id("uid", uid)
+        self._maybe_fail("usages")
+        return {username: None if username not in self.homes else self.homes[username].used_bytes
+                for username, _uid in homes}
 
     def delete(self, username: str, *, uid: int) -> None:
         self.path(username)

@@ -15,6 +15,9 @@ applies per subvolume) and must die as one. The calls, in the order
   the tree (root in a guest can chown it); None leaves per-uid quotas as they are.
 - `nested_subvolumes(path)`: subvolumes a user made inside the home (btrfs
   only), whose data the home's limit does not count.
+- `get_usage(path, *, uid) -> int | None` and `get_usages([(path, uid), ...])`:
+  the bytes the limit counts now, where the backend can tell cheaply
+  (`reports_usage`: btrfs, xfs, setquota; not none or command).
 
 Sizes: one "GB" is one GiB (2**30 bytes), the unit btrfs, xfs_quota and
 setquota mean by a `G`/`g` suffix; limits are hard limits only, no soft limit
@@ -49,6 +52,9 @@ class QuotaBackend:
     # the home's share as host uid 0: a limit on the tree (btrfs qgroup, xfs project)
     # counts that, a limit on the user's uid (setquota) does not.
     binds_every_writer = True
+    # Whether get_usage can tell what a home uses, from what the quota tool keeps anyway
+    # (no walk of the tree): False where it never can (none, command).
+    reports_usage = False
 
     def check(self, home_root: str) -> None:
         """Raise HostUnavailable, naming the cause, if homes under home_root cannot get quotas."""
@@ -89,6 +95,17 @@ class QuotaBackend:
         which is why this one method has a working default.
         """
         return ()
+
+    def get_usage(self, path: str, *, uid: int) -> int | None:
+        """The bytes the home's limit counts now (btrfs: the qgroup's referenced bytes; xfs:
+        the project's; setquota: the uid's on the filesystem), or None when the backend
+        cannot tell (reports_usage False) or has no record for it. Changes nothing."""
+        return None
+
+    def get_usages(self, homes: list[tuple[str, int]]) -> dict[str, int | None]:
+        """get_usage of each (path, uid), keyed by path; a backend that can read them all
+        at once (btrfs: one qgroup listing) does."""
+        return {path: self.get_usage(path, uid=uid) for path, uid in homes}
 
 
 # --- plain directories -----------------------------------------------------

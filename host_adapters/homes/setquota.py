@@ -23,6 +23,7 @@ class SetQuota(QuotaBackend):
 
     name = "setquota"
     binds_every_writer = False  # files another uid writes (guest root: uid 0) count elsewhere
+    reports_usage = True
 
     def __init__(self, *, filesystem: str):
         self.filesystem = filesystem
@@ -52,7 +53,8 @@ class SetQuota(QuotaBackend):
     def set_limit(self, path: str, *, uid: int, size_gb: int) -> None:
         self._setquota(uid, check_size_gb(size_gb) * GIB // KIB)
 
-    def get_limit(self, path: str, *, uid: int) -> int | None:
+    def _quota_row(self, uid: int) -> tuple[int, int] | None:
+        """(used, hard limit) of the uid on the filesystem in KiB, or None when quota reports none."""
         argv = ["quota", "-u", "-v", "-w", "-p", f"--filesystem={self.filesystem}", str(check_id("uid", uid))]
         # quota exits 1 when the user is over a limit.
         out = subp.run(argv, ok_codes=(0, 1)).stdout
@@ -61,9 +63,18 @@ class SetQuota(QuotaBackend):
         if not rows:
             return None  # "Disk quotas for user #N (uid N): none"
         # filesystem, blocks (a '*' when over), soft, hard, ... in KiB
-        if len(rows[0]) < 4 or not rows[0][3].isdigit():
+        used = rows[0][1].removesuffix("*") if len(rows[0]) > 1 else ""
+        if len(rows[0]) < 4 or not rows[0][3].isdigit() or not used.isdigit():
             raise HostError(f"cannot read the quota output: {out.strip()!r}")
-        return int(rows[0][3]) * KIB or None
+        return int(used), int(rows[0][3])
+
+    def get_limit(self, path: str, *, uid: int) -> int | None:
+        row = self._quota_row(uid)
+        return None if row is None else row[1] * KIB or None
+
+    def get_usage(self, path: str, *, uid: int) -> int | None:
+        row = self._quota_row(uid)
+        return None if row is None else row[0] * KIB
 
     def remove(self, path: str, *, uid: int | None) -> None:
         if uid is not None:

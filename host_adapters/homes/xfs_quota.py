@@ -20,6 +20,7 @@ class XfsQuota(QuotaBackend):
     """
 
     name = "xfs"
+    reports_usage = True
 
     def __init__(self, *, mount_point: str, project_id_offset: int = 0):
         self.mount_point = mount_point
@@ -69,17 +70,25 @@ class XfsQuota(QuotaBackend):
         check_size_gb(size_gb)
         self._xfs(f"limit -p bhard={size_gb}g {self.project_id(uid)}")
 
-    def get_limit(self, path: str, *, uid: int) -> int | None:
+    def _quota_row(self, uid: int) -> tuple[int, int] | None:
+        """(used, hard limit) of the uid's project in KiB, or None when xfs_quota prints none."""
         out = self._xfs(f"quota -p -N -n -v -b {self.project_id(uid)}")
         # device, used, soft, hard, ... in KiB; a long device name wraps the line.
         tokens = out.split()
         if len(tokens) < 4:
             return None
         try:
-            hard = int(tokens[3])
+            return int(tokens[1]), int(tokens[3])
         except ValueError:
             raise HostError(f"cannot read the xfs_quota output: {out.strip()!r}") from None
-        return hard * KIB or None
+
+    def get_limit(self, path: str, *, uid: int) -> int | None:
+        row = self._quota_row(uid)
+        return None if row is None else row[1] * KIB or None
+
+    def get_usage(self, path: str, *, uid: int) -> int | None:
+        row = self._quota_row(uid)
+        return None if row is None else row[0] * KIB
 
     def remove(self, path: str, *, uid: int | None) -> None:
         pid = None if uid is None else self.project_id(uid)

@@ -225,20 +225,50 @@ def test_account_enable_human_output(sandbox, bob):
     (["nobody@example.org", "--username", "nobody"], "no user with email"),
     (["bob@example.org", "--username", "Bob"], "invalid username"),
     (["bob@example.org", "--username", "-bob"], "invalid username"),
-    (["bob@example.org", "--username", "admin"], "system account admin is already recorded"),
+    (["bob@example.org", "--username", "ccadmin"], "system account ccadmin is already recorded"),
     (["admin@example.org", "--username", "other"], "already has a system account"),
-    (["bob@example.org", "--username", "root"], "already in use"),
+    (["bob@example.org", "--username", "root"], "root is a system account name; choose another"),
     (["bob@example.org", "--username", "bob", "--uid", "0"], "invalid uid"),
 ])
 def test_account_enable_errors_are_clean_and_change_nothing(sandbox, bob, args, message):
-    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     before = sandbox.snapshot()
     assert message in sandbox.error("account", "enable", *args)
     assert sandbox.snapshot() == before
 
 
+# Reserved names (the system's own, and group names reserved for their privileges: the
+# account's private group takes its name) are refused whether or not the host has them.
+@pytest.mark.parametrize("username", ["daemon", "bin", "sys", "adm", "nobody", "www-data", "sshd", "admin", "sudo",
+                                      "docker", "systemd-network", "slurm"])
+def test_account_enable_refuses_reserved_system_account_names(sandbox, bob, username):
+    assert username not in sandbox.entries("passwd")  # the sandbox's system root has root alone
+    before = sandbox.snapshot()
+    assert sandbox.error("account", "enable", "bob@example.org", "--username", username) == (
+        f"error: {username} is a system account name; choose another")
+    assert sandbox.snapshot() == before
+
+
+def test_account_enable_refuses_a_name_the_host_has_below_the_first_uid(sandbox, bob):
+    # An account of the host below login.defs' UID_MIN (10000 in the sandbox), in no list.
+    passwd = sandbox.root / "sysroot" / "etc" / "passwd"
+    passwd.write_text(passwd.read_text() + "ccsvc:x:990:990:a service:/nonexistent:/usr/sbin/nologin\n"
+                      "ccuser:x:20000:20000::/home/ccuser:/bin/bash\n")
+    before = sandbox.snapshot()
+    assert sandbox.error("account", "enable", "bob@example.org", "--username", "ccsvc") == (
+        "error: ccsvc is a system account name; choose another")
+    # One above the first uid is an account of someone else's: taken, not a system name.
+    assert sandbox.error("account", "enable", "bob@example.org", "--username", "ccuser") == (
+        "error: username ccuser is already in use")
+    assert sandbox.snapshot() == before
+    # Without --json too: one line, nothing on stdout.
+    proc = sandbox.run("account", "enable", "bob@example.org", "--username", "ccsvc")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == "error: ccsvc is a system account name; choose another\n"
+
+
 def test_account_enable_refuses_a_uid_in_use(sandbox, bob):
-    admin = sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    admin = sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     uid = sandbox.rows("SELECT uid FROM system_accounts WHERE id = ?", (admin["id"],))[0]["uid"]
     before = sandbox.snapshot()
     assert f"uid {uid} is already in use" in sandbox.error("account", "enable", "bob@example.org",
@@ -266,12 +296,12 @@ def test_account_disable_removes_the_account_everywhere(sandbox, api, bob):
 
 
 def test_account_disable_is_refused_while_the_user_has_a_volume(sandbox, api):
-    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     api.create_volume(api.headers)
     before = sandbox.snapshot()
     assert "still has a storage volume" in sandbox.error("account", "disable", ADMIN_EMAIL, "--yes")
     assert sandbox.snapshot() == before
-    assert "admin" in sandbox.entries("passwd")
+    assert "ccadmin" in sandbox.entries("passwd")
 
 
 def test_account_disable_errors(sandbox, bob):
@@ -426,23 +456,36 @@ def test_flavor_add_errors(sandbox, args, message):
 # -- volume resize --------------------------------------------------------------------------
 @pytest.fixture
 def volume(sandbox, api) -> dict:
-    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     return api.create_volume(api.headers, size=2)
 
 
 def test_volume_resize_prints_the_api_object_and_records_the_size(sandbox, api, volume):
-    assert (sandbox.root / "home" / "admin").is_dir()
+    assert (sandbox.root / "home" / "ccadmin").is_dir()
     out = sandbox.ok("volume", "resize", volume["volume-id"], "7")
     assert out == api.get(f"/v1/storage-volume/{volume['volume-id']}")
     assert out == dict(volume, **{"volume-size": 7})
     assert sandbox.rows("SELECT size_gb FROM volumes")[0]["size_gb"] == 7
 
 
+def test_volume_resize_by_the_owners_email_grows_and_shrinks(sandbox, api, volume):
+    grown = sandbox.ok("volume", "resize", ADMIN_EMAIL, "9")
+    assert grown == dict(volume, **{"volume-size": 9}) == api.get(f"/v1/storage-volume/{volume['volume-id']}")
+    shrunk = sandbox.ok("volume", "resize", ADMIN_EMAIL.upper(), "1")
+    assert shrunk == dict(volume, **{"volume-size": 1})
+    assert sandbox.rows("SELECT size_gb FROM volumes")[0]["size_gb"] == 1
+    proc = sandbox.run("volume", "resize", ADMIN_EMAIL, "4")
+    assert proc.returncode == 0 and proc.stdout == f"volume {volume['volume-id']} of {ADMIN_EMAIL} is now 4 GB\n"
+
+
 @pytest.mark.parametrize("args, message", [
-    (["{id}", "0"], "volume-size must be an integer from 1 to 100"),
-    (["{id}", "101"], "volume-size must be an integer from 1 to 100"),
+    (["{id}", "0"], "volume-size must be a whole number of GB from 1 to 100"),
+    (["{id}", "101"], "error: volume-size 101 GB is too large: at most 100 GB ([volumes] max_size_gb)"),
+    ([ADMIN_EMAIL, "101"], "error: volume-size 101 GB is too large: at most 100 GB ([volumes] max_size_gb)"),
     ([UNKNOWN_UUID, "5"], "not found"),
     (["not-a-uuid", "5"], "not found"),
+    ([BOB_EMAIL, "5"], f"error: {BOB_EMAIL} has no storage volume"),
+    (["nobody@example.org", "5"], "no user with email"),
 ])
 def test_volume_resize_errors(sandbox, volume, args, message):
     argv = [a.format(id=volume["volume-id"]) for a in args]
@@ -451,7 +494,7 @@ def test_volume_resize_errors(sandbox, volume, args, message):
 
 
 def test_volume_resize_of_a_home_gone_from_disk(sandbox, volume):
-    os.rmdir(sandbox.root / "home" / "admin")
+    os.rmdir(sandbox.root / "home" / "ccadmin")
     assert "no home volume" in sandbox.error("volume", "resize", volume["volume-id"], "5")
     assert sandbox.rows("SELECT size_gb FROM volumes")[0]["size_gb"] == 2
 
@@ -459,6 +502,32 @@ def test_volume_resize_of_a_home_gone_from_disk(sandbox, volume):
 def test_volume_resize_size_must_be_a_number(sandbox, volume):
     proc = sandbox.run("volume", "resize", volume["volume-id"], "big")
     assert proc.returncode == 2 and "big" in proc.stderr
+
+
+# -- volume list ------------------------------------------------------------------------------
+def test_volume_list_names_owner_account_size_mount_point_and_date(sandbox, api, volume, bob):
+    assert sandbox.ok("volume", "list") == {"volumes": [dict(volume, owner=ADMIN_EMAIL, username="ccadmin")]}
+    # bob's too, oldest first; quota backend none keeps no usage, so no used-bytes.
+    sandbox.ok("account", "enable", BOB_EMAIL, "--username", "bob")
+    bob_headers = login(api.client, {"email": BOB_EMAIL, "password": USER_PASSWORD})
+    bobs = api.create_volume(bob_headers, size=3)
+    listed = sandbox.ok("volume", "list")["volumes"]
+    assert [(v["volume-id"], v["owner"], v["username"], v["volume-size"]) for v in listed] == [
+        (volume["volume-id"], ADMIN_EMAIL, "ccadmin", 2), (bobs["volume-id"], BOB_EMAIL, "bob", 3)]
+    assert all("used-bytes" not in v for v in listed)
+    # The table: a header line, one row each, no USED-GB column where usage is not known.
+    rows = sandbox.run("volume", "ls").stdout.splitlines()
+    assert rows[0].split() == ["ID", "OWNER", "USERNAME", "SIZE-GB", "MOUNT-POINT", "CREATED"]
+    assert rows[2].split() == [bobs["volume-id"], BOB_EMAIL, "bob", "3", bobs["volume-type"]["mount-point"],
+                               bobs["creation-date"]]
+    assert bobs["volume-type"]["mount-point"] == str(sandbox.root / "home" / "bob")
+    # A read: no audit row.
+    assert not [e for e in sandbox.ok("audit")["entries"] if e["action"] == "cloud-agent volume list"]
+
+
+def test_volume_list_of_none(sandbox):
+    assert sandbox.ok("volume", "list") == {"volumes": []}
+    assert sandbox.run("volume", "list").stdout == "(none)\n"
 
 
 # -- environment errors -----------------------------------------------------------------------

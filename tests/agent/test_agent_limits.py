@@ -61,7 +61,7 @@ def test_user_limits_errors_change_nothing(sandbox, args, code, message):
 
 
 def test_an_override_set_by_the_agent_binds_the_api(sandbox, api):
-    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     api.create_volume(api.headers)
     image = add_image(sandbox)
     flavor = sandbox.ok("flavor", "add", "--name", "small", "--memory", "512", "--disk", "2", "--vcpu", "1")

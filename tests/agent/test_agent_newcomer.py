@@ -86,7 +86,7 @@ def test_image_list_update_and_delete(sandbox):
 def test_an_image_or_flavor_in_use_is_not_deleted(sandbox, api):
     image = add_image(sandbox, "Debian 12", "7")
     flavor = sandbox.ok("flavor", "add", "--name", "small", "--memory", "256", "--disk", "1", "--vcpu", "1")
-    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     api.create_volume(api.headers, size=1)
     r = api.client.simulate_post("/v1/server-instance", headers=api.headers,
                                  json={"server-image": image["id"], "server-flavor": flavor["id"]})
@@ -216,7 +216,7 @@ def test_tables_and_lines_show_control_characters_escaped_and_json_keeps_them(sa
 def test_server_list_shows_owner_image_flavor_and_host_and_host_list_has_a_header(sandbox, api):
     image = add_image(sandbox, "Debian 12", "7")
     flavor = sandbox.ok("flavor", "add", "--name", "small", "--memory", "256", "--disk", "1", "--vcpu", "1")
-    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     api.create_volume(api.headers, size=1)
     r = api.client.simulate_post("/v1/server-instance", headers=api.headers,
                                  json={"server-image": image["id"], "server-flavor": flavor["id"]})
@@ -303,7 +303,7 @@ def test_lines_name_images_flavors_owners_and_actors_where_they_are_known(sandbo
     assert line("image", "deactivate", private["id"]) == f"image {private['id']} (Secret OS) inactive"
     assert line("flavor", "grant", flavor["id"], BOB_EMAIL) == f"{BOB_EMAIL} may use flavor {flavor['id']} (gpu)"
     # A volume's owner by email.
-    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "admin")
+    sandbox.ok("account", "enable", ADMIN_EMAIL, "--username", "ccadmin")
     volume = api.create_volume(api.headers, size=1)
     assert line("volume", "resize", volume["volume-id"], "3") == (
         f"volume {volume['volume-id']} of {ADMIN_EMAIL} is now 3 GB")

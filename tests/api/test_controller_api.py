@@ -31,8 +31,9 @@ def people(cctx):
     managed = make_caller(cctx, "managed@example.org", owner=owner)
     stranger = make_caller(cctx, "stranger@example.org")
     accounts = {}
+    # "admin" is a reserved name (a privileged group's): the superuser's account is ccadmin.
     for name, caller in (("admin", admin), ("owner", owner), ("managed", managed), ("stranger", stranger)):
-        accounts[name] = enable(cctx, caller, username=name)
+        accounts[name] = enable(cctx, caller, username="ccadmin" if name == "admin" else name)
     return {"admin": admin, "owner": owner, "managed": managed, "stranger": stranger, "accounts": accounts}
 
 
@@ -183,7 +184,7 @@ def test_volume_host_failure_leaves_no_row(client, cctx, adapters, people, step)
 def test_instance_create_needs_account_and_volume(client, cctx, adapters, people, catalog):
     nobody = make_caller(cctx, "nobody@example.org")
     assert "system account" in err(boot(client, nobody, catalog), 409)
-    assert "storage volume" in err(boot(client, people["owner"], catalog), 409)
+    assert "home volume" in err(boot(client, people["owner"], catalog), 409)
     assert cctx.store.all_instances() == [] and adapters.hypervisor.list_instances() == []
 
 

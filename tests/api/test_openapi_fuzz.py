@@ -35,7 +35,7 @@ def _app(tmp_path):
     store.migrate()
     ctx = build_context(config, store=store, adapters=fake_adapters())
     admin = make_caller(ctx, "admin@example.org", roles=("superuser",))
-    enable(ctx, admin, username="admin")
+    enable(ctx, admin, username="ccadmin")
     return create_app(ctx), admin
 
 

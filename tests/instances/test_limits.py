@@ -137,7 +137,7 @@ def test_limits_are_per_owner_and_a_delete_frees_a_place(client, limited, alice,
 
 
 def test_limits_bind_superusers_too(client, limited, catalog, flavors):
-    admin = ready(limited, client, "root@example.org", "root", roles=("superuser",))
+    admin = ready(limited, client, "root@example.org", "chief", roles=("superuser",))
     for _ in range(2):
         ok(boot(client, admin, catalog, flavors["unit"]))
     assert "limit reached: instances" in refused(boot(client, admin, catalog, flavors["unit"]))

@@ -113,3 +113,52 @@ def test_directory_down_is_a_clean_error(tmp_path, sysroot):
     assert doc["ok"] is False and [c["name"] for c in doc["checks"] if not c["ok"]] == ["directory", "system_root"]
     proc = agent(path, "account", "enable", "nobody@example.org", "--username", "nobody", check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
+
+
+def add_account_by_hand(tree, name: str, number: int) -> None:
+    """A posixAccount another tool wrote below the tree (a service account of the site's)."""
+    import ldap
+
+    server = tree.server
+    conn = ldap.initialize(server.uri)
+    conn.timeout = 10
+    try:
+        conn.simple_bind_s(server.bind_dn, server.password)
+        conn.add_s(f"uid={name},ou=people,{tree.base_dn}", [
+            ("objectClass", [b"account", b"posixAccount"]), ("uid", [name.encode()]), ("cn", [name.encode()]),
+            ("uidNumber", [str(number).encode()]), ("gidNumber", [str(number).encode()]),
+            ("homeDirectory", [f"/var/lib/{name}".encode()])])
+    finally:
+        conn.unbind_s()
+
+
+def test_enable_refuses_system_account_names(ldap_config):
+    """Reserved names, a directory account below uid_min and an account of the head node's own
+    files below uid_min are system account names; a directory account above uid_min is taken."""
+    path, tree = ldap_config
+    config = load_config(path)
+    ctx = build_context(config, adapters=build_adapters(config))
+    from controller.users.users import insert_user
+
+    insert_user(ctx, email="ann@example.org", password="User-pass-2026!")
+    add_account_by_hand(tree, "ldapsvc", 500)
+    add_account_by_hand(tree, "olduser", 40050)
+    passwd = config.unix.root + "/etc/passwd"
+    with open(passwd, "a") as f:
+        f.write("localsvc:x:999:999:a local service:/nonexistent:/usr/sbin/nologin\n")
+    before = ldapsearch(tree, "(objectClass=*)")
+
+    def refusal(username):
+        proc = agent(path, "account", "enable", "ann@example.org", "--username", username, check=False)
+        assert proc.returncode == 1, proc.stdout
+        return json.loads(proc.stdout)["error"]
+
+    for username in ("root", "daemon", "bin", "sys", "adm", "nobody", "sshd", "admin", "openldap", "nslcd",
+                     "ldapsvc", "localsvc"):
+        assert refusal(username) == f"{username} is a system account name; choose another"
+    assert refusal("olduser").startswith("olduser is already taken in the directory")
+    assert ldapsearch(tree, "(objectClass=*)") == before
+    assert ctx.store.list_accounts() == []
+    # A name nobody has is fine.
+    made = json.loads(agent(path, "account", "enable", "ann@example.org", "--username", "ann").stdout)
+    assert made["username"] == "ann"

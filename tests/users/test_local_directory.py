@@ -515,6 +515,30 @@ def test_missing_passwd_is_unavailable(tmp_path, no_commands):
         LocalDirectory(str(tmp_path)).get_account("alice")
 
 
+def test_system_account_is_a_name_held_below_uid_min(mode, fake_root, recorder):
+    """Below login.defs' UID_MIN (10000 in a scratch root) is the system's; on the host, a name
+    only NSS knows counts too. Nothing is run or written."""
+    directory, _ = mode
+    append_line(fake_root, "passwd", "svc:x:9999:9999::/nonexistent:/usr/sbin/nologin")
+    append_line(fake_root, "passwd", "carol:x:10000:10000::/home/carol:/bin/bash")
+    before = {name: etc_lines(fake_root, name) for name in ("passwd", "group")}
+    assert directory.system_account("root") and directory.system_account("svc")
+    assert not directory.system_account("carol") and not directory.system_account("nosuchname")
+    # daemon is in the host's own passwd (uid 1), not in the fake root's files.
+    assert directory.system_account("daemon") == (directory.root is None)
+    with pytest.raises(InvalidInput):
+        directory.system_account("Bad")
+    assert recorder.calls == [] and {name: etc_lines(fake_root, name) for name in ("passwd", "group")} == before
+
+
+def test_fake_directory_system_account():
+    directory = FakeDirectory()
+    directory.accounts["svc"] = PosixAccount("svc", 500, 500, "/nonexistent", "/usr/sbin/nologin")
+    directory.create_account("alice", home="/home/alice")
+    assert directory.system_account("svc") and not directory.system_account("alice")
+    assert not directory.system_account("nobody")
+
+
 # The fake and the real class must offer exactly the interface.
 
 

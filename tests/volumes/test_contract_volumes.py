@@ -70,8 +70,12 @@ def test_volume_bad_bodies(env):
 def test_volume_size_bounds(env):
     top = max_size_gb(env)
     u, v = env.users({"account": True}, {"account": True})
-    cc_err(env.call("POST", "/v1/storage-volume", who=u,
-                    json_body={"volume-size": top + 1, "volume-type": {"visibility": "cluster"}}), 400)
+    r = env.call("POST", "/v1/storage-volume", who=u,
+                 json_body={"volume-size": top + 1, "volume-type": {"visibility": "cluster"}})
+    cc_err(r, 400)
+    # The refusal names the cap and the setting that sets it.
+    assert r.body["msg"] == f"volume-size {top + 1} GB is too large: at most {top} GB ([volumes] max_size_gb)"
+    assert not env.home(u.username).exists()
     assert env.volume(u, size=top)["volume-size"] == top
     assert env.volume(v, size=1)["volume-size"] == 1
 

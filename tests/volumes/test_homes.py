@@ -159,6 +159,23 @@ class TestContract:
             v.resize("alice", uid=UID, size_gb=0)
         v.delete("alice", uid=UID)
 
+    def test_usage(self, setup):
+        v = setup.volumes
+        assert v.reports_usage == setup.enforces_limits  # none cannot tell; fake, fake quota, btrfs can
+        assert v.usages([("alice", UID)]) == {"alice": None}  # no home yet
+        v.create("alice", uid=UID, gid=GID, size_gb=1)
+        used = v.usage("alice", uid=UID)
+        if v.reports_usage:
+            assert used is not None and 0 <= used < (1 << 20)
+        else:
+            assert used is None
+        with pytest.raises(InvalidInput):
+            v.usages([("../x", UID)])
+        with pytest.raises(InvalidInput):
+            v.usage("alice", uid=-1)
+        v.delete("alice", uid=UID)
+        assert v.usage("alice", uid=UID) is None
+
     def test_resize_of_a_missing_home_is_not_found(self, setup):
         with pytest.raises(NotFound):
             setup.volumes.resize("nobody", uid=UID, size_gb=2)
@@ -617,7 +634,7 @@ def test_reconcile_reports_nested_subvolumes_and_leaves_them_alone():
     directory.create_account("alice", home=homes.path("alice"), uid=UID)
     account = {"user_id": "u-1", "username": "alice", "uid": UID, "gid": UID, "home": homes.path("alice")}
     ctx = SimpleNamespace(
-        config=SimpleNamespace(controller_id=1, is_sandbox=True),
+        config=SimpleNamespace(controller_id=1, is_sandbox=True, cloud_auth=SimpleNamespace(url="")),
         store=_Store(account, {"id": "vol-1", "owner_id": "u-1", "size_gb": 2}),
         adapters=SimpleNamespace(directory=directory, homes=homes, groups=FakeUnixGroups(directory=directory),
                                  hypervisor_in_process=True),

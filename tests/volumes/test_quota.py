@@ -9,7 +9,7 @@ import pytest
 
 from controller.errors import CommandError, Conflict, HostError, HostUnavailable, InvalidInput
 from host_adapters import subp
-from host_adapters.homes.btrfs_quota import BtrfsQuota, parse_qgroups
+from host_adapters.homes.btrfs_quota import BtrfsQuota, parse_qgroup_rows, parse_qgroups
 from host_adapters.homes.command_quota import CommandQuota
 from host_adapters.homes.fake_quota import FakeQuota
 from host_adapters.homes.quota import NoQuota, QuotaBackend, find_mount_point, mounts_below, remove_tree
@@ -145,6 +145,24 @@ def test_xfs_get_limit_of_a_wrapped_line_and_of_no_limit(runner):
     assert backend.get_limit("/srv/home/c", uid=3) is None  # no output at all
 
 
+def test_xfs_get_usage_reads_the_used_column_of_the_same_output(runner):
+    backend = XfsQuota(mount_point="/srv")
+    assert backend.reports_usage
+    runner.answer(
+        _xfs("quota -p -N -n -v -b 12345"),
+        stdout="/dev/sdb1             1572864    5242880    5242880   00 [--------] /srv\n",
+    )
+    runner.answer(
+        _xfs("quota -p -N -n -v -b 1"),
+        stdout="/dev/mapper/very-long-volume-name\n                   10          0    1048576   00 [------] /srv\n",
+    )
+    assert backend.get_usage("/srv/home/alice", uid=12345) == 3 * GIB // 2
+    assert backend.get_usages([("/srv/home/a", 1), ("/srv/home/c", 3)]) == {"/srv/home/a": 10 * 1024,
+                                                                            "/srv/home/c": None}
+    assert runner.calls == [_xfs("quota -p -N -n -v -b 12345"), _xfs("quota -p -N -n -v -b 1"),
+                            _xfs("quota -p -N -n -v -b 3")]
+
+
 def test_xfs_remove_deletes_the_tree_then_clears_the_limit(runner, tmp_path):
     backend = XfsQuota(mount_point=str(tmp_path))
     home = tmp_path / "alice"
@@ -250,6 +268,23 @@ def test_setquota_get_limit_when_over_or_none(runner):
     assert backend.get_limit("/home/alice", uid=12345) is None
 
 
+def test_setquota_get_usage_reads_the_blocks_column_over_a_limit_too(runner):
+    backend = SetQuota(filesystem="/home")
+    assert backend.reports_usage
+    over = (
+        "Disk quotas for user #12345 (uid 12345): \n"
+        "     Filesystem  blocks   quota   limit   grace   files   quota   limit   grace\n"
+        "      /dev/sda2 1048577*      0 1048576       0       3       0       0       0\n"
+    )
+    runner.answer(QUOTA_ARGV, rc=1, stdout=over)
+    assert backend.get_usage("/home/alice", uid=12345) == GIB + 1024
+    runner.answer(QUOTA_ARGV, stdout="Disk quotas for user #12345 (uid 12345): none\n")
+    assert backend.get_usage("/home/alice", uid=12345) is None
+    runner.answer(QUOTA_ARGV, stdout=over.replace("1048577*", "lots"))
+    with pytest.raises(HostError, match="cannot read the quota output"):
+        backend.get_usage("/home/alice", uid=12345)
+
+
 def test_setquota_check(runner):
     backend = SetQuota(filesystem="/home")
     argv = ["quotaon", "-p", "-u", "/home"]
@@ -280,6 +315,31 @@ Qgroupid    Referenced    Exclusive  Max referenced  Max exclusive   Path
 
 def test_parse_qgroups():
     assert parse_qgroups(QGROUPS) == {"0/5": None, "0/256": GIB, "0/258": None}
+
+
+def test_parse_qgroup_rows_keeps_what_each_references():
+    assert parse_qgroup_rows(QGROUPS) == {"0/5": (16384, None), "0/256": (1073725440, GIB), "0/258": (16384, None)}
+
+
+def test_btrfs_reads_the_usage_of_every_home_in_one_listing(runner, monkeypatch, tmp_path):
+    backend = BtrfsQuota()
+    ids = {str(tmp_path / "alice"): "0/256", str(tmp_path / "bob"): "0/258", str(tmp_path / "plain"): None}
+    monkeypatch.setattr(backend, "_home_qgroup", lambda path: ids[path])
+    show = ["btrfs", "qgroup", "show", "-re", "--raw", str(tmp_path / "alice")]
+    runner.answer(show, stdout=QGROUPS)
+    assert backend.get_usages([(p, 1000) for p in ids]) == {
+        str(tmp_path / "alice"): 1073725440, str(tmp_path / "bob"): 16384, str(tmp_path / "plain"): None}
+    assert runner.calls == [show]
+    # No subvolume among them: nothing is run.
+    assert backend.get_usages([(str(tmp_path / "plain"), 1000)]) == {str(tmp_path / "plain"): None}
+    assert runner.calls == [show]
+
+
+@pytest.mark.parametrize("backend", [NoQuota(), CommandQuota(program="/bin/true", timeout=1)])
+def test_backends_that_cannot_tell_usage_say_none(runner, backend, tmp_path):
+    assert not backend.reports_usage
+    assert backend.get_usages([(str(tmp_path), 1)]) == {str(tmp_path): None}
+    assert runner.calls == []
 
 
 def test_parse_qgroups_refuses_a_forged_row():
@@ -426,9 +486,13 @@ def test_fake_quota_keeps_limits_and_fails_on_demand(tmp_path):
     fake.fail_on["nested_subvolumes"] = HostError("moved")
     with pytest.raises(HostError, match="moved"):
         fake.nested_subvolumes(home)
+    assert fake.get_usage(home, uid=1) == 0
+    fake.used[home] = 5
+    assert fake.get_usages([(home, 1)]) == {home: 5}
     fake.remove(home, uid=1)
     assert fake.get_limit(home, uid=1) is None and not os.path.exists(home)
-    assert fake.nested == {}
+    assert fake.nested == {} and fake.used == {}
+    assert fake.get_usage(home, uid=1) is None
 
 
 # --- BtrfsQuota for real ---------------------------------------------------
@@ -461,6 +525,12 @@ def test_btrfs_backend_lifecycle(btrfs_home_root):
     backend.set_limit(home, uid=12345, size_gb=3)
     assert backend.get_limit(home, uid=12345) == 3 * GIB
     assert qgroups(home)[f"0/{sid}"] == 3 * GIB
+    with open(os.path.join(home, "data"), "wb") as f:
+        f.write(os.urandom(4 << 20))
+    btrfs("filesystem", "sync", home)
+    assert 4 << 20 <= backend.get_usage(home, uid=12345) < 5 << 20
+    assert backend.get_usages([(home, 12345), (btrfs_home_root, 0)]) == {
+        home: backend.get_usage(home, uid=12345), btrfs_home_root: None}  # home_root: no subvolume
     with pytest.raises(Conflict):
         backend.make_home(home, uid=12345)
     backend.remove(home, uid=12345)

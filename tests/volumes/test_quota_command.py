@@ -334,11 +334,11 @@ def test_cloud_agent_check_and_reconcile_use_the_program(sandbox, site):
     assert {"name": "quota_backend", "ok": True, "detail": ""} in out["checks"]
     assert site.calls() == [[site.program, "check", home_root]]
 
-    sandbox.ok("account", "enable", "admin@example.org", "--username", "admin")
+    sandbox.ok("account", "enable", "admin@example.org", "--username", "ccadmin")
     api = sandbox.api()
     vol = api.create_volume(api.headers, size=2)
     [row] = sandbox.rows("SELECT uid FROM volumes")
-    home = os.path.join(home_root, "admin")
+    home = os.path.join(home_root, "ccadmin")
     uid = str(row["uid"])
     assert site.calls()[-1] == [site.program, "set", home, uid, str(2 * GIB)]
 
