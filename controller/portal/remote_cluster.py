@@ -169,7 +169,8 @@ class RemoteCluster:
         self._call("DELETE", f"/v1/server-instance/{quote(instance_id, safe='')}")
 
     def volume_page(self, requester: Requester) -> dict:
-        return {"account": self.account(requester), "volume": self._own_volume(requester), "max_size_gb": None}
+        return {"account": self.account(requester), "volume": self._own_volume(requester), "max_size_gb": None,
+                "used_bytes": None}
 
     def create_volume(self, requester: Requester, body: dict) -> None:
         self._call("POST", "/v1/storage-volume", body=body)

@@ -147,8 +147,18 @@ def server_detail(ctx: Context, requester: Requester, instance_id: str) -> dict:
 
 
 def volume_page(ctx: Context, requester: Requester) -> dict:
-    return {"account": _account(ctx, requester.id), "volume": _own_volume(ctx, requester),
-            "max_size_gb": ctx.config.volumes.max_size_gb}
+    """The requester's account and home volume, with what the home uses where the quota
+    backend keeps the figure (`used_bytes`, None otherwise: one cheap read, no tree walked)."""
+    account, volume = _account(ctx, requester.id), _own_volume(ctx, requester)
+    used = None
+    homes = ctx.adapters.homes
+    if account is not None and volume is not None and homes.reports_usage:
+        try:
+            used = homes.usage(account["username"], uid=account["uid"])
+        except ControllerError:
+            used = None  # the page works without it
+    return {"account": account, "volume": volume, "max_size_gb": ctx.config.volumes.max_size_gb,
+            "used_bytes": used}
 
 
 def groups_page(ctx: Context, requester: Requester) -> dict:

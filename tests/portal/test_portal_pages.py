@@ -623,7 +623,10 @@ def test_volume_form_errors_and_delete_after_typing_the_username(cctx, alice, br
     assert browser.post("/portal/volume", {"size": "3", "name": "scratch"}).status_code == 303
     volume = cctx.store.volume_of_user(alice.id)
     assert volume["size_gb"] == 3 and volume["name"] == "scratch"
-    assert "Delete the volume" in browser.get("/portal/volume").text
+    page = browser.get("/portal/volume").text
+    assert "Delete the volume" in page and "<dt>Used</dt><dd>0.0 GB of 3 GB (0 %)</dd>" in page
+    cctx.adapters.homes.homes["alice"].used_bytes = 3 * 1073741824 // 2
+    assert "<dt>Used</dt><dd>1.5 GB of 3 GB (50 %)</dd>" in browser.get("/portal/volume").text
     r = browser.post("/portal/volume", {"size": "3"})
     assert r.status_code == 409 and "you already have a home volume" in r.text
     assert "<h1>Home volume" in r.text  # on the page it was sent from
