@@ -85,7 +85,9 @@ def test_a_controllers_credential_reaches_nothing_else(ctx, hpc):
     assert own <= set(routes)
     checked = 0
     for method, template in routes:
-        if (method, template) in own or template in ("/healthz", "/v1/openapi.json", "/v1/auth/token") \
+        # Public: the health check, the API's description, logging in, and `/`, which sends a
+        # browser to the portal (checked below with the portal's pages).
+        if (method, template) in own or template in ("/healthz", "/v1/openapi.json", "/v1/auth/token", "/") \
                 or template.startswith("/portal"):
             continue
         path = template
@@ -99,6 +101,8 @@ def test_a_controllers_credential_reaches_nothing_else(ctx, hpc):
     # The portal's pages do not take it either: they send a browser to the login.
     r = client.simulate_get("/portal/", headers=auth(hpc))
     assert r.status_code in (303, 302) and "/portal/login" in r.headers["location"]
+    r = client.simulate_get("/", headers=auth(hpc))
+    assert r.status_code == 303 and r.headers["location"] == "/portal/" and r.text == ""
 
 
 def test_introspection_answers_a_live_token_and_the_feeds_number(ctx, app_client, hpc):
