@@ -194,6 +194,22 @@ def check_size_gb(size_gb: object) -> int:
     return size_gb
 
 
+class KibQuotaRows:
+    """get_limit and get_usage for a backend whose `_quota_row(uid)` reads (used, hard limit)
+    in KiB, or None without a quota (setquota's and xfs_quota's reports)."""
+
+    def _quota_row(self, uid: int) -> tuple[int, int] | None:
+        raise NotImplementedError
+
+    def get_limit(self, path: str, *, uid: int) -> int | None:
+        row = self._quota_row(uid)
+        return None if row is None else row[1] * KIB or None
+
+    def get_usage(self, path: str, *, uid: int) -> int | None:
+        row = self._quota_row(uid)
+        return None if row is None else row[0] * KIB
+
+
 class NoQuota(QuotaBackend):
     """Plain directories and no limit at all (sandboxes, or filesystems quota does not reach)."""
 

@@ -5,7 +5,7 @@ import re
 
 from common.errors import HostError, HostUnavailable
 from host_adapters import subp
-from host_adapters.homes.quota import GIB, KIB, QuotaBackend, check_id, check_size_gb, make_plain_home, remove_tree
+from host_adapters.homes.quota import KibQuotaRows, GIB, KIB, QuotaBackend, check_id, check_size_gb, make_plain_home, remove_tree
 
 
 # What a uid gets on the filesystem once its home is removed (SetQuota.remove).
@@ -13,7 +13,7 @@ DENY_KIB = 1
 DENY_INODES = 1
 
 
-class SetQuota(QuotaBackend):
+class SetQuota(KibQuotaRows, QuotaBackend):
     """Classic user quota set with setquota on `filesystem` (its mount point).
 
     The limit is the uid's over the whole filesystem, so files the user owns
@@ -67,14 +67,6 @@ class SetQuota(QuotaBackend):
         if len(rows[0]) < 4 or not rows[0][3].isdigit() or not used.isdigit():
             raise HostError(f"cannot read the quota output: {out.strip()!r}")
         return int(used), int(rows[0][3])
-
-    def get_limit(self, path: str, *, uid: int) -> int | None:
-        row = self._quota_row(uid)
-        return None if row is None else row[1] * KIB or None
-
-    def get_usage(self, path: str, *, uid: int) -> int | None:
-        row = self._quota_row(uid)
-        return None if row is None else row[0] * KIB
 
     def remove(self, path: str, *, uid: int | None) -> None:
         if uid is not None:

@@ -5,13 +5,13 @@ import re
 
 from common.errors import CommandError, HostError, HostUnavailable, InvalidInput
 from host_adapters import subp
-from host_adapters.homes.quota import MAX_ID, KIB, QuotaBackend, check_id, check_size_gb, make_plain_home, remove_tree
+from host_adapters.homes.quota import KibQuotaRows, MAX_ID, QuotaBackend, check_id, check_size_gb, make_plain_home, remove_tree
 
 # xfs_quota splits its -c command on whitespace itself; these would change its meaning.
 _XFS_UNSAFE = re.compile(r"[\s'\"\\]")
 
 
-class XfsQuota(QuotaBackend):
+class XfsQuota(KibQuotaRows, QuotaBackend):
     """XFS project quota: each home is a project tree whose id is derived from the uid.
 
     `mount_point` is the XFS filesystem (mounted with prjquota) holding the
@@ -81,14 +81,6 @@ class XfsQuota(QuotaBackend):
             return int(tokens[1]), int(tokens[3])
         except ValueError:
             raise HostError(f"cannot read the xfs_quota output: {out.strip()!r}") from None
-
-    def get_limit(self, path: str, *, uid: int) -> int | None:
-        row = self._quota_row(uid)
-        return None if row is None else row[1] * KIB or None
-
-    def get_usage(self, path: str, *, uid: int) -> int | None:
-        row = self._quota_row(uid)
-        return None if row is None else row[0] * KIB
 
     def remove(self, path: str, *, uid: int | None) -> None:
         pid = None if uid is None else self.project_id(uid)
