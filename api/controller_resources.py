@@ -4,7 +4,7 @@ from api import schemas
 from api.envelopes import controller_body, ok_controller, ok_controller_json, stream_controller
 from api.params import json_object
 from api.validation import validate
-from controller.instances import console, instance_table, instances
+from controller.instances import console, instance_table, instances, leases
 from controller.users import groups
 from controller.audit import history
 from controller.storage import images, volumes
@@ -63,6 +63,12 @@ class InstanceItem(_Resource):
             resp.media = controller_body([], msg=unfinished)
         else:
             ok_controller(resp, [])
+
+
+class InstanceLease(_Resource):
+    def on_post(self, req, resp, id):
+        body = self.body(req, schemas.LEASE_RENEW)
+        ok_controller(resp, [leases.renew(self.ctx, req.context.requester, id, body.get("hours"))])
 
 
 class InstanceConsole(_Resource):
@@ -172,6 +178,7 @@ def add_routes(app, ctx: Context) -> None:
     app.add_route("/v1/server-instance", InstanceCollection(ctx))
     app.add_route("/v1/server-instance/{id}", InstanceItem(ctx))
     app.add_route("/v1/server-instance/{id}/console", InstanceConsole(ctx))
+    app.add_route("/v1/server-instance/{id}/lease", InstanceLease(ctx))
     app.add_route("/v1/server-image", ImageCollection(ctx))
     app.add_route("/v1/server-image/{id}", ImageItem(ctx))
     app.add_route("/v1/server-flavor", FlavorCollection(ctx))

@@ -92,12 +92,23 @@ class AuditTrail:
             actor=actor,
             action=action,
             # Bounded: a client chooses the path, and rows must not grow with it.
-            target=(req.path.rsplit("/", 1)[-1] if template.endswith("}") else _created_id(resp))[:_MAX_TARGET],
+            target=_target(req, template, resp)[:_MAX_TARGET],
             result=str(resp.status_code),
             request_id=req.context.get("request_id", ""),
         )
         # Each log record carries the request id (request_ids.stamp_log_records).
         access_log.info("%s %s by %s", action, resp.status_code, actor)
+
+
+def _target(req, template: str, resp) -> str:
+    """The object a request acted on: the path's last {field} (also under a sub-path such as
+    /v1/server-instance/{id}/lease, whatever the outcome), else the id the call made."""
+    parts = template.split("/")
+    fields = [i for i, part in enumerate(parts) if part.startswith("{")]
+    segments = req.path.split("/")
+    if fields and len(segments) == len(parts):
+        return segments[fields[-1]]
+    return _created_id(resp)
 
 
 # Keys that name the object a call made (or the user a token was issued to); only ids,

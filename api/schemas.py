@@ -169,7 +169,8 @@ GROUP_UPDATE = {
 INSTANCE_OBJECT = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["id", "cloudauth-id", "users", "server-image", "server-flavor", "creation-date", "status"],
+    "required": ["id", "cloudauth-id", "users", "server-image", "server-flavor", "creation-date", "status",
+                 "expires-at", "lease"],
     "properties": {
         "id": UUID,
         "cloudauth-id": UUID,
@@ -182,6 +183,20 @@ INSTANCE_OBJECT = {
         "hostname": {"type": "string"},
         "public-ip": {"type": "string"},
         "private-ip": {"type": "string"},
+        "expires-at": {"anyOf": [DATE_TIME, {"type": "null"}],
+                       "description": "When its lease ends (null: it has none)"},
+        "lease": {"enum": ["none", "active", "expiring", "expired"],
+                  "description": "expiring: within the first [leases] warn of its end"},
+    },
+}
+
+# POST /v1/server-instance/{id}/lease. Without hours: the flavor's or [leases] default.
+LEASE_RENEW = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "hours": {"type": "number", "exclusiveMinimum": 0, "maximum": 87600,
+                  "description": "The lease runs this many hours from now (at most the max)"},
     },
 }
 
@@ -355,6 +370,10 @@ def controller_paths(*, envelope, errors, json, path) -> dict:
             "put": op("Modify users or power state", INSTANCE_OBJECT, body=INSTANCE_TASK, params=id_p,
                       errs=(400, 401, 403, 404, 409, 413, 415, 429, 503)),
             "delete": op("Delete a server-instance", {}, params=id_p, errs=(401, 403, 404, 429, 503)),
+        },
+        "/v1/server-instance/{id}/lease": {
+            "post": op("Renew the instance's lease: it ends `hours` from now", INSTANCE_OBJECT, body=LEASE_RENEW,
+                       params=id_p, errs=(400, 401, 403, 404, 409, 413, 415, 429)),
         },
         "/v1/server-instance/{id}/console": {
             "get": op("The guest's serial console since its last start, and whether it is ready", CONSOLE_OBJECT,

@@ -255,6 +255,26 @@ DEFAULTS["portal"] = {
     "public_url": "",
 }
 
+# Instance leases (docs/leases.md): an instance ends unless its owner renews it. Off while
+# default and max are empty (or 0) here and on every flavor: expires-at stays null.
+DEFAULTS["leases"] = {
+    # The lease a new instance gets (a duration: a number with s, m, h or d); empty or 0: none.
+    "default": "",
+    # The longest a renewal may ask for, from now; empty or 0: no bound.
+    "max": "",
+    # Before expiry, a warning at each of these (history, and notify_command).
+    "warn": "24h, 1h",
+    # How long an expired instance stays, powered off, before it is deleted.
+    "keep": "7d",
+    # Seconds between two sweeps of the leases in `cloud-agent serve`.
+    "check_seconds": "30",
+    # A site program run with one JSON object on stdin per warning, expiry and delete (its
+    # arguments separated by spaces); empty: none.
+    "notify_command": "",
+    # How long one run of notify_command may take before it is killed (and retried).
+    "notify_timeout_seconds": "30",
+}
+
 
 # -- the typed sections -------------------------------------------------------------------
 # One frozen dataclass per section, one field per key of DEFAULTS (same names). A field's
@@ -364,6 +384,53 @@ def _program(text: str, where: str) -> str:
     if problem is not None:
         raise InvalidInput(f"{where}: {problem}" if text.startswith("/") else f"{where} {problem}")
     return text
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd])")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# A lease longer than this is no lease (and keeps every date within RFC 3339's years).
+MAX_DURATION_SECONDS = 3650 * 86400
+
+
+def parse_duration(text: str, where: str) -> int | None:
+    """Seconds of a duration written as a number with s, m, h or d ("36h", "7d", "90m");
+    None for empty or 0 (no lease, no bound)."""
+    text = text.strip()
+    if text in ("", "0"):
+        return None
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise InvalidInput(f"{where} must be a duration: a number with s, m, h or d (36h, 7d), or 0 for none")
+    seconds = round(float(match.group(1)) * _DURATION_UNITS[match.group(2)])
+    if seconds == 0:
+        return None
+    if seconds > MAX_DURATION_SECONDS:
+        raise InvalidInput(f"{where} must be at most {MAX_DURATION_SECONDS // 86400} days")
+    return seconds
+
+
+def _duration(text: str, where: str) -> int | None:
+    return parse_duration(text, where)
+
+
+def _kept_duration(text: str, where: str) -> int:
+    seconds = parse_duration(text, where)
+    return 0 if seconds is None else seconds
+
+
+def _durations(text: str, where: str) -> tuple[int, ...]:
+    """Comma-separated durations, longest first (each at most once)."""
+    found = {parse_duration(p, where) for p in text.split(",") if p.strip()}
+    return tuple(sorted((s for s in found if s), reverse=True))
+
+
+def _argv(text: str, where: str) -> tuple[str, ...]:
+    """A site program and its arguments, separated by spaces (no shell); its program is checked
+    as _program checks one. Empty: none."""
+    argv = tuple(text.split())
+    if argv:
+        _program(argv[0], where)
+    return argv
 
 
 def _pattern(text: str, where: str) -> str:
@@ -579,6 +646,23 @@ class PortalConfig:
     public_url: str = _parsed(_origin)
 
 
+@dataclass(frozen=True)
+class LeasesConfig:
+    default: int | None = _parsed(_duration)
+    max: int | None = _parsed(_duration)
+    warn: tuple = _parsed(_durations)
+    keep: int = _parsed(_kept_duration)
+    check_seconds: int = _at_least(1)
+    notify_command: tuple = _parsed(_argv)
+    notify_timeout_seconds: int = _at_least(1)
+
+    def __post_init__(self):
+        if self.default is not None and self.max is not None and self.default > self.max:
+            raise InvalidInput("config [leases] default must not be longer than [leases] max")
+        if self.notify_timeout_seconds > QUOTA_COMMAND_TIMEOUT_MAX:
+            raise InvalidInput(f"config [leases] notify_timeout_seconds must be from 1 to {QUOTA_COMMAND_TIMEOUT_MAX}")
+
+
 # Section name -> its dataclass; the order is the order sections are checked in.
 SECTIONS: dict[str, type] = {
     "volumes": VolumesConfig, "directory": DirectoryConfig, "libvirt": LibvirtConfig, "guest": GuestConfig,
@@ -586,6 +670,7 @@ SECTIONS: dict[str, type] = {
     "controller": ControllerConfig, "database": DatabaseConfig, "server": ServerConfig, "auth": AuthConfig,
     "unix": UnixConfig, "audit": AuditConfig, "hosts": HostsConfig, "health": HealthConfig,
     "groups": GroupsConfig, "metrics": MetricsConfig, "portal": PortalConfig, "cloud_auth": CloudAuthConfig,
+    "leases": LeasesConfig,
 }
 
 
@@ -643,6 +728,7 @@ class Config:
     metrics: MetricsConfig
     portal: PortalConfig
     cloud_auth: CloudAuthConfig
+    leases: LeasesConfig
     path: str | None = None
     written: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False, compare=False)
 

@@ -1,5 +1,7 @@
 """What every service function needs, built once per process."""
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.audit.trail import AnonymousFailures
@@ -27,6 +29,8 @@ class Context:
     metrics: object = field(default=None, repr=False)
     # controller.cloud_auth.follower.Follower when [cloud_auth] url is set: users and tokens come from there.
     cloud_auth: object = field(default=None, repr=False)
+    # Seconds since the epoch, for the leases (controller/instances/leases.py); tests give their own.
+    clock: Callable[[], float] = field(default=time.time, repr=False)
 
     @property
     def secret_box(self) -> SecretBox:

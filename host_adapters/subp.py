@@ -10,6 +10,7 @@ import os
 import selectors
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 
@@ -113,3 +114,45 @@ def run_bounded(argv: Sequence[str], *, max_bytes: int, timeout: float,
     if code not in set(ok_codes):
         raise CommandError(argv, code, stderr)
     return subprocess.CompletedProcess(argv, code, bytes(out), stderr)
+
+
+def run_hook(argv: Sequence[str], *, input: bytes, timeout: float) -> None:
+    """Run a site's hook program with `input` on its stdin and nothing else: its output is
+    not read (only the end of its stderr, for the error). CommandError when it fails or has
+    not ended within `timeout` seconds; then it is killed with everything it started (a
+    session of its own), so a hook that hangs, or leaves a child holding a pipe, costs at most
+    `timeout`."""
+    argv = [str(a) for a in argv]
+    log.info("running %s", " ".join(argv))
+
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = _popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+                          start_new_session=True)
+        except FileNotFoundError:
+            raise HostUnavailable(f"command not found: {argv[0]}") from None
+        deadline = time.monotonic() + timeout
+        try:
+            try:
+                # stdin is small (one JSON object): a hook that never reads it still gets it
+                # whole in the pipe's buffer; one that closes it early is no failure.
+                proc.stdin.write(input)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise CommandError(argv, -1, f"timed out after {timeout:g} s") from None
+        finally:
+            # Past its time (or on any error here) the hook goes with everything it started;
+            # one that ended leaves what it started in the background (a mailer) alone.
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+        if code != 0:
+            err.seek(0, os.SEEK_END)
+            err.seek(max(0, err.tell() - STDERR_KEPT))
+            raise CommandError(argv, code, err.read().decode(errors="replace"))

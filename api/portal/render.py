@@ -29,19 +29,27 @@ DONE = {
     "volume-created": "Home volume created.", "volume-deleted": "Home volume deleted.",
     "group-created": "Group created.", "group-changed": "Group members changed.", "group-deleted": "Group deleted.",
     "user-created": "User created: they can log in with the password you gave.", "user-saved": "User saved.",
-    "logged-out": "You are logged out.",
+    "logged-out": "You are logged out.", "lease-renewed": "Lease renewed: its new end is shown below.",
 }
+
+
+def _utc(value: str | None) -> "datetime | Markup":
+    """The time an RFC 3339 UTC value says, or what to show instead: nothing for no value,
+    the value itself (escaped) when it is not such a time."""
+    if not value:
+        return Markup("")
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except (TypeError, ValueError):
+        return escape(value)
 
 
 def ago(value: str | None, now: datetime | None = None) -> Markup:
     """An RFC 3339 UTC time as "5 minutes ago", the exact time on hover (its title) and in its
     datetime attribute; a value that is not such a time is shown as it is."""
-    if not value:
-        return Markup("")
-    try:
-        at = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    except (TypeError, ValueError):
-        return escape(value)
+    at = _utc(value)
+    if not isinstance(at, datetime):
+        return at
     seconds = max(0, int(((now or datetime.now(timezone.utc)) - at).total_seconds()))
     for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
         if seconds >= size:
@@ -55,7 +63,31 @@ def ago(value: str | None, now: datetime | None = None) -> Markup:
     return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(value, said)
 
 
+def until(value: str | None, now: datetime | None = None) -> Markup:
+    """ago's counterpart for a time to come (a lease's end): "in 40 min", "in 5 h", "in 3 days",
+    a date past 30 days ("on 2030-01-01"), "now" once it has passed; the exact time on hover
+    and in its datetime attribute. A value that is not such a time is shown as it is."""
+    at = _utc(value)
+    if not isinstance(at, datetime):
+        return at
+    seconds = int((at - (now or datetime.now(timezone.utc))).total_seconds())
+    if seconds <= 0:
+        said = "now"
+    elif seconds < 60:
+        said = "in under a minute"
+    elif seconds < 3600:
+        said = f"in {seconds // 60} min"
+    elif seconds < 48 * 3600:
+        said = f"in {seconds // 3600} h"
+    elif seconds < 30 * 86400:
+        said = f"in {seconds // 86400} days"
+    else:
+        said = at.strftime("on %Y-%m-%d")
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(value, said)
+
+
 _env.filters["ago"] = ago
+_env.filters["until"] = until
 
 
 def _common(req) -> dict:

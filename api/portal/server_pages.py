@@ -1,7 +1,8 @@
-"""Servers: the list, the create form, one server's page, its power tasks, users and delete,
-of this cluster under /portal/servers and of any cluster the portal shows under
+"""Servers: the list, the create form, one server's page, its power tasks, users, lease
+renewal and delete, of this cluster under /portal/servers and of any cluster the portal shows under
 /portal/c/ID/servers (api/portal/where.py finds which)."""
 
+import math
 from datetime import datetime, timezone
 
 from api import schemas
@@ -50,6 +51,8 @@ _BUTTONS = {"running": [("reboot", "Reboot"), ("stop", "Stop")], "paused": [("st
 # ready yet (a Refresh without script: the page works with JavaScript off).
 REFRESH_SECONDS = 5
 _DONE_OF_TASK = {"reboot": "server-rebooted", "start": "server-started", "stop": "server-stopped"}
+# The tasks an instance whose lease has ended is refused (until it is renewed): not offered.
+_REFUSED_WHEN_EXPIRED = {"start", "reboot"}
 
 
 def _detail(where, req, id: str) -> dict:
@@ -61,7 +64,9 @@ def _detail(where, req, id: str) -> dict:
     if shown["sandbox"] and status != "running":
         shown["console"] = ""
     shown["console"] = console_text(shown["console"])
-    shown["tasks"] = _BUTTONS.get(status, [])
+    shown["tasks"] = [(value, label) for value, label in _BUTTONS.get(status, [])
+                      if not (shown["server"]["lease"] == "expired" and value in _REFUSED_WHEN_EXPIRED)]
+    shown["hours"] = ""  # the renew form's field: empty, the default lease
     settling = status == "building" or (status == "running" and not shown["ready"] and not shown["sandbox"])
     shown["refresh"] = REFRESH_SECONDS if settling else 0
     shown["updated_at"] = datetime.now(timezone.utc).strftime("%H:%M:%S UTC")
@@ -110,6 +115,34 @@ class ServerUsers(ClusterPage):
         _task(where, req, resp, id, {"what": "modify-users", "how": how, "users": users}, "users-changed")
 
 
+def _hours(given: str) -> float | None:
+    """The renew form's hours: empty for the default lease, else a number the API's schema
+    checks as it checks a JSON body's."""
+    if not given:
+        return None
+    try:
+        hours = float(given)
+    except ValueError:
+        hours = math.nan
+    if not math.isfinite(hours):
+        raise InvalidInput("hours must be a number above 0, or empty for the default lease")
+    return validate({"hours": hours}, schemas.LEASE_RENEW)["hours"]
+
+
+class ServerLease(ClusterPage):
+    def on_post(self, req, resp, id, cid=None):
+        """Renew the lease; a refusal (400 beyond the longest allowed, 409 leases off, 403) on the
+        server's page itself, with the hours typed kept."""
+        where = self.cluster(req, cid)
+        given = req.context.form.get("hours").strip()
+        try:
+            where.renew_lease(req.context.requester, id, _hours(given))
+        except (InvalidInput, Conflict, Forbidden, ServerBusy, TooManyRequests) as e:
+            form_error(req, resp, "server.html", e, **{**_detail(where, req, id), "hours": given})
+            return
+        see_other(resp, f"{where.base}/servers/{id}?done=lease-renewed")
+
+
 class ServerDelete(ClusterPage):
     def on_get(self, req, resp, id, cid=None):
         page(req, resp, "server_delete.html", **self.cluster(req, cid).server_summary(req.context.requester, id))
@@ -127,5 +160,6 @@ class ServerDelete(ClusterPage):
 def add_routes(app, ctx) -> None:
     cluster_routes(app, ctx, {
         "/servers": Servers, "/servers/new": ServerNew, "/servers/{id}": ServerDetail,
-        "/servers/{id}/power": ServerPower, "/servers/{id}/users": ServerUsers, "/servers/{id}/delete": ServerDelete,
+        "/servers/{id}/power": ServerPower, "/servers/{id}/users": ServerUsers, "/servers/{id}/lease": ServerLease,
+        "/servers/{id}/delete": ServerDelete,
     })

@@ -14,8 +14,10 @@ def _api(key: str, convert=None):
     return field(metadata={"api": key, "convert": convert})
 
 
-def _optional(key: str):
-    return field(default=None, metadata={"api": key, "convert": None, "optional": True})
+def _optional(key: str, default=None):
+    """A field the API may leave out (or send as null): `default` then (an older service's
+    objects lack the fields added since)."""
+    return field(default=default, metadata={"api": key, "convert": None, "optional": True, "default": default})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +32,8 @@ class _Model:
                 continue
             key, convert = f.metadata["api"], f.metadata["convert"]
             value = d.get(key) if f.metadata.get("optional") else d[key]
+            if value is None:
+                value = f.metadata.get("default")
             values[f.name] = convert(value) if convert is not None and value is not None else value
         return cls(**values, raw=d)
 
@@ -57,6 +61,10 @@ class Server(_Model):
     hostname: str | None = _optional("hostname")
     private_ip: str | None = _optional("private-ip")
     public_ip: str | None = _optional("public-ip")
+    # The lease (docs/client.md): its end, RFC 3339 UTC, None for no lease; and its state:
+    # "none", "active", "expiring" (within the first warning before the end) or "expired".
+    expires_at: str | None = _optional("expires-at")
+    lease: str = _optional("lease", "none")
 
 
 @dataclass(frozen=True, kw_only=True)

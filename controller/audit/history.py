@@ -30,7 +30,9 @@ from controller.store import Store, utc_now
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("create", "reboot", "power-on", "power-off", "modify-users", "move", "evacuate", "delete")
+# The lease's (docs/leases.md): renew (a user or an admin), warning and expire (the sweep).
+ACTIONS = ("create", "reboot", "power-on", "power-off", "modify-users", "move", "evacuate", "delete",
+           "renew", "warning", "expire")
 RESULTS = ("success", "error")
 _MAX_MESSAGE = 1000
 # The history is bounded. An answer holds at most `limit` entries (1 to MAX_LIMIT, default

@@ -110,8 +110,9 @@ def cutoff_for_days(days: int, *, now: datetime | None = None) -> str:
 
 def prune_before(store: Store, before: str) -> int:
     """Delete the rows older than `before` (RFC 3339 UTC), and the instance history's with
-    them (it is kept for the audit retention); how many audit rows went."""
+    them (it is kept for the audit retention), and the leases' events; how many audit rows went."""
     history.prune_before(store, before)
+    store.delete_lease_events_before(before)
     return store.delete_audit_before(before)
 
 

@@ -48,6 +48,8 @@ OPERATIONS = {
     "guest-refresh": "an update of its guest after a change of its users",
     "user-apply": "an admin's `cloud-agent user apply`",
     "delete": "a delete",
+    "expire": "the power-off at the end of its lease",
+    "lease-delete": "the delete after its lease ended",
 }
 # How many times a holder rebuilds the guest for refreshes asked while it works before it lets
 # go anyway (reconcile compares the seeds and shares with the database and repairs the rest).

@@ -21,7 +21,7 @@ def admin_list(ctx: Context, *, owner: str | None = None, host: str | None = Non
              "owner": emails.get(r["owner_id"], r["owner_id"]), "cloudauth-id": r["owner_id"],
              "image": image_names.get(r["image_id"], r["image_id"]), "server-image": r["image_id"],
              "flavor": flavor_names.get(r["flavor_id"], str(r["flavor_id"])), "server-flavor": str(r["flavor_id"]),
-             "private-ip": r["private_ip"], "creation-date": r["creation_date"]}
+             "private-ip": r["private_ip"], "creation-date": r["creation_date"], "expires-at": r["expires_at"]}
             for r in rows]
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from common.words import shown
 from controller.audit import history
-from controller.instances import instance_claims, power_tasks
+from controller.instances import instance_claims, lease_terms, power_tasks
 from controller import limits
 from controller import permissions as perms
 from controller.addresses import allocate, network_plan
@@ -56,7 +56,8 @@ def iter_instance_json(ctx: Context, requester: Requester, *, cloudauth_id: str 
     scope = perms.visible_to(requester)
     held = ctx.store.instance_hosts(visible_to=scope, owner_id=cloudauth_id)
     unreachable = sync_statuses(ctx, held)
-    return ctx.store.iter_instance_json(visible_to=scope, owner_id=cloudauth_id, error_hosts=sorted(unreachable))
+    return ctx.store.iter_instance_json(visible_to=scope, owner_id=cloudauth_id, error_hosts=sorted(unreachable),
+                                        lease_times=lease_terms.lease_times(ctx))
 
 
 def instance_json(ctx: Context, requester: Requester, instance_id: str) -> str:
@@ -65,14 +66,16 @@ def instance_json(ctx: Context, requester: Requester, instance_id: str) -> str:
     the host sees another status (status sync keeps them equal): the most frequent request
     neither decodes nor encodes JSON in Python."""
     scope = perms.visible_to(requester)
+    times = lease_terms.lease_times(ctx)
     row = find_or_404("server-instance", instance_id,
-                      lambda i: ctx.store.get_instance_json(i, visible_to=scope))
+                      lambda i: ctx.store.get_instance_json(i, visible_to=scope, lease_times=times))
     status = _host_status(ctx, row)
     if status == row["status"]:
         return row["json"]
     # Found again (deleted meanwhile: 404), encoded with the host's status.
     return find_or_404("server-instance", instance_id,
-                       lambda i: ctx.store.get_instance_json(i, visible_to=None, status=status))["json"]
+                       lambda i: ctx.store.get_instance_json(i, visible_to=None, status=status,
+                                                             lease_times=times))["json"]
 
 
 def get_instance(ctx: Context, requester: Requester, instance_id: str) -> dict:
@@ -116,6 +119,8 @@ def create_instance(ctx: Context, requester: Requester, body: dict) -> dict:
         "public_ip": None,
         "private_ip": None,
         "creation_date": utc_now(),
+        # The flavor's or [leases]'s default lease, from now (None: no lease).
+        "expires_at": lease_terms.initial_expiry(ctx, flavor),
     }
     plan = network_plan(ctx.config)
 
@@ -234,34 +239,40 @@ def delete_instance(ctx: Context, requester: Requester, instance_id: str) -> str
 def _delete_visible(ctx: Context, requester: Requester, row: dict) -> str:
     require_mutate(ctx, requester, row, "this server-instance")
     with host_changes(ctx), instance_claims.held(ctx, row["id"], "delete", refresh=None):
-        _refuse_while_moving(ctx, row)
-        # The intent first: a second delete of the same instance is refused here, and a
-        # crash before the row goes is finished by reconcile, never undone.
-        if not ctx.store.set_instance_intent(row["id"], "deleting", expect=None):
-            raise Conflict(f"server-instance {row['id']} is already being created or deleted")
-        hypervisor = hypervisor_of_instance(ctx, row)
-        try:
-            # The adapter waits (bounded) while the host's storage pool is busy with another
-            # volume: a transient refusal is no failure.
-            hypervisor.destroy(row["id"])
-        except ControllerError as e:
-            if _domain_remains(hypervisor, row["id"]):
-                # Nothing is gone (the domain goes first): 503 and the instance stays as it
-                # was. So on a host that does not answer: its domain, disk and guest may still
-                # run there, and a record deleted now could never be cleaned up on that host.
-                ctx.store.set_instance_intent(row["id"], None, expect="deleting")
-                raise
-            # The domain is gone, something else is not: never undone (that would show the
-            # owner an instance without a domain); the intent stays for reconcile to finish.
-            log.warning("delete of instance %s: the domain is gone but not all of it (%s); "
-                        "the delete stays recorded for `cloud-agent reconcile --fix`", row["id"], e.message)
-            return (f"server-instance {row['id']} is deleted; host {row['host']} is still removing what "
-                    f"remains of it ({e.message}): `cloud-agent reconcile --fix` finishes it")
-        except BaseException:
+        return delete_claimed(ctx, row)
+
+
+def delete_claimed(ctx: Context, row: dict) -> str:
+    """The delete of an instance whose claim the caller holds (under host_changes): as
+    delete_instance answers. Also the end of an expired lease (controller/instances/leases.py)."""
+    _refuse_while_moving(ctx, row)
+    # The intent first: a second delete of the same instance is refused here, and a
+    # crash before the row goes is finished by reconcile, never undone.
+    if not ctx.store.set_instance_intent(row["id"], "deleting", expect=None):
+        raise Conflict(f"server-instance {row['id']} is already being created or deleted")
+    hypervisor = hypervisor_of_instance(ctx, row)
+    try:
+        # The adapter waits (bounded) while the host's storage pool is busy with another
+        # volume: a transient refusal is no failure.
+        hypervisor.destroy(row["id"])
+    except ControllerError as e:
+        if _domain_remains(hypervisor, row["id"]):
+            # Nothing is gone (the domain goes first): 503 and the instance stays as it
+            # was. So on a host that does not answer: its domain, disk and guest may still
+            # run there, and a record deleted now could never be cleaned up on that host.
             ctx.store.set_instance_intent(row["id"], None, expect="deleting")
             raise
-        ctx.store.delete_instance(row["id"])
-        return ""
+        # The domain is gone, something else is not: never undone (that would show the
+        # owner an instance without a domain); the intent stays for reconcile to finish.
+        log.warning("delete of instance %s: the domain is gone but not all of it (%s); "
+                    "the delete stays recorded for `cloud-agent reconcile --fix`", row["id"], e.message)
+        return (f"server-instance {row['id']} is deleted; host {row['host']} is still removing what "
+                f"remains of it ({e.message}): `cloud-agent reconcile --fix` finishes it")
+    except BaseException:
+        ctx.store.set_instance_intent(row["id"], None, expect="deleting")
+        raise
+    ctx.store.delete_instance(row["id"])
+    return ""
 
 
 def _domain_remains(hypervisor, instance_id: str) -> bool:
@@ -327,6 +338,8 @@ def _run_task(ctx: Context, requester: Requester, row: dict, task: dict) -> str 
             # Read again under the lock: another modify-users may just have changed the list.
             row = instance_row(ctx, requester, row["id"])
             return "" if _modify_users(ctx, requester, row, how=task["how"], uuids=task["users"]) else None
+    if what in ("power-on", "reboot"):
+        lease_terms.refuse_expired(ctx, row)
     # A power task may wait minutes for the guest's clean shutdown: the claim, taken first and
     # alone (no in-process lock held meanwhile), makes a second task or a change of users 409
     # at once (instance_claims.py).

@@ -83,8 +83,32 @@ def reconcile(
         _groups(run)
         if hypervisor:
             _hypervisor_hosts(run)
+    # After the exclusive lock: the sweep's power-offs and deletes take it shared, as the API's
+    # do. Not without the hypervisor: its power-offs and deletes are host work (on the
+    # sandbox the server process, which holds the domains, sweeps).
+    if hypervisor:
+        _leases(run)
     _record_report(ctx, run)
     return [d.as_dict() for d in run.drift]
+
+
+def _leases(run: _Run) -> None:
+    """Leases past a warning, their end or their keep that the service's sweep has not acted
+    on (it is not running, or failed): reported as lease-warning, lease-expire, lease-delete,
+    lease-notify; --fix runs the sweep's own code (controller/instances/leases.py)."""
+    from controller.instances import leases
+
+    due = leases.due(run.ctx)
+    if not due:
+        return
+    done = {(d["kind"], d["instance"]) for d in leases.sweep(run.ctx)} if run.fix else set()
+    for item in due:
+        drift = Drift(kind=f"lease-{item['kind']}", target=item["instance"], detail=item["detail"], fixable=True)
+        if run.fix:
+            drift.fixed = (item["kind"], item["instance"]) in done
+            if not drift.fixed:
+                drift.error = "not done by this sweep (busy, done by another process, or failed: see the log)"
+        run.drift.append(drift)
 
 
 def _record_report(ctx: Context, run: _Run) -> None:

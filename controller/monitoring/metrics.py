@@ -127,7 +127,8 @@ class StoreCollector:
     def collect(self):
         failed = _gauge("scrape_error", "1 when this part of the scrape could not be read (see the log).",
                         ("part",))
-        parts = [("database_files", self._files), ("instances", self._instances), ("hosts", self._hosts),
+        parts = [("database_files", self._files), ("instances", self._instances), ("leases", self._leases),
+                 ("hosts", self._hosts),
                  ("usage", self._usage), ("reconcile", self._reconcile), ("health", self._health)]
         if self._ctx.cloud_auth is not None:  # a controller following a cloud auth
             parts.append(("cloud_auth", self._cloud_auth))
@@ -170,6 +171,19 @@ class StoreCollector:
                         "refresher bring statuses to the hosts' view).", ("host", "status"))
         for row in self._ctx.store.instance_counts():
             family.add_metric([row["host"], row["status"]], row["instances"])
+        yield family
+
+    def _leases(self):
+        from controller.instances.lease_terms import lease_times
+
+        now, until = lease_times(self._ctx)
+        expiring, expired = self._ctx.store.lease_counts(now=now, until=until)
+        family = _gauge("instances_expiring", "Instances whose lease ends within the first [leases] warn.")
+        family.add_metric([], expiring)
+        yield family
+        family = _gauge("instances_expired", "Instances whose lease has ended (powered off, deleted [leases] keep "
+                        "after the end unless renewed).")
+        family.add_metric([], expired)
         yield family
 
     def _hosts(self):

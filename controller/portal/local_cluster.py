@@ -4,7 +4,7 @@ functions, as a single node's portal always has. The same methods as RemoteClust
 page does not ask which one it shows."""
 
 from controller.context import Context
-from controller.instances import instances
+from controller.instances import instances, leases
 from controller.permissions import Requester
 from controller.portal import views
 from controller.storage import volumes
@@ -41,6 +41,10 @@ class LocalCluster:
 
     def delete_server(self, requester: Requester, instance_id: str) -> None:
         instances.delete_instance(self.ctx, requester, instance_id)
+
+    def renew_lease(self, requester: Requester, instance_id: str, hours: float | None) -> dict:
+        """The lease to end `hours` from now (None: the flavor's or the site's default)."""
+        return leases.renew(self.ctx, requester, instance_id, hours)
 
     def volume_page(self, requester: Requester) -> dict:
         return views.volume_page(self.ctx, requester)

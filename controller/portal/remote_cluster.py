@@ -98,11 +98,14 @@ class RemoteCluster:
         for s in mine:
             counts[s["status"]] = counts.get(s["status"], 0) + 1
         usage = self._call("GET", "/v1/limits", params={"cloudauth-id": requester.id})
+        ending = [{"id": s["id"], "hostname": s.get("hostname") or "", "expires_at": s.get("expires-at") or "",
+                   "lease": _lease(s)} for s in mine]
         return {
             "cluster": self.id, "cluster_name": self.name, "is_admin": requester.is_superuser,
             "account": self.account(requester), "volume": self._own_volume(requester),
             "by_status": sorted(counts.items()), "total": len(mine),
             "limits": views.limit_rows(usage[0] if usage else {}),
+            **views.ending_leases(ending),
         }
 
     def _names(self) -> tuple[dict, dict]:
@@ -118,6 +121,8 @@ class RemoteCluster:
             "flavor": flavors.get(str(s["server-flavor"]), str(s["server-flavor"])),
             "owner_id": s["cloudauth-id"], "created": s["creation-date"],
             "users": [{"uuid": u, "username": names.get(u, u)} for u in s["users"]],
+            # A controller from before leases answers neither: no lease.
+            "expires_at": s.get("expires-at"), "lease": _lease(s),
         }
 
     def servers(self, requester: Requester) -> dict:
@@ -168,6 +173,11 @@ class RemoteCluster:
     def delete_server(self, requester: Requester, instance_id: str) -> None:
         self._call("DELETE", f"/v1/server-instance/{quote(instance_id, safe='')}")
 
+    def renew_lease(self, requester: Requester, instance_id: str, hours: float | None) -> dict:
+        """POST .../lease: the lease to end `hours` from now (None, an empty body: the default)."""
+        body = {} if hours is None else {"hours": hours}
+        return self._call("POST", f"/v1/server-instance/{quote(instance_id, safe='')}/lease", body=body)[0]
+
     def volume_page(self, requester: Requester) -> dict:
         return {"account": self.account(requester), "volume": self._own_volume(requester), "max_size_gb": None,
                 "used_bytes": None}
@@ -193,6 +203,12 @@ class RemoteCluster:
 
     def delete_group(self, requester: Requester, group_id: str) -> None:
         self._call("DELETE", f"/v1/group/{quote(group_id, safe='')}")
+
+
+def _lease(s: dict) -> str:
+    """A server-instance object's `lease`, one of the four the portal shows ("none" otherwise)."""
+    lease = s.get("lease")
+    return lease if lease in ("active", "expiring", "expired") and s.get("expires-at") else "none"
 
 
 def unreachable_card(cluster, error: ControllerError) -> dict:

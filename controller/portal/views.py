@@ -8,7 +8,7 @@ except for the console tail of one instance's page: lists show the statuses the
 controller recorded last (each power task and create records the host's answer).
 """
 
-from controller.instances import console
+from controller.instances import console, lease_terms
 from controller.users import groups, users
 from controller.audit import history
 from controller.storage import images, volumes
@@ -19,6 +19,9 @@ from controller.errors import ControllerError, HostError
 from controller.lookups import account_of, instance_row
 from controller.permissions import Requester
 
+# The servers whose lease is ending or has ended an overview lists (soonest first); the rest
+# are counted.
+ENDING_SHOWN = 10
 _LIMIT_LABELS = {"instances": "Servers", "vcpus": "vCPUs", "memory_mb": "Memory (MB)", "groups": "Groups",
                  "managed_users": "Managed users"}
 # The console tail shown on an instance's page.
@@ -47,6 +50,12 @@ def overview(ctx: Context, requester: Requester) -> dict:
     scope = perms.visible_to(requester)
     counts = ctx.store.instance_status_counts(visible_to=scope, owner_id=requester.id)
     usage = limits.usage_object(ctx, requester)
+    # The requester's own servers whose lease ends within the first warning or has ended: read
+    # by the index on expires_at (no lease near its end, no row read).
+    times = lease_terms.lease_times(ctx)
+    ending = [{"id": r["id"], "hostname": r["hostname"] or "", "expires_at": r["expires_at"],
+               "lease": lease_of(r["expires_at"], times)}
+              for r in ctx.store.leases_due(times[1]) if r["owner_id"] == requester.id]
     return {
         "cluster": ctx.config.controller_id,
         "cluster_name": ctx.config.controller.name or f"cluster-{ctx.config.controller_id}",
@@ -56,7 +65,25 @@ def overview(ctx: Context, requester: Requester) -> dict:
         "by_status": sorted(counts.items()),
         "total": sum(counts.values()),
         "limits": limit_rows(usage),
+        **ending_leases(ending),
     }
+
+
+def lease_of(expires_at: str | None, times: tuple[str, str]) -> str:
+    """An instance's `lease` (none, active, expiring, expired) as lease_terms.state_of says it, against
+    lease_times read once for the whole page."""
+    if expires_at is None:
+        return "none"
+    now, until = times
+    return "expired" if expires_at <= now else "expiring" if expires_at <= until else "active"
+
+
+def ending_leases(servers: list[dict]) -> dict:
+    """The overview's servers whose lease is ending or has ended (each with id, hostname,
+    expires_at, lease), soonest first: the first ENDING_SHOWN, and how many more."""
+    ending = sorted((s for s in servers if s["lease"] in ("expiring", "expired")),
+                    key=lambda s: (s["expires_at"], s["id"]))
+    return {"ending": ending[:ENDING_SHOWN], "ending_more": max(0, len(ending) - ENDING_SHOWN)}
 
 
 def limit_rows(usage: dict) -> list[dict]:
@@ -69,7 +96,8 @@ def servers(ctx: Context, requester: Requester) -> dict:
     names = _usernames(ctx, [u for r in rows for u in r["users"]])
     image_names = {i["id"]: i["name"] for i in images.list_images(ctx, requester)}
     flavor_names = {str(f["id"]): f["name"] for f in images.list_flavors(ctx, requester)}
-    shown = [_server(r, names, image_names, flavor_names) for r in rows]
+    times = lease_terms.lease_times(ctx)
+    shown = [_server(r, names, image_names, flavor_names, times) for r in rows]
     return {"servers": shown, **with_owners(ctx, requester, shown, key="owner_id")}
 
 
@@ -88,7 +116,7 @@ def with_requesters(ctx: Context, history: list[dict]) -> list[dict]:
     return [{**h, "requester_email": emails.get(h["requester"], h["requester"])} for h in history]
 
 
-def _server(row: dict, names: dict, image_names: dict, flavor_names: dict) -> dict:
+def _server(row: dict, names: dict, image_names: dict, flavor_names: dict, times: tuple[str, str]) -> dict:
     return {
         "id": row["id"], "status": row["status"], "hostname": row["hostname"] or "",
         "private_ip": row["private_ip"] or "", "public_ip": row["public_ip"] or "",
@@ -96,6 +124,7 @@ def _server(row: dict, names: dict, image_names: dict, flavor_names: dict) -> di
         "flavor": flavor_names.get(str(row["flavor_id"]), str(row["flavor_id"])),
         "owner_id": row["owner_id"], "created": row["creation_date"],
         "users": [{"uuid": u, "username": names.get(u, u)} for u in row["users"]],
+        "expires_at": row.get("expires_at"), "lease": lease_of(row.get("expires_at"), times),
     }
 
 
@@ -136,7 +165,7 @@ def server_detail(ctx: Context, requester: Requester, instance_id: str) -> dict:
     ssh = f"ssh {mine['username']}@{row['private_ip']}" if mine and row["private_ip"] else ""
     granted = set(row["users"])
     return {
-        "server": _server(row, names, image_names, flavor_names),
+        "server": _server(row, names, image_names, flavor_names, lease_terms.lease_times(ctx)),
         "console": tail["console"],
         "ready": tail["ready"],
         "console_error": console_error,
@@ -189,4 +218,5 @@ def server_summary(ctx: Context, requester: Requester, instance_id: str) -> dict
     row = instance_row(ctx, requester, instance_id)
     image_names = {i["id"]: i["name"] for i in images.list_images(ctx, requester)}
     flavor_names = {str(f["id"]): f["name"] for f in images.list_flavors(ctx, requester)}
-    return {"server": _server(row, _usernames(ctx, row["users"]), image_names, flavor_names)}
+    return {"server": _server(row, _usernames(ctx, row["users"]), image_names, flavor_names,
+                              lease_terms.lease_times(ctx))}

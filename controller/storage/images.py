@@ -1,5 +1,6 @@
 """Server-images (read by users, managed by admins) and server-flavors."""
 
+from controller.config import parse_duration
 from controller.context import Context
 from controller.errors import Conflict, InvalidInput
 from controller.locks import host_changes
@@ -192,23 +193,59 @@ def grant_image(ctx: Context, image_id: str, who: str) -> dict:
     return image_object(row)
 
 
-def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int, public: bool = True) -> dict:
+def add_flavor(ctx: Context, *, name: str, memory: int, disk: int, vcpu: int, public: bool = True,
+               lease_default: str | None = None, lease_max: str | None = None) -> dict:
+    """A new flavor; lease_default and lease_max (durations: 36h, 7d; empty or 0: none) are its
+    own lease terms, which win over [leases] (docs/leases.md)."""
     _check_flavor_name(name)
+    terms = _lease_terms({}, lease_default, lease_max)
     row = ctx.store.insert_flavor(
         {"name": name, "memory": _positive("memory", memory), "disk": _positive("disk", disk),
-         "vcpu": _positive("vcpu", vcpu), "public": int(public)}
+         "vcpu": _positive("vcpu", vcpu), "public": int(public), **terms}
     )
-    return flavor_object(row)
+    return flavor_object(row)  # the API's object, as `flavor add` prints it
+
+
+def _lease_terms(row: dict, lease_default: str | None, lease_max: str | None) -> dict:
+    """The flavor's lease columns for what was given (None: unchanged), checked together."""
+    changes = {}
+    if lease_default is not None:
+        changes["lease_default_seconds"] = parse_duration(lease_default, "--lease-default")
+    if lease_max is not None:
+        changes["lease_max_seconds"] = parse_duration(lease_max, "--lease-max")
+    default = changes.get("lease_default_seconds", row.get("lease_default_seconds"))
+    longest = changes.get("lease_max_seconds", row.get("lease_max_seconds"))
+    if default is not None and longest is not None and default > longest:
+        raise InvalidInput("a flavor's lease-default must not be longer than its lease-max")
+    return changes
+
+
+def _duration_text(seconds: int | None) -> str | None:
+    if seconds is None:
+        return None
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _admin_flavor(row: dict) -> dict:
+    """A flavor as an admin reads it: with whether it is public and its own lease terms."""
+    return {**flavor_object(row), "public": bool(row["public"]),
+            "lease-default": _duration_text(row.get("lease_default_seconds")),
+            "lease-max": _duration_text(row.get("lease_max_seconds"))}
 
 
 def list_all_flavors(ctx: Context) -> list[dict]:
-    """Every flavor, with whether it is public (cloud-agent flavor list)."""
-    return [{**flavor_object(r), "public": bool(r["public"])} for r in ctx.store.list_flavors()]
+    """Every flavor, with whether it is public and its lease terms (cloud-agent flavor list)."""
+    return [_admin_flavor(r) for r in ctx.store.list_flavors()]
 
 
-def update_flavor(ctx: Context, given: str, *, name: str | None = None, public: bool | None = None) -> dict:
-    """Rename a flavor or change whether it is public. Its sizes stay: the instances made
-    with it count them against their owners' limits."""
+def update_flavor(ctx: Context, given: str, *, name: str | None = None, public: bool | None = None,
+                  lease_default: str | None = None, lease_max: str | None = None) -> dict:
+    """Rename a flavor, change whether it is public, or its lease terms (for new instances and
+    renewals; an instance's present end stays). Its sizes stay: the instances made with it
+    count them against their owners' limits."""
     row = flavor_named(ctx, given)
     changes = {}
     if name is not None:
@@ -216,11 +253,13 @@ def update_flavor(ctx: Context, given: str, *, name: str | None = None, public: 
         changes["name"] = name
     if public is not None:
         changes["public"] = int(public)
+    changes.update(_lease_terms(row, lease_default, lease_max))
     if not changes:
-        raise InvalidInput("nothing to change: give --name or --public/--private")
+        raise InvalidInput("nothing to change: give --name, --public/--private, --lease-default or --lease-max")
     ctx.store.update_flavor(row["id"], changes)
     changed = ctx.store.get_flavor(row["id"])
-    return {**flavor_object(changed), "public": bool(changed["public"])}
+    terms = {k: v for k, v in _admin_flavor(changed).items() if k.startswith("lease-")}
+    return {**flavor_object(changed), "public": bool(changed["public"]), **(terms if any(terms.values()) else {})}
 
 
 def delete_flavor(ctx: Context, given: str) -> dict:

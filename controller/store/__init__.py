@@ -10,7 +10,7 @@ work and admin paths.
 in one module per family of tables, composed here: database.py (connections,
 transactions, migrations), users.py, accounts.py, tokens.py (tokens and portal
 sessions), images.py (images and flavors), instances.py (instances, their users
-and claims), hosts.py (hosts, moves, evacuations), volumes.py, groups.py,
+and claims), leases.py (leases and what the sweep did), hosts.py (hosts, moves, evacuations), volumes.py, groups.py,
 limits.py, records.py (audit, instance history, reconcile report), cloud_auth.py
 (the controllers a cloud auth serves, their accounts, the changes feed) and bulk.py
 (the sandbox's bulk load). read_memo.py, write_mark.py and migrations.py serve
@@ -26,6 +26,7 @@ from controller.store.groups import GroupRows
 from controller.store.hosts import HostRows
 from controller.store.images import ImageRows
 from controller.store.instances import InstanceRows
+from controller.store.leases import LeaseRows
 from controller.store.limits import LimitRows
 from controller.store.records import RecordRows
 from controller.store.tokens import TokenRows
@@ -35,6 +36,6 @@ from controller.store.volumes import VolumeRows
 __all__ = ["Store", "utc_now"]
 
 
-class Store(Database, UserRows, AccountRows, TokenRows, ImageRows, InstanceRows, HostRows, VolumeRows,
+class Store(Database, UserRows, AccountRows, TokenRows, ImageRows, InstanceRows, LeaseRows, HostRows, VolumeRows,
             GroupRows, LimitRows, RecordRows, CloudAuthRows, FollowRows, BulkLoad):
     """The database, with every family's reads and writes."""

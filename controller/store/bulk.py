@@ -24,5 +24,5 @@ class BulkLoad:
             conn.executemany(INSERT_VOLUME, [dict(v, state="ready") for v in volumes])
             conn.executemany(INSERT_GROUP, [dict(g, state="ready") for g in groups])
             conn.executemany(INSERT_MEMBER, members)
-            conn.executemany(INSERT_INSTANCE, [dict(i, intent=None) for i in instances])
+            conn.executemany(INSERT_INSTANCE, [{"expires_at": None, **i, "intent": None} for i in instances])
             conn.executemany(INSERT_INSTANCE_USER, instance_users)

@@ -86,11 +86,12 @@ class ImageRows:
             conn.execute("INSERT OR IGNORE INTO image_access (image_id, user_id) VALUES (?, ?)", (image_id, user_id))
 
     def insert_flavor(self, flavor: dict) -> dict:
-        flavor = {"public": 1, **flavor}
+        flavor = {"public": 1, "lease_default_seconds": None, "lease_max_seconds": None, **flavor}
         try:
             with self.write() as conn:
                 cur = conn.execute(
-                    "INSERT INTO flavors (name, memory, disk, vcpu, public) VALUES (:name, :memory, :disk, :vcpu, :public)",
+                    """INSERT INTO flavors (name, memory, disk, vcpu, public, lease_default_seconds, lease_max_seconds)
+                       VALUES (:name, :memory, :disk, :vcpu, :public, :lease_default_seconds, :lease_max_seconds)""",
                     flavor,
                 )
         except sqlite3.IntegrityError:

@@ -4,13 +4,14 @@ claim each holds on its host state (instance_claims)."""
 import json
 from collections.abc import Iterable, Iterator
 
+from controller.store.database import utc_now
 from controller.store.hosts import DEFAULT_HOST
 
 
 INSERT_INSTANCE = """INSERT INTO instances (id, owner_id, image_id, flavor_id, status, hostname, public_ip,
-    private_ip, mac, public_mac, creation_date, intent, host) VALUES (:id, :owner_id, :image_id,
+    private_ip, mac, public_mac, creation_date, intent, host, expires_at) VALUES (:id, :owner_id, :image_id,
     :flavor_id, :status, :hostname, :public_ip, :private_ip, :mac, :public_mac, :creation_date,
-    :intent, :host)"""
+    :intent, :host, :expires_at)"""
 
 INSERT_INSTANCE_USER = "INSERT INTO instance_users (instance_id, account_uuid) VALUES (?, ?)"
 
@@ -30,11 +31,18 @@ def _used_addresses(conn) -> dict[str, set[str]]:
 # order they were granted (users_json, kept by triggers: migration _M10_LISTED_USERS), the
 # address fields only when set. One printf per row: a json_object() with its nested array
 # cost half as much again (10,000 rows: 57 ms, 37 ms; 21 ms with users_json).
+#
+# `expires-at` and `lease` (docs/leases.md): the lease's state is read against the two times
+# the caller gives, in this order after the status's parameters: now, and the end of the
+# first warning (expires-at at or before now: expired; at or before the second: expiring).
+# Dates are stored as RFC 3339 UTC to the second, so text order is time order.
 _INSTANCE_JSON = """printf(
-    '{{"id":%s,"cloudauth-id":%s,"users":[%s],"server-image":%s,"server-flavor":"%d","creation-date":%s,"status":%s%s%s%s}}',
+    '{{"id":%s,"cloudauth-id":%s,"users":[%s],"server-image":%s,"server-flavor":"%d","creation-date":%s,"status":%s,"expires-at":%s,"lease":"%s"%s%s%s}}',
     json_quote(id), json_quote(owner_id),
     users_json,
-    json_quote(image_id), flavor_id, json_quote(creation_date), json_quote({status}),
+    json_quote(image_id), flavor_id, json_quote(creation_date), json_quote({status}), json_quote(expires_at),
+    CASE WHEN expires_at IS NULL THEN 'none' WHEN expires_at <= ? THEN 'expired'
+         WHEN expires_at <= ? THEN 'expiring' ELSE 'active' END,
     iif(coalesce(hostname, '') = '', '', ',"hostname":' || json_quote(hostname)),
     iif(coalesce(public_ip, '') = '', '', ',"public-ip":' || json_quote(public_ip)),
     iif(coalesce(private_ip, '') = '', '', ',"private-ip":' || json_quote(private_ip)))"""
@@ -42,6 +50,12 @@ _INSTANCE_JSON = """printf(
 # The two forms a GET uses, made once: with the stored status, or with a status given.
 _INSTANCE_JSON_STORED = _INSTANCE_JSON.format(status="status")
 _INSTANCE_JSON_GIVEN = _INSTANCE_JSON.format(status="?")
+
+
+def no_lease_times() -> tuple[str, str]:
+    """The times a lease is read against when the caller gives none: now, and no warning."""
+    now = utc_now()
+    return now, now
 
 
 def _with_users(row: dict) -> dict:
@@ -80,7 +94,8 @@ class InstanceRows:
                 instance = dict(instance, host=place(self._hosts(conn)))
             if allocate is not None:
                 instance = dict(instance, **allocate(_used_addresses(conn)))
-            row = {"mac": None, "public_mac": None, "intent": "creating", "host": DEFAULT_HOST, **instance}
+            row = {"mac": None, "public_mac": None, "intent": "creating", "host": DEFAULT_HOST, "expires_at": None,
+                   **instance}
             conn.execute(INSERT_INSTANCE, row)
             conn.executemany(INSERT_INSTANCE_USER, [(instance["id"], u) for u in account_uuids])
         return row
@@ -114,17 +129,21 @@ class InstanceRows:
         return _with_users(row) if row is not None else None
 
     def get_instance_json(self, instance_id: str, *, visible_to: str | None,
-                          status: str | None = None) -> dict | None:
+                          status: str | None = None, lease_times: tuple[str, str] | None = None) -> dict | None:
         """get_instance's id, host and stored status, with `json`: its server-instance object encoded
-        as iter_instance_json encodes it, with the stored status or the status given."""
+        as iter_instance_json encodes it, with the stored status or the status given, and its
+        lease read against lease_times (now, end of the first warning; default: now, none)."""
+        lease_times = tuple(lease_times or no_lease_times())
         where, params = self._where(visible_to, id=instance_id)
         obj = _INSTANCE_JSON_STORED if status is None else _INSTANCE_JSON_GIVEN
         sql = f"SELECT id, host, status, {obj} AS json FROM instances WHERE {where} AND intent IS NULL"
         if status is not None:
-            return self._one(sql, [status, *params])
-        # The stored form is remembered until the next committed write (controller/store/read_memo.py).
+            return self._one(sql, [status, *lease_times, *params])
+        params = [*lease_times, *params]
+        # The stored form is remembered until the next committed write (controller/store/read_memo.py),
+        # for the same lease times (to the second: a lease's state changes with time, not writes).
         mark = self.write_mark.read() if self.write_mark.usable else None
-        key = (instance_id, visible_to)
+        key = (instance_id, visible_to, lease_times)
         held = self._instance_memo.get(key, mark) if mark is not None else None
         if held is not None:
             return dict(held)
@@ -134,7 +153,8 @@ class InstanceRows:
         return row
 
     def iter_instance_json(self, *, visible_to: str | None, owner_id: str | None = None,
-                           error_hosts: Iterable[str] = (), per_chunk: int = 200) -> Iterator[str]:
+                           error_hosts: Iterable[str] = (), per_chunk: int = 200,
+                           lease_times: tuple[str, str] | None = None) -> Iterator[str]:
         """list_instances' rows (without intents) as server-instance objects
         encoded by SQLite: chunks of up to per_chunk JSON objects joined by commas, in
         creation order. Each chunk is read by its own statements, ended before it is
@@ -151,6 +171,9 @@ class InstanceRows:
         if error_hosts:
             status = f"CASE WHEN host IN ({','.join('?' * len(error_hosts))}) THEN 'error' ELSE status END"
         obj = _INSTANCE_JSON.format(status=status)
+        # The object's parameters: the status's hosts, then the lease's two times.
+        lease_times = tuple(lease_times or no_lease_times())
+        obj_params = [*error_hosts, *lease_times]
 
         def chunks() -> Iterator[str]:
             after, after_params = "", []
@@ -159,7 +182,7 @@ class InstanceRows:
             # statements below cost a GET's worth more (docs/performance.md). Such a list
             # is remembered until the next committed write (controller/store/read_memo.py).
             mark = self.write_mark.read() if self.write_mark.usable else None
-            key = ("list", visible_to, owner_id, tuple(error_hosts), per_chunk)
+            key = ("list", visible_to, owner_id, tuple(obj_params), per_chunk)
             held = self._list_memo.get(key, mark) if mark is not None else None
             if held is not None:
                 count, text = held
@@ -167,7 +190,7 @@ class InstanceRows:
                 count, text = self.conn.execute(
                     f"""SELECT count(*), group_concat(obj, ',') FROM (SELECT {obj} AS obj FROM instances
                         WHERE {where} ORDER BY creation_date, id LIMIT ?)""",
-                    [*error_hosts, *params, per_chunk]).fetchone()
+                    [*obj_params, *params, per_chunk]).fetchone()
                 if count < per_chunk and mark is not None:
                     self._list_memo.put(key, mark, (count, text))
             if count < per_chunk:
@@ -187,7 +210,7 @@ class InstanceRows:
                 text = self.conn.execute(
                     f"""SELECT group_concat(obj, ',') FROM (SELECT {obj} AS obj FROM instances
                         WHERE {where}{after}{upto} ORDER BY creation_date, id)""",
-                    [*error_hosts, *params, *after_params, *upto_params]).fetchone()[0]
+                    [*obj_params, *params, *after_params, *upto_params]).fetchone()[0]
                 if text:
                     yield text
                 if end is None:

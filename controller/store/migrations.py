@@ -511,13 +511,41 @@ _M_PORTAL_TOKENS = """
         ALTER TABLE portal_sessions ADD COLUMN token_hash TEXT;
 """
 
+# Instance leases (docs/leases.md): an instance's end, a flavor's own lease, and each warning,
+# expiry and delete the sweep did, once per lease (the UNIQUE key), with its notification.
+_M_LEASES = """
+        ALTER TABLE instances ADD COLUMN expires_at TEXT;
+        CREATE INDEX instances_expires ON instances(expires_at) WHERE expires_at IS NOT NULL;
+        ALTER TABLE flavors ADD COLUMN lease_default_seconds INTEGER;
+        ALTER TABLE flavors ADD COLUMN lease_max_seconds INTEGER;
+        CREATE TABLE lease_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            instance_id TEXT NOT NULL,
+            expires_at TEXT NOT NULL,
+            event TEXT NOT NULL CHECK (event IN ('warning', 'expired', 'deleted')),
+            -- A warning's distance before expiry, in seconds; 0 for the others.
+            step INTEGER NOT NULL DEFAULT 0,
+            -- The JSON object notify_command gets on stdin, made when the event happened.
+            payload TEXT NOT NULL,
+            at_utc TEXT NOT NULL,
+            -- Set once notify_command took it (or when there is none).
+            notified_at TEXT,
+            -- A process running notify_command for it holds it until then.
+            notifying_until TEXT,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            UNIQUE (instance_id, expires_at, event, step)
+        );
+        CREATE INDEX lease_events_unnotified ON lease_events(id) WHERE notified_at IS NULL;
+        CREATE INDEX lease_events_at ON lease_events(at_utc);
+"""
+
 
 MIGRATIONS = [
     _M1_USERS, _M2_CONTROLLER, _M3_AUDIT, _M4_INSTANCE_ADDRESSES, _M5_LIMITS, _M6_INTENT, _M7_AUTH_HARDENING,
     _M8_HOSTS, _M9_LIST_ORDER, _M10_LISTED_USERS, _M11_VOLUME_UID, _M12_EVACUATIONS, _M13_CONSOLE_SINCE,
     _M14_RECONCILE_REPORT, _M15_INSTANCE_HISTORY, _M16_MOVES, _M_INSTANCE_CLAIMS, _M_HOST_IDENTITY,
     _M_PORTAL_SESSIONS, _M_CLOUD_AUTH, _M_CLOUD_AUTH_REGISTRY,
-    _M_PORTAL_TOKENS,
+    _M_PORTAL_TOKENS, _M_LEASES,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

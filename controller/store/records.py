@@ -10,6 +10,23 @@ _ACTION_JSON = """json_object('action', action, 'requester', requester, 'request
     'result', result, 'message', message, 'time', at_utc)"""
 
 
+def insert_action(conn, entry: dict, *, keep: int | None) -> None:
+    """One history entry inserted in the caller's write transaction; with `keep`, only the
+    instance's newest `keep` entries remain."""
+    conn.execute(
+        """INSERT INTO instance_actions (instance_id, owner_id, action, requester, request_id, result,
+                                         message, at_utc)
+           VALUES (:instance_id, :owner_id, :action, :requester, :request_id, :result, :message, :at_utc)""",
+        entry,
+    )
+    if keep is not None:
+        # The index (instance_id, id) finds the oldest kept entry without a scan.
+        conn.execute(
+            """DELETE FROM instance_actions WHERE instance_id = :i AND id < (
+                   SELECT id FROM instance_actions WHERE instance_id = :i ORDER BY id DESC
+                   LIMIT 1 OFFSET :skip)""", {"i": entry["instance_id"], "skip": keep - 1})
+
+
 class RecordRows:
     """Store's methods for these tables (composed in controller/store/__init__.py): they read
     and write through Database's connection (_one, _all, conn) and its write()."""
@@ -65,18 +82,7 @@ class RecordRows:
                     conn.execute("UPDATE instance_actions SET request_id = ?, at_utc = ? WHERE id = ?",
                                  (entry["request_id"], entry["at_utc"], newest["id"]))
                     return
-            conn.execute(
-                """INSERT INTO instance_actions (instance_id, owner_id, action, requester, request_id, result,
-                                                 message, at_utc)
-                   VALUES (:instance_id, :owner_id, :action, :requester, :request_id, :result, :message, :at_utc)""",
-                entry,
-            )
-            if keep is not None:
-                # The index (instance_id, id) finds the oldest kept entry without a scan.
-                conn.execute(
-                    """DELETE FROM instance_actions WHERE instance_id = :i AND id < (
-                           SELECT id FROM instance_actions WHERE instance_id = :i ORDER BY id DESC
-                           LIMIT 1 OFFSET :skip)""", {"i": entry["instance_id"], "skip": keep - 1})
+            insert_action(conn, entry, keep=keep)
 
     def list_instance_actions(self, instance_id: str, *, visible_to: str | None, limit: int = -1) -> list[dict]:
         """The instance's `limit` most recent actions (all: -1), oldest first, by the visibility
