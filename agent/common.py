@@ -117,7 +117,7 @@ def _audit(opts: Options, command: str, kwargs: dict, result: str) -> None:
     else:
         # A host command names its host (its NAME argument); a flavor command its flavor.
         keys = ("name",) if command.startswith("host ") else ("email", "userid", "image_id", "volume_id", "flavor_id",
-                                                              "controller_id")
+                                                              "controller_id", "instance_id")
         target = next((str(shown.pop(k)) for k in keys if k in shown), "")
     if not target and isinstance(opts.emitted, dict):
         # A command that creates something (image add, flavor add) names it in its output.

@@ -200,13 +200,21 @@ def flavor():
 @click.option("--disk", type=int, required=True, help="GB of disk.")
 @click.option("--vcpu", type=int, required=True, help="Number of virtual CPUs.")
 @click.option("--private", is_flag=True, help="Only users granted with `flavor grant` may see and use it.")
+@click.option("--lease-default", default=None, metavar="D",
+              help="The lease its instances get (36h, 7d; 0: none), over [leases] default.")
+@click.option("--lease-max", default=None, metavar="D",
+              help="The longest a renewal may ask for (0: no bound), over [leases] max.")
 @command_options
-def flavor_add(opts: Options, name, memory, disk, vcpu, private):
+def flavor_add(opts: Options, name, memory, disk, vcpu, private, lease_default, lease_max):
     """Add a server-flavor.
 
-    Example: cloud-agent flavor add --name small --memory 1024 --disk 10 --vcpu 1
+    \b
+    Examples:
+      cloud-agent flavor add --name small --memory 1024 --disk 10 --vcpu 1
+      cloud-agent flavor add --name big --memory 65536 --disk 100 --vcpu 32 --lease-default 2d --lease-max 7d
     """
-    obj = images.add_flavor(opts.context(), name=name, memory=memory, disk=disk, vcpu=vcpu, public=not private)
+    obj = images.add_flavor(opts.context(), name=name, memory=memory, disk=disk, vcpu=vcpu, public=not private,
+                            lease_default=lease_default, lease_max=lease_max)
     emit(opts, obj, f"flavor {obj['id']} ({name}{', private' if private else ''})")
 
 
@@ -233,23 +241,32 @@ def flavor_list(opts: Options):
     found = images.list_all_flavors(opts.context())
     emit(opts, {"flavors": found}, table(found, [
         ("ID", lambda f: f["id"]), ("NAME", lambda f: f["name"]), ("VCPU", lambda f: f["vcpu"]),
-        ("MEMORY", lambda f: f["memory"]), ("DISK", lambda f: f["disk"]), ("PUBLIC", lambda f: yes_no(f["public"]))]))
+        ("MEMORY", lambda f: f["memory"]), ("DISK", lambda f: f["disk"]), ("PUBLIC", lambda f: yes_no(f["public"])),
+        ("LEASE-DEFAULT", lambda f: f["lease-default"] or "-"), ("LEASE-MAX", lambda f: f["lease-max"] or "-")]))
 
 
 @flavor.command("update")
 @click.argument("flavor_id", metavar="FLAVOR")
 @click.option("--name", default=None, help="A new name (flavor names are unique).")
 @click.option("--public/--private", default=None, help="Whether every user may see and use it.")
+@click.option("--lease-default", default=None, metavar="D",
+              help="The lease its new instances get (36h, 7d; 0: [leases] default).")
+@click.option("--lease-max", default=None, metavar="D",
+              help="The longest a renewal may ask for (0: [leases] max).")
 @command_options
-def flavor_update(opts: Options, flavor_id, name, public):
-    """Rename a flavor or change its visibility (by id or name). Its sizes stay: instances made
-    with it count them against their owners' limits; add a new flavor for new sizes.
+def flavor_update(opts: Options, flavor_id, name, public, lease_default, lease_max):
+    """Rename a flavor, change its visibility or its lease terms (by id or name). Its sizes stay:
+    instances made with it count them against their owners' limits; add a new flavor for new
+    sizes. New lease terms apply to new instances and to renewals, not to the end an
+    instance has now.
 
     \b
-    Example:
+    Examples:
       cloud-agent flavor update small --name tiny
+      cloud-agent flavor update big --lease-default 2d --lease-max 7d
     """
-    obj = images.update_flavor(opts.context(), flavor_id, name=name, public=public)
+    obj = images.update_flavor(opts.context(), flavor_id, name=name, public=public, lease_default=lease_default,
+                               lease_max=lease_max)
     emit(opts, obj, f"flavor {obj['id']} ({obj['name']}) updated")
 
 
@@ -288,7 +305,34 @@ def server_list(opts: Options, owner, host):
     emit(opts, {"servers": found}, table(found, [
         ("ID", lambda s: s["id"]), ("HOSTNAME", lambda s: s["hostname"]), ("STATUS", lambda s: s["status"]),
         ("OWNER", lambda s: s["owner"]), ("IMAGE", lambda s: s["image"]), ("FLAVOR", lambda s: s["flavor"]),
-        ("HOST", lambda s: s["host"]), ("PRIVATE-IP", lambda s: s["private-ip"])]))
+        ("HOST", lambda s: s["host"]), ("PRIVATE-IP", lambda s: s["private-ip"]),
+        ("EXPIRES", lambda s: s["expires-at"] or "-")]))
+
+
+@server.command("lease")
+@click.argument("instance_id", metavar="ID")
+@click.option("--hours", type=float, default=None, help="The instance ends this many hours from now (any length).")
+@click.option("--never", is_flag=True, help="The instance no longer ends (expires-at null).")
+@command_options
+def server_lease(opts: Options, instance_id, hours, never):
+    """Set when a server-instance ends (by id or hostname), past the lease's max and whether
+    leases are on, or clear it with --never. An expired instance given a new end can be
+    powered on again by its owner.
+
+    \b
+    Examples:
+      cloud-agent server lease 3f0c... --hours 720
+      cloud-agent server lease alice-vm1 --never
+    """
+    from controller.errors import InvalidInput
+    from controller.instances import leases
+
+    if (hours is None) == (not never):
+        raise InvalidInput("give --hours H or --never (one of them)")
+
+    obj = leases.admin_lease(opts.context(adapters=True), instance_id, hours=None if never else hours)
+    emit(opts, obj, f"server-instance {obj['id']} ends at {obj['expires-at']}" if obj["expires-at"]
+         else f"server-instance {obj['id']} no longer ends")
 
 
 # -- volume -----------------------------------------------------------------------------

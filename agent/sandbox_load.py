@@ -38,6 +38,7 @@ from controller import limits
 from controller.addresses import hostname_for, mac_for, network_plan
 from controller.context import Context
 from controller.errors import InvalidInput
+from controller.instances import lease_terms
 from controller.users.groups import check_new_group_name
 from controller.rules import new_id
 from controller.security.crypto import new_api_key, new_api_secret
@@ -238,7 +239,9 @@ def _instances(ctx: Context, shape: Shape, *, image, flavor, owners, managed_of,
         used["mac"].add(mac)
         rows.append({"id": instance_id, "owner_id": owner_id, "image_id": image["id"], "flavor_id": flavor["id"],
                      "status": "running", "hostname": hostname, "public_ip": None, "private_ip": ip, "mac": mac,
-                     "public_mac": None, "creation_date": now, "host": host})
+                     "public_mac": None, "creation_date": now, "host": host,
+                     # The lease a create would give it (none while leases are off).
+                     "expires_at": lease_terms.initial_expiry(ctx, flavor)})
         links.append((instance_id, account_of[owner_id]["uuid"]))
     return rows, links
 

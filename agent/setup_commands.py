@@ -189,6 +189,14 @@ def serve(opts: Options, host, port, metrics_port):
     housekeeper = Housekeeper(store=ctx.store, anonymous=ctx.anonymous_failures,
                               retention_days=config.audit.retention_days)
     housekeeper.start()
+    sweeper = None
+    if ctx.adapters is not None:
+        from controller.instances.leases import LeaseSweeper
+
+        # Leases: warnings, power-offs and deletes due, at once (those due while this
+        # controller was down) and every [leases] check_seconds.
+        sweeper = LeaseSweeper(ctx)
+        sweeper.start()
     # The first round of health checks is in before the first probe can arrive; later
     # rounds run on the monitor's own thread, never on a request thread.
     from controller.monitoring.health import monitor_of
@@ -210,6 +218,8 @@ def serve(opts: Options, host, port, metrics_port):
         monitor_of(ctx).stop()
         if ctx.cloud_auth is not None:
             ctx.cloud_auth.stop()
+        if sweeper is not None:
+            sweeper.stop()
         housekeeper.stop()  # writes the anonymous failures still counted
         if metrics is not None:
             metrics.stop()

@@ -1,9 +1,10 @@
-"""`cloud server ...`: create, list, show, delete, power, users, ssh, console, actions."""
+"""`cloud server ...`: create, list, show, renew, delete, power, users, ssh, console, actions."""
 
 import os
 import shutil
 import sys
 import time
+from datetime import datetime, timezone
 
 import inspect
 
@@ -16,6 +17,8 @@ from agent.cloud.waiting import POLL_SECONDS, NoGuestHere, WaitTimeout, on_sandb
 from common.client import ApiError, Client, ClientError, Server
 
 WAIT_SECONDS = 900
+# A lease's length in hours: above 0 (the service bounds it by the cluster's longest lease).
+HOURS = click.FloatRange(min=0, min_open=True)
 
 
 @click.group("server")
@@ -26,6 +29,46 @@ def server():
     """
 
 
+def _moment(text: str) -> datetime | None:
+    """An RFC 3339 time of the API ("2026-12-03T10:00:00Z"); None when unreadable."""
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (AttributeError, ValueError):
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def expires_in(expires_at: str | None, lease: str | None = None, *, now: datetime | None = None) -> str:
+    """When a lease ends, short, for a table: "-" for no lease (expires_at None); "expired"
+    when the service says so (lease "expired") or the end has passed; else "in N min" under
+    2 hours, "in N h" under 2 days, "in N d" beyond, each rounded to the nearest unit (at
+    least 1 min, so a lease just renewed for 36 h reads "in 36 h"). An end the client cannot
+    read is shown as it is."""
+    if expires_at is None:
+        return "-"
+    if lease == "expired":
+        return "expired"
+    end = _moment(expires_at)
+    if end is None:
+        return expires_at
+    left = (end - (now or datetime.now(timezone.utc))).total_seconds()
+    if left <= 0:
+        return "expired"
+    if left < 2 * 3600:
+        return f"in {max(1, round(left / 60))} min"
+    if left < 2 * 86400:
+        return f"in {round(left / 3600)} h"
+    return f"in {round(left / 86400)} d"
+
+
+def _end(s: Server) -> str | None:
+    """The exact end of a server's lease, and when that is from now: `2026-12-03T10:00:00Z (in
+    36 h)`; None for no lease."""
+    if s.expires_at is None:
+        return None
+    return f"{s.expires_at} ({expires_in(s.expires_at, s.lease)})"
+
+
 def _table(client: Client, servers: list[Server]) -> str:
     """A superuser's table also says which host each server is on."""
     label = names.Labels(client)
@@ -34,7 +77,7 @@ def _table(client: Client, servers: list[Server]) -> str:
                            ("STATUS", lambda s: s.status), ("OWNER", lambda s: label.user(s.owner)),
                            ("IMAGE", lambda s: label.image(s.image)), ("FLAVOR", lambda s: label.flavor(s.flavor)),
                            *host, ("PRIVATE-IP", lambda s: s.private_ip), ("PUBLIC-IP", lambda s: s.public_ip),
-                           ("CREATED", lambda s: s.created)])
+                           ("CREATED", lambda s: s.created), ("EXPIRES", lambda s: expires_in(s.expires_at, s.lease))])
 
 
 def _details(client: Client, s: Server) -> str:
@@ -44,7 +87,7 @@ def _details(client: Client, s: Server) -> str:
     return fields([("id", s.id), ("hostname", s.hostname), ("status", s.status), ("private-ip", s.private_ip),
                    ("public-ip", s.public_ip), ("owner", label.user(s.owner)), ("image", label.image(s.image)),
                    ("flavor", label.flavor(s.flavor)), *host, ("users", [usernames.get(u, u) for u in s.users]),
-                   ("created", s.created)])
+                   ("created", s.created), ("expires-at", _end(s)), ("lease", s.lease)])
 
 
 # ssh gives up connecting after this many seconds (an address unreachable from here, a guest
@@ -97,11 +140,20 @@ def _limit(value: int) -> str:
 @click.option("--ssh", "run_ssh", is_flag=True, help="With --wait: then log in (implies --wait).")
 @click.option("--timeout", default=WAIT_SECONDS, show_default=True, type=click.IntRange(1, 3600),
               help="Seconds --wait waits at most.")
+@click.option("--lease", "lease_hours", type=HOURS, metavar="HOURS",
+              help="Then renew its lease: it ends this many hours from now, not after the default lease "
+                   "(at most the cluster's longest lease).")
 @cloud_command
-def create(run: Run, image, flavor, users, wait, run_ssh, timeout):
+def create(run: Run, image, flavor, users, wait, run_ssh, timeout, lease_hours):
     """Create a server from an image and a flavor.
 
+    With --lease the new server's lease is renewed at once (as `cloud server renew
+    NAME --hours HOURS` does). When that renewal is refused, the server still
+    exists with the default lease: the error says so and names it (exit 1).
+
     Example: cloud server create --image "Debian 12" --flavor small --user bob --wait
+
+    Example: cloud server create --image "Debian 12" --flavor small --lease 72
     """
     client = run.client
     body_image, body_flavor = names.image(client, image).id, names.flavor(client, flavor).id
@@ -110,14 +162,17 @@ def create(run: Run, image, flavor, users, wait, run_ssh, timeout):
         made = client.create_server(image=body_image, flavor=body_flavor, users=accounts)
     except ApiError as e:
         fail(run, _refusal(client, e), status=e.status)
+    if lease_hours is not None:
+        made = _leased(run, made, lease_hours)
     if wait or run_ssh:
         run.progress(f"created {made.hostname} ({made.id})")
         try:
             made = _waited(run, made, timeout)
         except NoGuestHere as e:
+            stopped = e.server
             if run_ssh:
-                fail(run, no_guest(e.server), extra={"id": e.server.id, "status": e.server.status})
-            run.emit(e.server.raw, lambda: _details(client, e.server))
+                fail(run, no_guest(stopped), extra={"id": stopped.id, "status": stopped.status})
+            run.emit(stopped.raw, lambda: _details(client, stopped))
             return
         argv = ssh_argv(client, made)
         if run_ssh:
@@ -125,6 +180,25 @@ def create(run: Run, image, flavor, users, wait, run_ssh, timeout):
         run.emit(made.raw, lambda: _details(client, made) + "\n\n" + ssh_line(argv))
         return
     run.emit(made.raw, lambda: _details(client, made))
+
+
+def _leased(run: Run, made: Server, hours: float) -> Server:
+    """The new server with its lease renewed for `hours`; when the renewal fails, the server
+    exists all the same: the error says so, names it and its end (exit 1, as a --wait that
+    ends before the guest is ready)."""
+    name = made.hostname or made.id
+    try:
+        return run.client.renew_server(made.id, hours=_hours(hours))
+    except ClientError as e:
+        end = f"it ends at {made.expires_at} (the default lease)" if made.expires_at else "it has no end"
+        # --json: the server's id, status and end, as a --wait that timed out gives them.
+        fail(run, f"server {name} ({made.id}) was created, but its lease was not renewed: {e.message}; {end}",
+             extra={"id": made.id, "status": made.status, "expires-at": made.expires_at})
+
+
+def _hours(hours: float) -> float | int:
+    """--hours as the API is sent it: 36, not 36.0."""
+    return int(hours) if float(hours).is_integer() else hours
 
 
 def _waited(run: Run, s: Server, timeout: int) -> Server:
@@ -151,6 +225,16 @@ def _waited(run: Run, s: Server, timeout: int) -> Server:
 def list_(run: Run, owner):
     """List the servers you see (yours, and your managed users').
 
+    EXPIRES says when each server's lease ends (`cloud server show NAME`
+    prints the exact time):
+
+    \b
+      in N min   under 2 hours from now (to the nearest minute)
+      in N h     under 2 days (to the nearest hour)
+      in N d     later (to the nearest day)
+      expired    the lease has ended: powered off; renew it to start it again
+      -          no lease: the server has no end
+
     Example: cloud server list --json
     """
     owner_id = names.user(run.client, owner).id if owner else None
@@ -159,10 +243,33 @@ def list_(run: Run, owner):
 
 
 show_command(server, resolve=names.server, render=_details, help="""
-    Show one server (by id, unique id prefix or hostname).
+    Show one server (by id, unique id prefix or hostname), with the exact end of its
+    lease (`expires-at`, RFC 3339 UTC, `-` for none) and its state (`lease`: none,
+    active, expiring, expired).
 
     Example: cloud server show vm-1a2b3c4d
     """)
+
+
+@server.command("renew")
+@click.argument("name")
+@click.option("--hours", type=HOURS, metavar="HOURS",
+              help="It ends this many hours from now (default: the cluster's default lease; at most its longest).")
+@cloud_command
+def renew(run: Run, name, hours):
+    """Renew a server's lease, so that it is not powered off and later deleted at its end.
+
+    A server whose lease has ended is powered off and cannot be started until it
+    is renewed; some days after its end it is deleted (your files in $HOME stay).
+    Without --hours it gets the cluster's default lease again.
+
+    Example: cloud server renew vm-1a2b3c4d --hours 36
+    """
+    s = names.server(run.client, name)
+    renewed = run.client.renew_server(s.id, hours=None if hours is None else _hours(hours))
+    shown = renewed.hostname or renewed.id
+    run.emit(renewed.raw, f"{shown} now ends at {_end(renewed)}" if renewed.expires_at
+             else f"{shown} has no end")
 
 
 @server.command("delete")
@@ -186,7 +293,13 @@ def _power(what: str, method: str, done: str):
     @cloud_command
     def power(run: Run, name, wait, timeout):
         s = names.server(run.client, name)
-        changed = getattr(run.client, method)(s.id)
+        try:
+            changed = getattr(run.client, method)(s.id)
+        except ApiError as e:
+            if e.status == 409 and e.message.startswith("lease expired"):
+                # Said with the command that lifts it.
+                fail(run, f"{e.message} (`cloud server renew {s.hostname or s.id}`)", status=e.status)
+            raise
         if wait:
             try:
                 changed = _waited(run, changed, timeout)
