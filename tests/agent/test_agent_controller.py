@@ -436,7 +436,8 @@ def test_flavor_add_prints_the_api_object_and_records_the_flavor(sandbox, api):
     assert out == api.get(f"/v1/server-flavor/{out['id']}")
     assert out == {"id": out["id"], "name": "small", "memory": 1024, "disk": 10, "vcpu": 2}
     assert sandbox.rows("SELECT * FROM flavors") == [
-        {"id": int(out["id"]), "name": "small", "memory": 1024, "disk": 10, "vcpu": 2, "public": 1}]
+        {"id": int(out["id"]), "name": "small", "memory": 1024, "disk": 10, "vcpu": 2, "public": 1,
+         "lease_default_seconds": None, "lease_max_seconds": None}]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -104,8 +104,8 @@ def test_flavor_list_update_and_delete(sandbox):
     listed = sandbox.ok("flavor", "list")["flavors"]
     assert [(f["name"], f["public"]) for f in listed] == [("small", True), ("big", False)]
     table = sandbox.run("flavor", "list").stdout.splitlines()
-    assert table[0].split() == ["ID", "NAME", "VCPU", "MEMORY", "DISK", "PUBLIC"]
-    assert table[2].split() == [listed[1]["id"], "big", "2", "1024", "4", "no"]
+    assert table[0].split() == ["ID", "NAME", "VCPU", "MEMORY", "DISK", "PUBLIC", "LEASE-DEFAULT", "LEASE-MAX"]
+    assert table[2].split() == [listed[1]["id"], "big", "2", "1024", "4", "no", "-", "-"]
     assert sandbox.ok("flavor", "update", "small", "--name", "tiny", "--private")["public"] is False
     assert sandbox.rows("SELECT name, public FROM flavors WHERE id = ?", (int(small["id"]),)) == [
         {"name": "tiny", "public": 0}]
@@ -228,8 +228,23 @@ def test_server_list_shows_owner_image_flavor_and_host_and_host_list_has_a_heade
     assert sandbox.ok("server", "list", "--host", "elsewhere")["servers"] == []
     assert sandbox.ok("server", "list", "--owner", BOB_EMAIL)["servers"] == []
     rows = sandbox.run("server", "ls").stdout.splitlines()
-    assert rows[0].split() == ["ID", "HOSTNAME", "STATUS", "OWNER", "IMAGE", "FLAVOR", "HOST", "PRIVATE-IP"]
+    assert rows[0].split() == ["ID", "HOSTNAME", "STATUS", "OWNER", "IMAGE", "FLAVOR", "HOST", "PRIVATE-IP",
+                               "EXPIRES"]
     assert rows[1].split()[3:8] == [ADMIN_EMAIL, "Debian", "12", "small", "default"]
+    # The admin's lease: past any max, by id or hostname, and taken away; one of the two asked.
+    ends = sandbox.ok("server", "lease", made["id"], "--hours", "1000")["expires-at"]
+    assert sandbox.rows("SELECT expires_at FROM instances WHERE id = ?", (made["id"],)) == [{"expires_at": ends}]
+    assert sandbox.run("server", "ls").stdout.splitlines()[1].split()[-1] == ends
+    assert sandbox.ok("server", "lease", made["hostname"], "--never")["expires-at"] is None
+    assert sandbox.rows("SELECT expires_at FROM instances WHERE id = ?", (made["id"],)) == [{"expires_at": None}]
+    assert sandbox.error("server", "lease", made["id"]) == "error: give --hours H or --never (one of them)"
+    assert sandbox.error("server", "lease", made["id"], "--hours", "0") == (
+        "error: hours must be a number above 0 and at most 87600")
+    assert sandbox.error("server", "lease", "nosuch", "--never") == (
+        "error: server-instance nosuch does not exist (give its id or hostname)")
+    assert [r["action"] for r in sandbox.rows(
+        "SELECT action FROM instance_actions WHERE instance_id = ? ORDER BY id", (made["id"],))][-2:] == [
+        "renew", "renew"]
     hosts = sandbox.run("host", "list").stdout.splitlines()
     assert hosts[0].split() == ["NAME", "URI", "STATE", "VCPUS", "MEMORY-MB", "ALLOC-VCPUS", "ALLOC-MB", "INSTANCES"]
     assert hosts[1].split()[:3] == ["default", "test:///default", "enabled"] and hosts[1].split()[-1] == "1"

@@ -196,7 +196,8 @@ def test_instance_create_runs_the_domain_with_the_owners_share(client, cctx, ada
     assert inst["users"] == [people["accounts"]["owner"]["uuid"]]
     assert inst["server-image"] == catalog["public"]["id"] and inst["server-flavor"] == catalog["small"]["id"]
     assert set(inst) <= {"id", "cloudauth-id", "users", "server-image", "server-flavor", "creation-date", "status",
-                         "hostname", "public-ip", "private-ip"}
+                         "hostname", "public-ip", "private-ip", "expires-at", "lease"}
+    assert inst["expires-at"] is None and inst["lease"] == "none"  # leases are off unless configured
     info = adapters.hypervisor.describe(inst["id"])
     assert info.status == "running"
     assert [(s.tag, s.source_dir) for s in info.shares] == [("owner", adapters.homes.path("owner"))]

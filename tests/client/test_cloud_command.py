@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_commands]
 
 PASSWORD = "Alice-pass-2026"
 INSTANCE_KEYS = {"id", "cloudauth-id", "users", "server-image", "server-flavor", "creation-date", "status",
-                 "hostname", "private-ip"}
+                 "hostname", "private-ip", "expires-at", "lease"}
 
 
 class Service:
@@ -273,7 +273,7 @@ def test_server_lifecycle_by_hostname_and_id_prefix(svc, alice, carol, admin, tm
         assert f"hostname:   {host}" in shown and "users:      " in shown and "bob" in shown
         table = alice.ok("server", "list")
         assert table.splitlines()[0].split() == ["ID", "HOSTNAME", "STATUS", "OWNER", "IMAGE", "FLAVOR",
-                                                 "PRIVATE-IP", "PUBLIC-IP", "CREATED"]
+                                                 "PRIVATE-IP", "PUBLIC-IP", "CREATED", "EXPIRES"]
         assert host in table
         # Visibility: a stranger does not see it; the superuser does.
         assert carol.error("server", "show", host) == f"no server named {host!r} that you can see"

@@ -32,7 +32,7 @@ def test_every_command_has_help_with_an_example():
               "server users set", "server ssh", "server console", "volume create", "volume show", "volume delete",
               "group create", "group list", "group show", "group add", "group remove", "group set", "group delete",
               "image list", "image show", "flavor list", "flavor show", "user create", "user list", "user show",
-              "user update", "completion", "server actions", "cluster list"}
+              "user update", "completion", "server actions", "cluster list", "server renew"}
     assert wanted <= set(seen), wanted - set(seen)
 
 

@@ -140,7 +140,7 @@ def test_a_superusers_server_list_shows_owner_and_host_and_nobody_else_sees_a_ho
         [on] = [s["host"] for s in agent(svc.config, "server", "list")["servers"] if s["id"] == made["id"]]
         table = admin.ok("server", "list")
         assert table.splitlines()[0].split() == ["ID", "HOSTNAME", "STATUS", "OWNER", "IMAGE", "FLAVOR", "HOST",
-                                                 "PRIVATE-IP", "PUBLIC-IP", "CREATED"]
+                                                 "PRIVATE-IP", "PUBLIC-IP", "CREATED", "EXPIRES"]
         assert _column(table, "OWNER", made["id"]) == "alice@example.org"
         assert _column(table, "HOST", made["id"]) == on
         assert _field(admin.ok("server", "show", made["hostname"]), "host") == on

@@ -1,5 +1,5 @@
 """One real guest through its whole life: users log in with their homes, clean power tasks,
-drain to another host, the host killed for good and the guest evacuated, delete.
+drain to another host, the host killed for good and the guest evacuated, its lease's end.
 
 Each boot of a guest costs about a minute under software emulation, so every check
 that needs a real guest is made on this one (six boots in all: the create, a reboot
@@ -39,7 +39,9 @@ with `cloud-agent host add` on a bridged network.
    intact (the root disk is new, as documented). The killed daemon is started
    again: its stale domain is there, shut off; `cloud-agent reconcile --fix`
    removes it without starting it, and a second reconcile finds nothing.
-6. Delete leaves no domain, disk, seed, kept console or reservation.
+6. The lease the admin sets ends: the sweep powers the guest off cleanly (its shutdown on
+   its console) and `keep` later deletes it, as a DELETE does: no domain, disk, seed, kept
+   console or reservation; alice's home keeps its files.
 
 The guest runs under KVM where KVM can boot Linux here, else under software
 emulation (nested KVM on these machines cannot), decided by a probe boot.
@@ -59,6 +61,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.instances import leases
 from tests.fixtures.agent import run_agent
 from tests.fixtures.api import PASSWORD, make_caller
 from tests.fixtures.cloud import Cloud
@@ -368,14 +371,32 @@ def test_one_guest_through_its_life(service, guest_image, libvirt_dir_pool, remo
         if not _libvirt_answers(remote.uri):
             remote.start()  # the session's other tests use this daemon
 
-    # 6. Delete leaves no domain, disk, seed, console file or reservation.
+    # 6. Its lease ends (the admin's `server lease --hours`, a few seconds): the sweep powers
+    # it off cleanly (the guest's own shutdown is on its console), then `keep` later deletes
+    # it: no domain, disk, seed, console file or reservation; alice's home keeps its files.
+    ctx.config = ctx.config.with_values({"leases": {"warn": "1h", "keep": "5s"}})
     pool_files = lambda: sorted(os.listdir(libvirt_dir_pool.path))  # noqa: E731
     assert any(iid in f for f in pool_files())
-    ok(client.simulate_delete(f"/v1/server-instance/{iid}", headers=alice.headers))
+    ends = agent(config_path, "server", "lease", hostname, "--hours", "0.001")["expires-at"]
+    time.sleep(4)
+    swept = leases.sweep(ctx)
+    assert [(d["kind"], d["instance"]) for d in swept] == [("expire", iid)], swept
+    entry = last_action()
+    assert (entry["action"], entry["result"]) == ("expire", "success")
+    assert entry["message"].startswith(f"the lease ended at {ends}; powered off: obeyed"), entry["message"]
+    assert domstate(libvirt_dir_pool.uri, domain) == "shut off"
+    assert "reboot: Power down" in console(client, alice, iid)["console"][-3000:]
+    r = client.simulate_put(f"/v1/server-instance/{iid}", headers=alice.headers, json={"task": {"what": "power-on"}})
+    assert (r.status_code, r.json["msg"]) == (409, f"lease expired at {ends}; renew it first")
+    assert leases.sweep(ctx) == []  # within keep: kept, powered off
+    time.sleep(5)
+    assert [(d["kind"], d["instance"]) for d in leases.sweep(ctx)] == [("delete", iid)]
     assert run(["virsh", "-c", libvirt_dir_pool.uri, "dominfo", domain], check=False).returncode != 0
     assert not any(iid in f for f in pool_files())
     for which in ("--inactive", None):  # the definition keeps DHCP hosts; both keep DNS names
         net = ET.fromstring(run(["virsh", "-c", libvirt_dir_pool.uri, "net-dumpxml",
                                  *filter(None, [which]), ctx.config.network.name]).stdout)
         assert address not in {h.get("ip") for h in [*net.findall("ip/dhcp/host"), *net.findall("dns/host")]}
+    assert ctx.store.find_instance(iid) is None
+    assert (home / "kept.txt").read_text() == "kept in the home\n"
     print(f"whole test {time.monotonic() - created_at:.0f} s after the create")

@@ -6,19 +6,23 @@ One journey a cluster user takes: log in; rotate the API secret and log in with 
 /v1/auth/token while the old one is refused; make a home volume and a server and read its
 page (console, readiness, the ssh line); groups; the owner's managed users; a forged
 auto-submitting form from another origin (127.0.0.2) that changes nothing; log out, and the
-old cookie replayed is refused. Over the whole journey the browser logs no CSP violation and
+old cookie replayed is refused. A server's lease: its badge on its page, renewed through the
+form (leases are on: [leases] default 36h, max 7d). Over the whole journey the browser logs no CSP violation and
 `document.cookie` stays empty. A screenshot of each page is saved (CC_PORTAL_SCREENSHOTS names
 the folder; else the test's temporary folder) to look at."""
 
+import configparser
 import http.server
 import json
 import re
 import subprocess
 import threading
+import time
 
 import pytest
 import requests
 
+from controller.instances.lease_terms import rfc3339
 from tests.fixtures.agent import agent_ok
 from tests.fixtures.server import sandbox_with_admin, served
 
@@ -77,6 +81,12 @@ class Forger:
 def portal():
     state, config, admin = sandbox_with_admin("portal-browser-", PASSWORD)
     try:
+        # Leases on: every server made here has one, so each page is seen with its lease.
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read(config)
+        parser["leases"] = {"default": "36h", "max": "7d"}
+        with open(config, "w") as f:
+            parser.write(f)
         with served(config, state / "serve.log") as http_:
             token = requests.post(http_.base + "/v1/auth/token", timeout=10,
                                   json={"api_key": admin["api_key"], "api_secret": admin["api_secret"]}).json()
@@ -287,13 +297,9 @@ PAGES = ["/portal/", "/portal/servers", "/portal/servers/new", "/portal/servers/
          "/portal/servers/no-such-server"]
 
 
-def test_every_page_fits_a_phone_and_a_laptop(portal, shots):
-    """At 390x844 (a phone) no page is wider than the screen; a screenshot of each page at
-    1280 and at 390 pixels is saved to look at."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    base = portal["base"]
+def _alice_with_a_server(base: str):
+    """alice's API caller (method, path, body -> data) over HTTP, with her home made if it is
+    not yet; a new server of hers (its id); her auth headers; her user id."""
     login = requests.post(base + "/v1/auth/token", json={"email": "alice@example.org", "password": PASSWORD},
                           timeout=10).json()["data"]
     alice = {"X-Auth-Token": login["token"], "X-Auth-Cloudauth-Id": login["userid"]}
@@ -306,9 +312,20 @@ def test_every_page_fits_a_phone_and_a_laptop(portal, shots):
     image = api("GET", "/v1/server-image")[0]["id"]
     flavor = api("GET", "/v1/server-flavor")[0]["id"]
     server = api("POST", "/v1/server-instance", {"server-image": image, "server-flavor": flavor})[0]["id"]
+    return api, server, alice, login["userid"]
+
+
+def test_every_page_fits_a_phone_and_a_laptop(portal, shots):
+    """At 390x844 (a phone) no page is wider than the screen; a screenshot of each page at
+    1280 and at 390 pixels is saved to look at."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    base = portal["base"]
+    api, server, alice, alice_id = _alice_with_a_server(base)
     group = api("POST", "/v1/group", {"group-name": "phones", "group-members": ["alice"]})[0]["group-id"]
     managed = requests.post(base + "/v1/user/create", headers=alice, timeout=10, json={
-        "email": "mo@example.org", "password": PASSWORD, "owner_userid": login["userid"]}).json()["data"]["userid"]
+        "email": "mo@example.org", "password": PASSWORD, "owner_userid": alice_id}).json()["data"]["userid"]
     driver = _browser()
     try:
         driver.get(base + "/portal/login")
@@ -356,3 +373,40 @@ def test_a_plain_http_login_at_a_host_name_says_why_it_cannot_stay(portal, shots
         driver.save_screenshot(str(shots / "plain-http-login.png"))
     finally:
         driver.quit()
+
+
+def test_a_lease_badge_and_its_renewal_in_chromium(portal, shots):
+    """A server whose lease ends within the first warning shows it on its page; the renew form
+    (hours left empty: the default, 36 h) moves the stored end and the badge says so."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    base = portal["base"]
+    api, server, _alice, _alice_id = _alice_with_a_server(base)
+    ending = api("POST", f"/v1/server-instance/{server}/lease", {"hours": 2})[0]
+    assert ending["lease"] == "expiring"
+    driver = _browser()
+    try:
+        driver.get(base + f"/portal/login?next=/portal/servers/{server}")
+        driver.find_element(By.NAME, "email").send_keys("alice@example.org")
+        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
+        WebDriverWait(driver, 10).until(lambda d: d.current_url.endswith(f"/portal/servers/{server}"))
+        badge = driver.find_element(By.CSS_SELECTOR, "main dd .lease-expiring")
+        assert badge.text == "expires in 1 h"
+        assert badge.find_element(By.TAG_NAME, "time").get_attribute("datetime") == ending["expires-at"]
+        driver.save_screenshot(str(shots / "lease-expiring.png"))
+        driver.find_element(By.CSS_SELECTOR, "form.renew [name='hours']").clear()
+        before = time.time()
+        driver.find_element(By.XPATH, "//main//button[normalize-space()='Renew lease']").click()
+        WebDriverWait(driver, 10).until(lambda d: d.current_url.endswith("?done=lease-renewed"))
+        after = time.time()
+        assert "Lease renewed" in driver.find_element(By.TAG_NAME, "main").text
+        assert re.fullmatch(r"ends in 3[56] h", driver.find_element(By.CSS_SELECTOR, "main dd .lease-active").text)
+        driver.save_screenshot(str(shots / "lease-renewed.png"))
+    finally:
+        driver.quit()
+    renewed = api("GET", f"/v1/server-instance/{server}")[0]
+    assert renewed["lease"] == "active"
+    assert rfc3339(before - 1 + 36 * 3600) <= renewed["expires-at"] <= rfc3339(after + 1 + 36 * 3600)
+    api("DELETE", f"/v1/server-instance/{server}")

@@ -162,6 +162,47 @@ def test_a_refusal_is_shown_as_the_controller_said_it(auth, stand_in, status, er
     assert stand_in.seen[-1][3] == {"server-image": "x", "server-flavor": "y", "users": []}
 
 
+SERVER_ID = "6f1c0b2e-7d0a-4c55-9b7e-2b8f0a7e1c40"
+
+
+def _instance(owner: str, **lease) -> dict:
+    return {"id": SERVER_ID, "cloudauth-id": owner, "status": "shutoff", "users": [], "server-image": "img-1",
+            "server-flavor": "1", "creation-date": "2026-12-02T10:00:00Z", "hostname": "vm-1", **lease}
+
+
+def test_a_lease_is_read_from_the_controller_and_renewed_through_its_api(auth, stand_in):
+    alice, _, session = _session(auth)
+    remote = _remote(auth, stand_in, session)
+    expired = _instance(alice.id, **{"expires-at": "2026-12-01T10:00:00Z", "lease": "expired"})
+    stand_in.answers[("GET", "/v1/server-instance")] = (200, {"data": [expired]})
+    stand_in.answers[("GET", "/v1/server-image")] = (200, {"data": [{"id": "img-1", "name": "Debian 12"}]})
+    stand_in.answers[("GET", "/v1/server-flavor")] = (200, {"data": [{"id": 1, "name": "small"}]})
+    stand_in.answers[("GET", "/v1/storage-volume")] = (200, {"data": []})
+    stand_in.answers[("GET", "/v1/limits")] = (200, {"data": []})
+    shown = remote.servers(session.requester)["servers"][0]
+    assert (shown["lease"], shown["expires_at"]) == ("expired", "2026-12-01T10:00:00Z")
+    assert remote.overview(session.requester)["ending"] == [
+        {"id": SERVER_ID, "hostname": "vm-1", "expires_at": "2026-12-01T10:00:00Z", "lease": "expired"}]
+    # A controller from before leases: no lease shown, none listed.
+    stand_in.answers[("GET", "/v1/server-instance")] = (200, {"data": [_instance(alice.id)]})
+    assert remote.servers(session.requester)["servers"][0]["lease"] == "none"
+    assert remote.overview(session.requester)["ending"] == []
+    # The renewal: POST .../lease with the hours, or an empty body for the default.
+    renewed = _instance(alice.id, **{"expires-at": "2026-12-04T10:00:00Z", "lease": "active"})
+    path = f"/v1/server-instance/{SERVER_ID}/lease"
+    stand_in.answers[("POST", path)] = (200, {"data": [renewed], "msg": "", "success": True})
+    assert remote.renew_lease(session.requester, SERVER_ID, 48.5) == renewed
+    assert stand_in.seen[-1][:2] == ("POST", path) and stand_in.seen[-1][3] == {"hours": 48.5}
+    assert stand_in.seen[-1][2]["X-Auth-Token"] == session.api_token
+    remote.renew_lease(session.requester, SERVER_ID, None)
+    assert stand_in.seen[-1][3] == {}
+    # Its refusals as the controller said them.
+    for status, error in ((400, InvalidInput), (409, Conflict), (404, NotFound)):
+        stand_in.answers[("POST", path)] = (status, {"data": [], "msg": f"refused {status}", "success": False})
+        with pytest.raises(error, match=f"refused {status}"):
+            remote.renew_lease(session.requester, SERVER_ID, 1000)
+
+
 @pytest.mark.parametrize("answer", [(401, {"data": [], "msg": "invalid token"}), (500, b"<html>oops</html>"),
                                     (200, b"not json")])
 def test_an_answer_no_api_gives_is_unreachable_503(auth, stand_in, answer):

@@ -233,9 +233,9 @@ GET_PAGES = ["/portal/", "/portal/servers", "/portal/servers/new", "/portal/serv
              "/portal/volume", "/portal/groups", "/portal/groups/{group}/delete", "/portal/credentials", "/portal/credentials/new", "/portal/password",
              "/portal/users", "/portal/users/{user}"]
 POSTS = ["/portal/logout", "/portal/servers/new", "/portal/servers/{id}/power", "/portal/servers/{id}/users",
-         "/portal/servers/{id}/delete", "/portal/volume", "/portal/volume/delete", "/portal/groups",
-         "/portal/groups/{group}/members", "/portal/groups/{group}/delete", "/portal/credentials/rotate",
-         "/portal/password", "/portal/users", "/portal/users/{user}"]
+         "/portal/servers/{id}/lease", "/portal/servers/{id}/delete", "/portal/volume", "/portal/volume/delete",
+         "/portal/groups", "/portal/groups/{group}/members", "/portal/groups/{group}/delete",
+         "/portal/credentials/rotate", "/portal/password", "/portal/users", "/portal/users/{user}"]
 
 
 @pytest.fixture
@@ -285,6 +285,7 @@ def test_a_forged_post_is_refused_and_changes_nothing(cctx, browser, world, alic
     csrf = browser.csrf
     attempts = [("/portal/credentials/rotate", {"password": PASSWORD}),
                 (f"/portal/servers/{world['id']}/power", {"task": "stop"}),
+                (f"/portal/servers/{world['id']}/lease", {"hours": "1"}),
                 (f"/portal/servers/{world['id']}/delete", {}),
                 (f"/portal/groups/{world['group']}/delete", {}),
                 ("/portal/logout", {})]

@@ -84,6 +84,7 @@ def test_names_types_and_labels(service):
         "usage": "gauge", "users_at_limit": "gauge", "usage_ratio_max": "gauge", "user_usage_ratio": "gauge",
         "reconcile_drift": "gauge", "reconcile_fixed": "gauge", "reconcile_last_run_timestamp_seconds": "gauge",
         "database_bytes": "gauge", "health_check_ok": "gauge", "scrape_error": "gauge",
+        "instances_expiring": "gauge", "instances_expired": "gauge",
     }
     assert {name: families[P + name].type for name in types} == types
     assert set(families) == {P + name for name in types}  # nothing unlisted (docs/scaling.md lists these)
@@ -93,7 +94,7 @@ def test_names_types_and_labels(service):
     assert value(families, "host_enabled", host="default") == 1
     assert value(families, "host_reachable", host="default") == 1
     assert {s.labels["part"]: s.value for s in families[P + "scrape_error"].samples} == dict.fromkeys(
-        ("database_files", "instances", "hosts", "usage", "reconcile", "health"), 0)
+        ("database_files", "instances", "leases", "hosts", "usage", "reconcile", "health"), 0)
 
 
 @pytest.mark.filterwarnings("ignore:Unknown REQUEST_METHOD")
@@ -388,9 +389,11 @@ def test_served_metrics_on_their_own_address(tmp_path):
 
             # The alert rules and the scrape config name what this service exports.
             exported = _names(families) | {"up"}  # `up` is Prometheus's own, per target
-            rules = yaml.safe_load((ROOT / "etc/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
+            groups = yaml.safe_load((ROOT / "etc/prometheus/alerts.yml").read_text())["groups"]
+            rules = [rule for group in groups for rule in group["rules"]]
             wanted = {"CloudControllerDown", "CloudControllerServerErrors", "CloudControllerHostUnreachable",
-                      "CloudControllerDrift", "CloudControllerCapacityNearlyFull", "CloudControllerLoginFailureBurst"}
+                      "CloudControllerDrift", "CloudControllerCapacityNearlyFull", "CloudControllerLoginFailureBurst",
+                      "CloudControllerInstancesExpired", "CloudControllerLeaseSweepBehind"}
             assert wanted <= {r["alert"] for r in rules}
             for rule in rules:
                 used = expression_metrics(rule["expr"])

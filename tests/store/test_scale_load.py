@@ -240,6 +240,8 @@ def instance_object(row: dict) -> dict:
         "server-flavor": str(row["flavor_id"]),
         "creation-date": row["creation_date"],
         "status": row["status"],
+        "expires-at": row["expires_at"],
+        "lease": "none" if row["expires_at"] is None else "active",
     }
     for field, column in (("hostname", "hostname"), ("public-ip", "public_ip"), ("private-ip", "private_ip")):
         if row.get(column):
@@ -379,6 +381,11 @@ def test_migration_fills_the_listed_users_of_existing_instances(client, cctx, pe
     for table in ("registered_accounts", "controllers", "auth_changes", "auth_epoch", "cloud_auth_follow",
                   "cloud_auth_accounts"):  # and _M_CLOUD_AUTH_REGISTRY's
         conn.execute(f"DROP TABLE {table}")
+    conn.execute("DROP TABLE lease_events")  # _M_LEASES's (instance leases)
+    conn.execute("DROP INDEX instances_expires")
+    conn.execute("ALTER TABLE instances DROP COLUMN expires_at")
+    conn.execute("ALTER TABLE flavors DROP COLUMN lease_default_seconds")
+    conn.execute("ALTER TABLE flavors DROP COLUMN lease_max_seconds")
     conn.execute("PRAGMA user_version = 9")
     assert cctx.store.migrate() == (9, migrations.SCHEMA_VERSION)
     listed = ok(client.simulate_get("/v1/server-instance", headers=people["admin"].headers))
