@@ -19,6 +19,11 @@ for arg in "$@"; do
     for a in "$@"; do [ "$a" = "--portal" ] || rest+=("$a"); done
     exec timeout 900 "${PYTHON:-.venv/bin/python}" scripts/bench/portal.py "${rest[@]}"
   fi
+  if [ "$arg" = "--lease-sweep" ]; then
+    rest=()
+    for a in "$@"; do [ "$a" = "--lease-sweep" ] || rest+=("$a"); done
+    exec timeout 900 "${PYTHON:-.venv/bin/python}" scripts/bench/lease_sweep.py "${rest[@]}"
+  fi
   if [ "$arg" = "--against" ] || [[ "$arg" == --against=* ]]; then
     exec timeout 2700 "${PYTHON:-.venv/bin/python}" scripts/bench/compare.py "$@"
   fi

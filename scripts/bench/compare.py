@@ -146,10 +146,11 @@ def token(port: int, who: dict) -> dict:
 
 
 def sandbox(side: Side, state: Path, *, uri: str, threads: int, extra: dict[str, dict[str, str]],
-            init_again: bool = False) -> Path:
-    """`init --sandbox` in state, its ini pointed at `uri` with `extra` keys (`init` again when
-    asked: it makes the network on that libvirt), and a superuser (its credentials in
-    `side.admin`)."""
+            init_again: bool = False, where_known: dict[str, dict[str, str]] | None = None) -> Path:
+    """`init --sandbox` in state, its ini pointed at `uri` with `extra` keys and the keys of
+    `where_known` in the sections that side's release knows (an older one lacks them),
+    `init` again when asked (it makes the network on that libvirt), and a superuser (its
+    credentials in `side.admin`)."""
     config = state / "controller.ini"
     side.agent(config, "init", "--sandbox", str(state))
     ini = configparser.ConfigParser(interpolation=None)
@@ -160,6 +161,11 @@ def sandbox(side: Side, state: Path, *, uri: str, threads: int, extra: dict[str,
         if not ini.has_section(section):
             ini.add_section(section)
         ini[section].update(values)
+    for section, values in (where_known or {}).items():
+        if knows_section(side, section):
+            if not ini.has_section(section):
+                ini.add_section(section)
+            ini[section].update(values)
     with open(config, "w") as f:
         ini.write(f)
     if init_again:
@@ -169,11 +175,19 @@ def sandbox(side: Side, state: Path, *, uri: str, threads: int, extra: dict[str,
     return config
 
 
+def knows_section(side: Side, section: str) -> bool:
+    """Whether the side's release reads this config section (its config's DEFAULTS)."""
+    return f'DEFAULTS["{section}"]' in (side.repo / "controller" / "config.py").read_text()
+
+
 # -- reads -------------------------------------------------------------------------------
 
 def read_setup(side: Side, state: Path, args) -> dict:
     daemon = PrivateLibvirtd(state / "libvirt").start()
-    config = sandbox(side, state, uri=daemon.uri, threads=args.threads, extra={})
+    # Leases on where the release has them: its loaded instances carry an end, and its lists
+    # answer each one's expires-at and lease.
+    config = sandbox(side, state, uri=daemon.uri, threads=args.threads, extra={},
+                     where_known={"leases": {"default": "7d"}})
     loaded = side.agent(config, "sandbox", "load", "--users", str(args.users), "--owners", str(args.owners),
                         "--managed-per-owner", "50", "--owner-instances", "1", "--instances", str(args.instances),
                         "--groups", "0")
