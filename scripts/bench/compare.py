@@ -7,7 +7,7 @@
 2. Reads: each side gets a sandbox loaded alike (--users, --owners with 50 managed
    users and --owner-instances 1 each, so an owner sees 51 instances), the test driver
    in a private libvirtd each (private_libvirtd.py), and its own `cloud-agent serve`;
-   the bare Falcon + waitress app is the ceiling. wrk (loopback, c=8) measures GET one
+   the bare Falcon + waitress app is the ceiling. wrk (loopback, --connections, 8) measures GET one
    instance and the owner's list on both sides and the bare app, interleaved round
    by round (--rounds, the order of the two sides alternating), so both meet the same
    machine; a side's ratio is its requests/s over the bare app's of the same round,
@@ -200,7 +200,7 @@ def read_setup(side: Side, state: Path, args) -> dict:
 
 
 def reads(sides: list[Side], setups: dict, bare_port: int, args) -> dict:
-    kw = dict(connections=8, threads=2, duration=args.duration)
+    kw = dict(connections=args.connections, threads=min(2, args.connections), duration=args.duration)
     rounds = []
     for r in range(args.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
@@ -430,7 +430,7 @@ def table(sides: list[Side], result: dict) -> str:
     if med:
         listed = result["reads"].get("listed", "")
         bares = [g["bare"]["requests_per_s"] for g in result["reads"]["rounds"]]
-        rows.append(read_row(f"GET one instance, requests/s (wrk c=8; bare Falcon + waitress "
+        rows.append(read_row(f"GET one instance, requests/s (wrk c={result['args']['connections']}; bare Falcon + waitress "
                              f"{min(bares):,}-{max(bares):,} in the rounds; median round shown)", "get"))
         rows.append(read_row(f"owner's list of {listed}, requests/s", "list"))
         # The ceiling's own tail: on a machine where wrk, waitress and the app share the cores,
@@ -485,6 +485,9 @@ def main() -> None:
     parser.add_argument("--owners", type=int, default=20, help="owners of 50 managed users each")
     parser.add_argument("--instances", type=int, default=2_000)
     parser.add_argument("--threads", type=int, default=4, help="waitress threads of every server")
+    # c=1 measures a request's own cost where a machine hands the GIL between threads slowly
+    # (every server, the bare app too, then loses most of its rate at c=8).
+    parser.add_argument("--connections", type=int, default=8, help="wrk connections of the reads (1-64)")
     parser.add_argument("--create-rounds", type=int, default=3, help="single creates per side")
     parser.add_argument("--burst", type=int, default=32, help="creates at once per side")
     parser.add_argument("--burst-users", type=int, default=4, help="users the burst's creates are spread over")
@@ -493,6 +496,7 @@ def main() -> None:
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     args.duration = min(max(args.duration, 1), 60)
+    args.connections = min(max(args.connections, 1), 64)
     if shutil.which("wrk") is None:
         sys.exit("bench: wrk is missing: run scripts/setup-host.sh (apt-get install wrk)")
 
