@@ -4,6 +4,7 @@ Read by every instance answer and by the create (controller/instances/instances.
 acted on by the renewals and the sweep (controller/instances/leases.py), so it depends on
 neither.
 """
+import time
 from datetime import datetime, timezone
 
 from controller.context import Context
@@ -13,19 +14,32 @@ from controller.errors import Conflict
 # -- times ---------------------------------------------------------------------------------
 def rfc3339(seconds: float) -> str:
     """RFC 3339 UTC to the second, as every date of the API (and stored: text order is time order)."""
-    return datetime.fromtimestamp(int(seconds), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # time.strftime: less than half of datetime's cost, and every instance answer asks for two.
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(seconds)))
 
 
 def seconds_of(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
+# The latest lease_times answer, by (second, first warning): every request in one second asks
+# the same (a GET of one instance costs about 0.3 ms; the two dates 15 us of it). One tuple,
+# replaced whole: threads share it without a lock.
+_latest: tuple[tuple[int, int], tuple[str, str]] = ((-1, -1), ("", ""))
+
+
 def lease_times(ctx: Context) -> tuple[str, str]:
     """What an instance object's `lease` is read against: now, and the end of the first
     (longest) warning (expires-at by then: expiring)."""
-    now = ctx.clock()
+    global _latest
     warn = ctx.config.leases.warn
-    return rfc3339(now), rfc3339(now + (warn[0] if warn else 0))
+    key = (int(ctx.clock()), warn[0] if warn else 0)
+    held = _latest
+    if held[0] == key:
+        return held[1]
+    times = (rfc3339(key[0]), rfc3339(key[0] + key[1]))
+    _latest = (key, times)
+    return times
 
 
 def state_of(ctx: Context, expires_at: str | None) -> str:

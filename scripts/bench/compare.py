@@ -192,24 +192,41 @@ def read_setup(side: Side, state: Path, args) -> dict:
                         "--managed-per-owner", "50", "--owner-instances", "1", "--instances", str(args.instances),
                         "--groups", "0")
     port = side.serve(config, state / "serve.log")
+    pid = side.procs[-1].pid
     owner = token(port, loaded["sample"]["owner"])
     status, rows = http(port, "GET", "/v1/server-instance", headers=owner)
     own = [i["id"] for i in rows["data"] if i["cloudauth-id"] == owner["X-Auth-Cloudauth-Id"]]
     env = {"BENCH_TOKEN": owner["X-Auth-Token"], "BENCH_USERID": owner["X-Auth-Cloudauth-Id"]}
-    return {"daemon": daemon, "port": port, "env": env, "one": own[0], "listed": len(rows["data"])}
+    return {"daemon": daemon, "port": port, "pid": pid, "env": env, "one": own[0], "listed": len(rows["data"])}
 
 
-def reads(sides: list[Side], setups: dict, bare_port: int, args) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk_cpu(pid: int, port: int, kw: dict, env: dict) -> dict:
+    """A wrk run with the server's CPU time per answered request: what a request costs the
+    server, which neither time another program or the hypervisor takes from the cores nor
+    a slow hand-over of the GIL between its threads changes much (the rate does)."""
+    before = cpu_seconds(pid)
+    got = wrk(port, "auth.lua", **kw, env=env)
+    got["server_cpu_ms_per_request"] = round((cpu_seconds(pid) - before) * 1000 / max(got["requests"], 1), 3)
+    return got
+
+
+def reads(sides: list[Side], setups: dict, bare: subprocess.Popen, bare_port: int, args) -> dict:
     kw = dict(connections=args.connections, threads=min(2, args.connections), duration=args.duration)
     rounds = []
     for r in range(args.rounds):
         order = sides if r % 2 == 0 else sides[::-1]
-        got = {"bare": wrk(bare_port, "auth.lua", **kw, env={"BENCH_PATH": "/"})}
+        got = {"bare": wrk_cpu(bare.pid, bare_port, kw, {"BENCH_PATH": "/"})}
         for what, path in (("get", lambda s: f"/v1/server-instance/{setups[s.name]['one']}"),
                            ("list", lambda s: "/v1/server-instance")):
             for side in order:
                 s = setups[side.name]
-                got[f"{side.name}:{what}"] = wrk(s["port"], "auth.lua", **kw, env={**s["env"], "BENCH_PATH": path(side)})
+                got[f"{side.name}:{what}"] = wrk_cpu(s["pid"], s["port"], kw, {**s["env"], "BENCH_PATH": path(side)})
         print(f"bench: round {r + 1}: " + ", ".join(f"{k} {v['requests_per_s']}" for k, v in got.items()),
               file=sys.stderr)
         rounds.append(got)
@@ -219,6 +236,8 @@ def reads(sides: list[Side], setups: dict, bare_port: int, args) -> dict:
         mid = sorted(range(len(rounds)), key=lambda i: ratios[i])[len(rounds) // 2]
         summary[key] = {**rounds[mid][key], "ratio_to_bare": round(ratios[mid], 3),
                         "ratios": [round(x, 3) for x in ratios],
+                        "server_cpu_ms_per_request_median": round(statistics.median(
+                            g[key]["server_cpu_ms_per_request"] for g in rounds), 3),
                         "p99_ms_worst": max(g[key]["p99_ms"] for g in rounds),
                         "bare_requests_per_s": rounds[mid]["bare"]["requests_per_s"]}
     return {"rounds": rounds, "median": summary}
@@ -433,6 +452,10 @@ def table(sides: list[Side], result: dict) -> str:
         rows.append(read_row(f"GET one instance, requests/s (wrk c={result['args']['connections']}; bare Falcon + waitress "
                              f"{min(bares):,}-{max(bares):,} in the rounds; median round shown)", "get"))
         rows.append(read_row(f"owner's list of {listed}, requests/s", "list"))
+        for key, title in (("get", "GET one instance"), ("list", f"owner's list of {listed}")):
+            rows.append(f"| {title}: the server's CPU time per request, median of the rounds | " + " | ".join(
+                f"{med[f'{s.name}:{key}']['server_cpu_ms_per_request_median']:.2f} ms" if f"{s.name}:{key}" in med
+                else "-" for s in sides) + " |")
         # The ceiling's own tail: on a machine where wrk, waitress and the app share the cores,
         # a p99 goal below it cannot be met by the service.
         bare = [(g["bare"]["requests_per_s"], g["bare"]["p99_ms"]) for g in result["reads"]["rounds"]]
@@ -519,7 +542,7 @@ def main() -> None:
             bare = subprocess.Popen([sys.executable, str(HERE / "bare_app.py"), str(bare_port), str(args.threads)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_ready(bare_port, "/", bare, 30)
-            result["reads"] = reads(sides, setups, bare_port, args)
+            result["reads"] = reads(sides, setups, bare, bare_port, args)
             result["reads"]["listed"] = setups["this"]["listed"]
             result["reads"]["server_peak_rss_mb"] = {s.name: rss_mb(s.procs[0].pid) for s in sides}
             stop_process(bare, timeout=20)
