@@ -142,14 +142,16 @@ class InstanceRows:
         params = [*lease_times, *params]
         # The stored form is remembered until the next committed write (controller/store/read_memo.py),
         # for the same lease times (to the second: a lease's state changes with time, not writes).
+        # The times are kept with the answer, not in its key: the next second's answer replaces
+        # it, and the memo does not fill with answers of seconds gone.
         mark = self.write_mark.read() if self.write_mark.usable else None
-        key = (instance_id, visible_to, lease_times)
+        key = (instance_id, visible_to)
         held = self._instance_memo.get(key, mark) if mark is not None else None
-        if held is not None:
-            return dict(held)
+        if held is not None and held[0] == lease_times:
+            return dict(held[1])
         row = self._one(sql, params)
         if row is not None and mark is not None:
-            self._instance_memo.put(key, mark, dict(row))
+            self._instance_memo.put(key, mark, (lease_times, dict(row)))
         return row
 
     def iter_instance_json(self, *, visible_to: str | None, owner_id: str | None = None,
@@ -182,17 +184,18 @@ class InstanceRows:
             # statements below cost a GET's worth more (docs/performance.md). Such a list
             # is remembered until the next committed write (controller/store/read_memo.py).
             mark = self.write_mark.read() if self.write_mark.usable else None
-            key = ("list", visible_to, owner_id, tuple(obj_params), per_chunk)
+            # The lease times with the answer, not in its key, as get_instance_json keeps them.
+            key = ("list", visible_to, owner_id, tuple(error_hosts), per_chunk)
             held = self._list_memo.get(key, mark) if mark is not None else None
-            if held is not None:
-                count, text = held
+            if held is not None and held[0] == lease_times:
+                count, text = held[1]
             else:
                 count, text = self.conn.execute(
                     f"""SELECT count(*), group_concat(obj, ',') FROM (SELECT {obj} AS obj FROM instances
                         WHERE {where} ORDER BY creation_date, id LIMIT ?)""",
                     [*obj_params, *params, per_chunk]).fetchone()
                 if count < per_chunk and mark is not None:
-                    self._list_memo.put(key, mark, (count, text))
+                    self._list_memo.put(key, mark, (lease_times, (count, text)))
             if count < per_chunk:
                 if text:
                     yield text

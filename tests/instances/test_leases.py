@@ -95,17 +95,29 @@ def test_a_create_takes_the_default_lease_and_a_flavor_its_own(client, cctx, clo
     assert ok(renew(client, people["managed"], other["id"], hours=6))[0]["expires-at"] == at(T0 + 6 * HOUR)
 
 
-def test_the_lease_field_follows_the_clock(client, clock, people, made):
+def test_the_lease_field_follows_the_clock(client, cctx, clock, people, made):
     def lease():
         return ok(client.simulate_get(f"/v1/server-instance/{made['id']}", headers=people["owner"].headers))[0]["lease"]
 
-    assert lease() == "active"
+    def listed():
+        return [(i["id"], i["lease"], i["expires-at"])
+                for i in ok(client.simulate_get("/v1/server-instance", headers=people["owner"].headers))]
+
+    # Each answer twice: the second from the read memo (nothing was written), which must
+    # follow the clock as the first does.
+    assert [lease(), lease()] == ["active", "active"]
+    assert listed() == listed() == [(made["id"], "active", at(ENDS))]
     clock.at = ENDS - 24 * HOUR
-    assert lease() == "expiring"
+    assert [lease(), lease()] == ["expiring", "expiring"]
+    assert listed() == listed() == [(made["id"], "expiring", at(ENDS))]
     clock.at = ENDS
-    assert lease() == "expired"
-    listed = ok(client.simulate_get("/v1/server-instance", headers=people["owner"].headers))
-    assert [(i["id"], i["lease"], i["expires-at"]) for i in listed] == [(made["id"], "expired", at(ENDS))]
+    assert [lease(), lease()] == ["expired", "expired"]
+    assert listed() == listed() == [(made["id"], "expired", at(ENDS))]
+    # One remembered answer per instance and viewer, each second's replacing the one before:
+    # the memo does not fill with answers of seconds gone.
+    assert cctx.store.write_mark.usable
+    assert len(cctx.store._instance_memo._held) == 1
+    assert len([k for k in cctx.store._list_memo._held if k[0] == "list"]) == 1
 
 
 # -- renewals ----------------------------------------------------------------------------------------
