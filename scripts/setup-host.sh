@@ -36,7 +36,7 @@ PACKAGES=(
   libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
   qemu-system-x86 qemu-utils
   slapd ldap-utils openssl
-  btrfs-progs xfsprogs quota passwd util-linux curl
+  btrfs-progs xfsprogs quota passwd util-linux procps curl
   mmdebstrap fdisk e2fsprogs mount tar extlinux syslinux-common openssh-client dnsmasq-base
   iptables libvirt-daemon-config-nwfilter nftables kmod iproute2 systemd systemd-container wrk
   nslcd libnss-ldapd

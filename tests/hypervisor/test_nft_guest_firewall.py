@@ -100,6 +100,12 @@ class Lab:
         self.exec("ip", "link", "add", g.tap, "type", "veth", "peer", "name", "eth0", "netns", g.ns)
         self.exec("ip", "link", "set", g.tap, "master", "br0")
         self.exec("ip", "link", "set", g.tap, "up")
+        # A guest of the lab speaks only when a test makes it: with IPv6 on, its kernel sends
+        # MLD reports and router solicitations from its MAC at random times for its first
+        # seconds, and one of them between an attacker's frames puts its MAC back on its own
+        # port just when a test reads where the bridge has it.
+        _run("ip", "netns", "exec", g.ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+             "net.ipv6.conf.default.disable_ipv6=1")
         for argv in (("link", "set", "lo", "up"), ("link", "set", "eth0", "address", g.mac),
                      ("addr", "add", f"{g.address}/24", "dev", "eth0"), ("link", "set", "eth0", "up")):
             _run("ip", "netns", "exec", g.ns, "ip", *argv)
