@@ -36,6 +36,7 @@ from common.words import shown
 from controller import permissions as perms
 from controller.audit import history, request_ids
 from controller.audit import trail as audit
+from controller.config import LeasesConfig
 from controller.context import Context
 from controller.errors import Conflict, ControllerError, InvalidInput, NotFound
 from controller.hosts.host_routing import hypervisor_of_instance
@@ -149,13 +150,7 @@ def sweep(ctx: Context) -> list[dict]:
     notify-failed). Never raises for one instance or hook: its failure is logged and it is tried
     again at the next pass."""
     now = ctx.clock()
-    config = ctx.config.leases
-    horizon = now + (config.warn[0] if config.warn else 0)
-    jobs = []
-    for row in ctx.store.leases_due(rfc3339(horizon)):
-        job = _job_of(ctx, row, now)
-        if job is not None:
-            jobs.append(job)
+    jobs = [_job_of(ctx, row, step) for row, step in _steps_due(ctx, now)]
     done: list[dict] = []
     if jobs:
         done += _run_all(jobs)
@@ -165,21 +160,39 @@ def sweep(ctx: Context) -> list[dict]:
     return done
 
 
-def _job_of(ctx: Context, row: dict, now: float):
+def _steps_due(ctx: Context, now: float) -> list[tuple[dict, tuple[str, list[int]]]]:
+    """The leases near or past their end (read by the index) with what each asks of the
+    sweep now; the one place that decides it, for the sweep and for reconcile's report."""
     config = ctx.config.leases
+    horizon = now + (config.warn[0] if config.warn else 0)
+    found = []
+    for row in ctx.store.leases_due(rfc3339(horizon)):
+        step = _step(config, row, now)
+        if step is not None:
+            found.append((row, step))
+    return found
+
+
+def _step(config: LeasesConfig, row: dict, now: float) -> tuple[str, list[int]] | None:
+    """("delete", []), ("expire", []), ("warning", the warnings due) or None (nothing yet)."""
     ends = seconds_of(row["expires_at"])
     if "expired:0" in row["done"]:
-        if now >= ends + config.keep:
-            return lambda: _delete(ctx, row)
-        return None
+        return ("delete", []) if now >= ends + config.keep else None
     if now >= ends:
-        return lambda: _expire(ctx, row)
+        return ("expire", [])
     # Warnings due and not sent: the nearest one is sent; any earlier one missed (the
     # controller was down, or the lease began inside it) is recorded with it, unsent.
     due = [w for w in config.warn if now >= ends - w and f"warning:{w}" not in row["done"]]
-    if due:
-        return lambda: _warn(ctx, row, due)
-    return None
+    return ("warning", due) if due else None
+
+
+def _job_of(ctx: Context, row: dict, step: tuple[str, list[int]]):
+    kind, due = step
+    if kind == "delete":
+        return lambda: _delete(ctx, row)
+    if kind == "expire":
+        return lambda: _expire(ctx, row)
+    return lambda: _warn(ctx, row, due)
 
 
 def _run_all(jobs) -> list[dict]:
@@ -347,18 +360,9 @@ def _notify(ctx: Context, event: dict) -> dict | None:
 def due(ctx: Context) -> list[dict]:
     """What the next sweep would do (reconcile without --fix): {"kind", "instance", "detail"}."""
     now = ctx.clock()
-    config = ctx.config.leases
-    horizon = now + (config.warn[0] if config.warn else 0)
-    found = []
-    for row in ctx.store.leases_due(rfc3339(horizon)):
-        ends = seconds_of(row["expires_at"])
-        if "expired:0" in row["done"]:
-            if now >= ends + config.keep:
-                found.append({"kind": "delete", "instance": row["id"], "detail": f"lease ended at {row['expires_at']}"})
-        elif now >= ends:
-            found.append({"kind": "expire", "instance": row["id"], "detail": f"lease ended at {row['expires_at']}"})
-        elif any(now >= ends - w and f"warning:{w}" not in row["done"] for w in config.warn):
-            found.append({"kind": "warning", "instance": row["id"], "detail": f"lease ends at {row['expires_at']}"})
+    found = [{"kind": kind, "instance": row["id"],
+              "detail": f"lease {'ends' if kind == 'warning' else 'ended'} at {row['expires_at']}"}
+             for row, (kind, _) in _steps_due(ctx, now)]
     found += [{"kind": "notify", "instance": e["instance_id"], "detail": e["event"]}
               for e in ctx.store.unnotified_lease_events(rfc3339(now), limit=NOTIFY_PER_SWEEP)]
     return found
